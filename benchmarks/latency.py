@@ -1,0 +1,142 @@
+"""Prefill and per-token decode latency of every position-bias method, as ratios to ``none``.
+
+    .venv/bin/python benchmarks/latency.py --model smollm2-135m --lengths 1024,4096 --reps 3 --decode 16
+
+All methods run on the same model and the same prompt (filler text cut to each length),
+interleaved: for every repetition and length the methods run round-robin, so machine load affects
+all alike. Reported per method and length: median prefill seconds, median seconds per decoded token
+(manual greedy loop with past_key_values, batch 1), and both as ratios to ``none``. The JSON file
+holds the raw timings too.
+
+Methods and options: ``--methods none,pi,ms-poe,attention-buckets,moice`` (``lpes`` needs a factors
+file: ``--lpes-factors PATH``). MoICE uses untrained routers (same cost as trained ones); PI uses
+factor 1.5.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+DEFAULT_OPTIONS = {"pi": {"factor": 1.5}, "ms-poe": {}, "attention-buckets": {}, "moice": {}, "none": {}}
+
+
+def prompt_ids(tok, length: int) -> torch.Tensor:
+    ids = tok(FILLER * (length // 10 + 10), add_special_tokens=False, return_tensors="pt")["input_ids"][:, :length]
+    if ids.shape[1] < length:
+        raise ValueError(f"could not build a {length}-token prompt")
+    return ids
+
+
+@torch.inference_mode()
+def time_method(callable_model, ids: torch.Tensor, decode_steps: int) -> tuple[float, float]:
+    """(prefill seconds, seconds per decoded token) for one prompt, greedy, batch 1."""
+    mask = torch.ones_like(ids)
+    pos = torch.arange(ids.shape[1])[None]
+    t0 = time.perf_counter()
+    out = callable_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    t1 = time.perf_counter()
+    cache = out.past_key_values
+    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    t2 = time.perf_counter()
+    for _ in range(decode_steps):
+        mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+        pos = pos[:, -1:] + 1
+        out = callable_model(input_ids=nxt, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                             use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    t3 = time.perf_counter()
+    return t1 - t0, (t3 - t2) / max(decode_steps, 1)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--lengths", default="1024,4096", help="prompt lengths in tokens, comma-separated")
+    ap.add_argument("--methods", default="none,pi,ms-poe,attention-buckets,moice")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--decode", type=int, default=16, help="decoded tokens per run")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs per method at the shortest length")
+    ap.add_argument("--lpes-factors", default=None, help="factors file for --methods lpes")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
+    ap.add_argument("--out", default="latency.json")
+    args = ap.parse_args(argv)
+
+    from posbias.methods import apply_method
+    from posbias.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if "none" not in methods:
+        methods.insert(0, "none")
+    lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    options = {m: dict(DEFAULT_OPTIONS.get(m, {})) for m in methods}
+    if "lpes" in methods:
+        if not args.lpes_factors:
+            raise SystemExit("--methods lpes needs --lpes-factors PATH")
+        options["lpes"] = {"factors": args.lpes_factors}
+
+    model, tok = load_model(args.model)
+    prompts = {n: prompt_ids(tok, n) for n in lengths}
+    raw = {m: {n: {"prefill": [], "decode": []} for n in lengths} for m in methods}
+
+    def run(method: str, n: int, record: bool) -> None:
+        handle = apply_method(model, method, **options[method])
+        try:
+            pre, dec = time_method(handle.model, prompts[n], args.decode)
+        finally:
+            handle.remove()
+        if record:
+            raw[method][n]["prefill"].append(pre)
+            raw[method][n]["decode"].append(dec)
+            print(f"  {method:18s} {n:6d} tokens: prefill {pre:7.3f} s  decode {dec * 1000:8.1f} ms/token", flush=True)
+
+    for _ in range(args.warmup):
+        for m in methods:
+            run(m, min(lengths), record=False)
+    for rep in range(args.reps):
+        print(f"rep {rep + 1}/{args.reps}", flush=True)
+        for n in lengths:
+            for m in methods:  # round-robin over methods
+                run(m, n, record=True)
+
+    summary = {}
+    for m in methods:
+        summary[m] = {}
+        for n in lengths:
+            pre = statistics.median(raw[m][n]["prefill"])
+            dec = statistics.median(raw[m][n]["decode"])
+            base_pre = statistics.median(raw["none"][n]["prefill"])
+            base_dec = statistics.median(raw["none"][n]["decode"])
+            summary[m][n] = {"prefill_s": pre, "decode_s_per_token": dec, "prefill_ratio": pre / base_pre,
+                             "decode_ratio": dec / base_dec}
+
+    header = f"{'method':18s}" + "".join(f" | {n:>5d} prefill      decode/tok   " for n in lengths)
+    print("\n" + header)
+    print("-" * len(header))
+    for m in methods:
+        row = f"{m:18s}"
+        for n in lengths:
+            s = summary[m][n]
+            row += (f" | {s['prefill_s']:6.2f}s x{s['prefill_ratio']:4.2f}  "
+                    f"{s['decode_s_per_token'] * 1000:6.1f}ms x{s['decode_ratio']:4.2f}")
+        print(row)
+    result = {"model": args.model, "lengths": lengths, "methods": methods, "options": options, "reps": args.reps,
+              "decode_steps": args.decode, "threads": torch.get_num_threads(),
+              "summary": {m: {str(n): v for n, v in s.items()} for m, s in summary.items()},
+              "raw": {m: {str(n): v for n, v in s.items()} for m, s in raw.items()}}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""One attention entry point, :func:`attend`, with three interchangeable backends.
+
+Logits follow the BAM order (Bianchessi et al. 2025)::
+
+    z = q k^T / sqrt(d) + bias[h, i, j]          # positional prior (ALiBi / GGD), optional
+    z = z * (s_h * log n_i)                       # SSMax (Nakanishi 2025), optional
+    z = mask(z)                                   # causal, same document, key padding
+    out = softmax_float32(z) @ v
+
+Backends:
+
+* ``"sdpa"``    - ``torch.nn.functional.scaled_dot_product_attention`` with an additive float
+  mask (SSMax folded in exactly: ``q' = q * c``, ``mask = bias * c``). Builds the full
+  [b, h, i, j] mask: training lengths. Works on CPU with backward.
+* ``"chunked"`` - exact, queries in chunks of ``chunk_size`` against all keys; the bias and mask
+  are built per chunk, so memory grows linearly with length. Float32 throughout.
+* ``"flex"``    - FlexAttention ``score_mod`` + block mask, CUDA only (optional; needs the bias
+  module to expose ``score_fn()``).
+* ``"eager"``   - the chunked path with one chunk (reference implementation).
+
+``"auto"`` picks ``chunked`` when ``q_len * k_len`` exceeds ``CHUNK_THRESHOLD`` (or a
+``chunk_size`` is given), else ``sdpa``.
+
+Positions: queries are the *last* ``q_len`` of the ``k_len`` keys (KV cache friendly), so query
+``i`` sits at position ``k_len - q_len + i``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+CHUNK_THRESHOLD = 4096 * 4096  # q_len * k_len above which "auto" switches to the chunked path
+DEFAULT_CHUNK = 512
+BACKENDS = ("auto", "sdpa", "chunked", "eager", "flex")
+_NEG = torch.finfo(torch.float32).min
+
+BiasFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _allowed(q_pos, k_pos, q_doc, k_doc, key_mask, causal: bool):
+    """Boolean mask [b|1, 1, i, j] of allowed (query, key) pairs, or None when all are allowed."""
+    m = None
+    if causal:
+        m = (k_pos[None, :] <= q_pos[:, None])[None, None]
+    if q_doc is not None:
+        d = (q_doc[:, :, None] == k_doc[:, None, :])[:, None]
+        m = d if m is None else (m & d)
+    if key_mask is not None:
+        km = key_mask.bool()[:, None, None, :]
+        m = km if m is None else (m & km)
+    return m
+
+
+def visible_keys(q_len: int, k_len: int, *, doc_ids=None, key_mask=None, causal=True, device=None,
+                 chunk_size: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """Number of keys each query may attend to: Long [b|1, q_len] (the ``n_i`` of SSMax)."""
+    device = device if device is not None else (doc_ids.device if doc_ids is not None else None)
+    q_pos = torch.arange(k_len - q_len, k_len, device=device)
+    k_pos = torch.arange(k_len, device=device)
+    q_doc = doc_ids[:, k_len - q_len:] if doc_ids is not None else None
+    if q_doc is None and key_mask is None:
+        n = (q_pos + 1) if causal else torch.full((q_len,), k_len, device=device)
+        return n[None]
+    out = []
+    for s in range(0, q_len, chunk_size):
+        e = min(q_len, s + chunk_size)
+        m = _allowed(q_pos[s:e], k_pos, None if q_doc is None else q_doc[:, s:e], doc_ids, key_mask, causal)
+        out.append(m.sum(-1)[:, 0])
+    return torch.cat(out, dim=-1)
+
+
+def _expand_kv(k, v, n_heads):
+    if k.shape[1] != n_heads:
+        if n_heads % k.shape[1]:
+            raise ValueError(f"{n_heads} query heads cannot share {k.shape[1]} key/value heads")
+        rep = n_heads // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return k, v
+
+
+def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal):
+    """Exact float32 attention of a query block against all keys. q: [b, h, i, d] -> [b, h, i, d]."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    z = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [b, h, i, j]
+    if bias is not None:
+        z = z + bias(q_pos, k_pos)[None]
+    allowed = _allowed(q_pos, k_pos, q_doc, k_doc, key_mask, causal)
+    if normaliser is not None:
+        if allowed is None:
+            n = torch.full((1, q.shape[2]), k.shape[2], device=q.device)
+        else:
+            n = allowed.sum(-1)[:, 0]
+        z = z * normaliser.multiplier(n)
+    if allowed is not None:
+        z = z.masked_fill(~allowed, _NEG)
+    p = torch.softmax(z, dim=-1)
+    return torch.matmul(p, v.float()).to(q.dtype)
+
+
+def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal):
+    nq, nk = q.shape[2], k.shape[2]
+    if bias is None and normaliser is None and q_doc is None and key_mask is None:
+        if not causal:
+            return F.scaled_dot_product_attention(q, k, v)
+        if nq == nk:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    allowed = _allowed(q_pos, k_pos, q_doc, k_doc, key_mask, causal)
+    add = bias(q_pos, k_pos)[None] if bias is not None else None  # [1, h, i, j] float32
+    if normaliser is not None:
+        if allowed is None:
+            n = torch.full((1, nq), nk, device=q.device)
+        else:
+            n = allowed.sum(-1)[:, 0]
+        c = normaliser.multiplier(n)  # [b, h, i, 1]
+        q = (q.float() * c).to(q.dtype)
+        if add is not None:
+            add = add * c
+    if add is None:
+        if allowed is None:
+            return F.scaled_dot_product_attention(q, k, v)
+        mask = torch.where(allowed, 0.0, _NEG)
+    else:
+        mask = add if allowed is None else torch.where(allowed, add, torch.tensor(_NEG, device=q.device))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
+
+
+def _flex(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal):  # pragma: no cover (CUDA)
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    b, h, nq, _ = q.shape
+    nk = k.shape[2]
+    offset = nk - nq
+    bias_f = bias.score_fn(q.device) if getattr(bias, "score_fn", None) is not None else None
+    if bias is not None and bias_f is None:
+        raise ValueError("backend='flex' needs a bias module with score_fn()")
+    mult = None
+    if normaliser is not None:
+        n = visible_keys(nq, nk, doc_ids=k_doc, key_mask=key_mask, causal=causal, device=q.device)
+        mult = normaliser.multiplier(n.expand(b, nq))[..., 0].contiguous()  # [b, h, i]
+
+    def score_mod(score, bi, hi, qi, ki):
+        z = score.float()
+        if bias_f is not None:
+            z = z + bias_f(hi, (qi + offset - ki).float())
+        if mult is not None:
+            z = z * mult[bi, hi, qi]
+        return z
+
+    def mask_mod(bi, hi, qi, ki):
+        ok = (ki <= qi + offset) if causal else (ki >= 0)
+        if q_doc is not None:
+            ok = ok & (k_doc[bi, ki] == q_doc[bi, qi])
+        if key_mask is not None:
+            ok = ok & key_mask[bi, ki].bool()
+        return ok
+
+    need_batch = q_doc is not None or key_mask is not None
+    bm = create_block_mask(mask_mod, b if need_batch else None, None, nq, nk, device=q.device)
+    fn = _compiled_flex(flex_attention)
+    return fn(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=k.shape[1] != h)
+
+
+_FLEX_CACHE: dict = {}
+
+
+def _compiled_flex(fn):  # pragma: no cover (CUDA)
+    if "f" not in _FLEX_CACHE:
+        _FLEX_CACHE["f"] = torch.compile(fn, dynamic=False)
+    return _FLEX_CACHE["f"]
+
+
+def flex_available(device: torch.device | str) -> bool:
+    """True when FlexAttention can run here (CUDA device and a torch that ships it)."""
+    if torch.device(device).type != "cuda":
+        return False
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: BiasFn | None = None,
+           doc_ids: torch.Tensor | None = None, normaliser=None, causal: bool = True,
+           chunk_size: int | None = None, backend: str = "auto",
+           key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention with an optional positional prior, SSMax and packed-document masking.
+
+    Args:
+        q: [b, h, i, d] queries (the last ``i`` positions of the key sequence).
+        k, v: [b, h_kv, j, d] keys / values; ``h`` must be a multiple of ``h_kv`` (GQA).
+        bias: callable ``bias(q_pos: Long[i'], k_pos: Long[j]) -> float [h, i', j]`` (e.g.
+            :class:`~posbias.positional.GGDBias`), called per query chunk.
+        doc_ids: [b, j] document id of every key (queries take the last ``i``); attention and
+            SSMax counts never cross documents.
+        normaliser: ``None`` (softmax) or an :class:`~posbias.attention.SSMax` module.
+        causal: mask keys after the query.
+        chunk_size: query chunk length for the chunked path (forces it when given with "auto").
+        backend: one of :data:`BACKENDS`.
+        key_mask: [b, j] 1/True for real keys, 0/False for padding.
+
+    Returns: [b, h, i, d] in the dtype of ``q``.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v must be [batch, heads, length, head_dim]")
+    b, h, nq, _ = q.shape
+    nk = k.shape[2]
+    if nq > nk:
+        raise ValueError(f"more queries ({nq}) than keys ({nk})")
+    q_pos = torch.arange(nk - nq, nk, device=q.device)
+    k_pos = torch.arange(nk, device=q.device)
+    q_doc = None
+    if doc_ids is not None:
+        if doc_ids.shape[-1] != nk:
+            raise ValueError(f"doc_ids has length {doc_ids.shape[-1]}, expected the key length {nk}")
+        doc_ids = doc_ids.to(q.device)
+        q_doc = doc_ids[:, nk - nq:]
+    if key_mask is not None and key_mask.shape[-1] != nk:
+        raise ValueError(f"key_mask has length {key_mask.shape[-1]}, expected the key length {nk}")
+    args = (q_pos, k_pos, q_doc, doc_ids, key_mask, bias, normaliser, causal)
+
+    if backend == "auto":
+        backend = "chunked" if (chunk_size is not None or nq * nk > CHUNK_THRESHOLD) else "sdpa"
+    if backend == "flex":
+        if not flex_available(q.device):
+            raise RuntimeError("backend='flex' needs a CUDA device and torch.nn.attention.flex_attention")
+        return _flex(q, k, v, *args)
+    if backend == "sdpa":
+        k, v = _expand_kv(k, v, h)
+        return _sdpa(q, k, v, *args)
+    k, v = _expand_kv(k, v, h)
+    if backend == "eager":
+        return _block(q, k, v, *args)
+    cs = chunk_size or DEFAULT_CHUNK
+    if cs < 1:
+        raise ValueError(f"chunk_size must be positive, got {cs}")
+    outs = []
+    for s in range(0, nq, cs):
+        e = min(nq, s + cs)
+        outs.append(_block(q[:, :, s:e], k, v, q_pos[s:e], k_pos,
+                           None if q_doc is None else q_doc[:, s:e], doc_ids, key_mask, bias, normaliser, causal))
+    return torch.cat(outs, dim=2)

@@ -1,0 +1,40 @@
+"""Scalable-Softmax (SSMax; Nakanishi 2025, "Scalable-Softmax Is Superior for Attention").
+
+``SSMax(z)_i = softmax((s * log n) * z)``: the logits of a query that sees ``n`` keys are scaled
+by ``s_h * log n`` (``s_h`` learnable per head, init 1) so the attention does not flatten as the
+context grows. For causal attention ``n`` is the number of keys *this* query may attend to
+(``n_i``, counted inside its own document when documents are packed), not the row length.
+In BAM (Bianchessi et al. 2025) the order is ``(q k^T / sqrt(d) + prior) * (s_h log n_i)``, then
+the mask, then a float32 softmax; :func:`posbias.attention.attend` follows it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+class SSMax(nn.Module):
+    """Per-head SSMax scale ``s`` (float32 [H], init ``init``)."""
+
+    def __init__(self, n_heads: int, init: float = 1.0):
+        super().__init__()
+        self.n_heads = n_heads
+        self.init = float(init)
+        self.s = nn.Parameter(torch.full((n_heads,), self.init))
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        self.s.fill_(self.init)
+
+    def multiplier(self, n_keys: torch.Tensor) -> torch.Tensor:
+        """``n_keys``: [b, i] (or [i]) visible-key counts -> float32 [b, H, i, 1] = ``s_h * log n_i``.
+
+        Counts below 1 (a query that sees nothing, e.g. padding) are treated as 1 (log = 0).
+        """
+        if n_keys.dim() == 1:
+            n_keys = n_keys[None]
+        logn = torch.log(n_keys.to(torch.float32).clamp(min=1.0))  # [b, i]
+        return self.s.float()[None, :, None, None] * logn[:, None, :, None]
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, init={self.init:g}"

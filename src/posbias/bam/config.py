@@ -1,0 +1,95 @@
+"""Configuration of the BAM decoder (``model_type = "posbias-bam"``) and its size presets."""
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+from posbias.positional import get_scheme
+from posbias.positional.ggd import INITS as GGD_INITS
+
+NORMALISERS = ("softmax", "ssmax")
+
+# name -> (layers, hidden, heads, intermediate)
+PRESETS: dict[str, dict] = {
+    "tiny": dict(num_hidden_layers=4, hidden_size=128, num_attention_heads=4, intermediate_size=384),
+    "small": dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=6, intermediate_size=1024),
+    "120m": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=16, intermediate_size=2048),
+    "1b": dict(num_hidden_layers=24, hidden_size=2048, num_attention_heads=64, intermediate_size=5632),
+}
+
+
+class BamConfig(PretrainedConfig):
+    """Llama-style decoder (RMSNorm, SwiGLU, pre-norm) with a pluggable positional scheme.
+
+    Args (beyond the usual Hugging Face ones):
+        pe: positional scheme, one of ``posbias.positional.SCHEMES`` (rope, sinusoidal, nope, alibi, ggd).
+        normaliser: ``"softmax"`` or ``"ssmax"`` (Scalable-Softmax, ``s_h`` per head and layer).
+        rope_theta: RoPE base (500000 as the BAM RoPE baseline).
+        ggd_init / ggd_theta_alpha / ggd_theta_beta / ggd_eps: GGD prior initialisation
+            (see :class:`posbias.positional.GGDBias`).
+        ggd_share_layers: one GGD prior for all layers instead of one per layer.
+        attn_backend: ``auto`` / ``sdpa`` / ``chunked`` / ``eager`` / ``flex`` (see :func:`posbias.attention.attend`).
+        attn_chunk_size: query chunk of the chunked path.
+    """
+
+    model_type = "posbias-bam"
+    keys_to_ignore_at_inference = ["cache"]
+
+    def __init__(self, vocab_size: int = 49152, hidden_size: int = 128, intermediate_size: int | None = None,
+                 num_hidden_layers: int = 4, num_attention_heads: int = 4, num_key_value_heads: int | None = None,
+                 pe: str = "ggd", normaliser: str = "softmax", rope_theta: float = 500000.0,
+                 sinusoidal_base: float = 10000.0, ggd_init: str = "nope", ggd_theta_alpha=None,
+                 ggd_theta_beta=None, ggd_eps: float = 1e-5, ggd_share_layers: bool = False,
+                 ssmax_init: float = 1.0, rms_norm_eps: float = 1e-5, initializer_range: float = 0.02,
+                 attn_backend: str = "auto", attn_chunk_size: int = 512, max_position_embeddings: int = 512,
+                 tie_word_embeddings: bool = True, use_cache: bool = True, pad_token_id: int | None = None,
+                 bos_token_id: int | None = None, eos_token_id: int | None = None, **kwargs):
+        get_scheme(pe)  # ValueError listing the known schemes
+        if normaliser not in NORMALISERS:
+            raise ValueError(f"unknown normaliser {normaliser!r}; known: {', '.join(NORMALISERS)}")
+        if ggd_init not in GGD_INITS:
+            raise ValueError(f"unknown ggd_init {ggd_init!r}; known: {', '.join(GGD_INITS)}")
+        for name, val in (("vocab_size", vocab_size), ("hidden_size", hidden_size),
+                          ("num_hidden_layers", num_hidden_layers), ("num_attention_heads", num_attention_heads),
+                          ("attn_chunk_size", attn_chunk_size)):
+            if int(val) <= 0:
+                raise ValueError(f"{name} must be positive, got {val}")
+        if hidden_size % num_attention_heads:
+            raise ValueError(f"hidden_size {hidden_size} is not divisible by num_attention_heads {num_attention_heads}")
+        num_key_value_heads = num_key_value_heads or num_attention_heads
+        if num_attention_heads % num_key_value_heads:
+            raise ValueError(f"num_attention_heads {num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads {num_key_value_heads}")
+        if pe == "rope" and (hidden_size // num_attention_heads) % 2:
+            raise ValueError("pe='rope' needs an even head dimension")
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size or 64 * ((8 * hidden_size // 3 + 63) // 64)
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = hidden_size // num_attention_heads
+        self.pe = pe
+        self.normaliser = normaliser
+        self.rope_theta = rope_theta
+        self.sinusoidal_base = sinusoidal_base
+        self.ggd_init = ggd_init
+        self.ggd_theta_alpha = ggd_theta_alpha
+        self.ggd_theta_beta = ggd_theta_beta
+        self.ggd_eps = ggd_eps
+        self.ggd_share_layers = ggd_share_layers
+        self.ssmax_init = ssmax_init
+        self.rms_norm_eps = rms_norm_eps
+        self.initializer_range = initializer_range
+        self.attn_backend = attn_backend
+        self.attn_chunk_size = attn_chunk_size
+        self.max_position_embeddings = max_position_embeddings  # training context (informative only)
+        self.use_cache = use_cache
+        super().__init__(tie_word_embeddings=tie_word_embeddings, pad_token_id=pad_token_id,
+                         bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)
+
+    @classmethod
+    def from_preset(cls, preset: str, **overrides) -> "BamConfig":
+        """A config of size ``preset`` (one of :data:`PRESETS`), with ``overrides`` applied."""
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[preset], **overrides})

@@ -1,0 +1,249 @@
+"""Llama-style decoder with a pluggable positional scheme and normaliser (BAM experiments).
+
+Pre-norm blocks ``x + Attn(RMSNorm(x))``, ``x + SwiGLU(RMSNorm(x))`` (Touvron et al. 2023); the
+positional scheme is RoPE (q/k rotation), sinusoidal (added to the embeddings), NoPE, ALiBi or
+the learnable GGD prior of BAM (Bianchessi et al. 2025) as an additive attention bias; the
+normaliser is softmax or SSMax (Nakanishi 2025). Attention goes through
+:func:`posbias.attention.attend`, so long inputs run query-chunked with memory linear in length.
+
+Shapes: ``input_ids`` [b, n]; ``doc_ids`` [b, n] (packed documents; attention and SSMax counts
+stay inside a document); ``attention_mask`` [b, past + n] (1 = real token).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from posbias.attention import SSMax, attend
+from posbias.positional import GGDBias, get_scheme
+
+from .config import BamConfig
+
+
+class BamRMSNorm(nn.Module):
+    """RMSNorm (Zhang & Sennrich 2019), computed in float32. [..., d] -> [..., d]."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * xf).to(x.dtype)
+
+
+class BamMLP(nn.Module):
+    """SwiGLU feed-forward (Shazeer 2020): ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: BamConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class BamAttention(nn.Module):
+    """Multi-head (optionally grouped-query) attention; the positional bias module is passed in."""
+
+    def __init__(self, config: BamConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
+        spec = get_scheme(config.pe)
+        self.rotary = spec.build(head_dim=self.head_dim, theta=config.rope_theta) if spec.kind == "rotary" else None
+        self.ssmax = SSMax(self.n_heads, config.ssmax_init) if config.normaliser == "ssmax" else None
+
+    def forward(self, x, *, positions, bias, doc_ids, key_mask, cache, backend, chunk_size):
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        if self.rotary is not None:
+            q, k = self.rotary(q, k, positions, positions)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
+        out = attend(q, k, v, bias=bias, doc_ids=doc_ids, normaliser=self.ssmax, key_mask=key_mask,
+                     backend=backend, chunk_size=chunk_size)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
+
+
+class BamDecoderLayer(nn.Module):
+    def __init__(self, config: BamConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = BamRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = BamAttention(config, layer_idx)
+        self.post_attention_layernorm = BamRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = BamMLP(config)
+
+    def forward(self, x, **kw):
+        x = x + self.self_attn(self.input_layernorm(x), **kw)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class BamPreTrainedModel(PreTrainedModel):
+    config_class = BamConfig
+    config: BamConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["BamDecoderLayer"]
+    supports_gradient_checkpointing = False
+
+    def _init_weights(self, module):
+        super()._init_weights(module)  # Linear / Embedding normal(0, initializer_range), RMSNorm ones
+        if isinstance(module, GGDBias):
+            alpha, beta = module.initial_values()
+            init.copy_(module.theta_alpha, alpha)
+            init.copy_(module.theta_beta, beta)
+        elif isinstance(module, SSMax):
+            init.constant_(module.s, module.init)
+
+
+class BamModel(BamPreTrainedModel):
+    """The decoder stack (no LM head). Priors live in ``self.priors`` (one per layer, or one shared)."""
+
+    def __init__(self, config: BamConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        spec = get_scheme(config.pe)
+        self.abs_pe = spec.build(hidden_size=config.hidden_size, base=config.sinusoidal_base) \
+            if spec.kind == "absolute" else None
+        self.priors = None
+        if spec.kind == "bias":
+            kw = dict(num_heads=config.num_attention_heads, ggd_init=config.ggd_init,
+                      ggd_theta_alpha=config.ggd_theta_alpha, ggd_theta_beta=config.ggd_theta_beta,
+                      ggd_eps=config.ggd_eps)
+            n = 1 if (config.pe != "ggd" or config.ggd_share_layers) else config.num_hidden_layers
+            self.priors = nn.ModuleList(spec.build(**kw) for _ in range(n))
+        self.layers = nn.ModuleList(BamDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = BamRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def prior(self, layer: int):
+        """The positional bias module of ``layer`` (``None`` for rope / sinusoidal / nope)."""
+        if self.priors is None:
+            return None
+        return self.priors[layer if len(self.priors) > 1 else 0]
+
+    def forward(self, input_ids=None, attention_mask=None, doc_ids=None, position_ids=None, cache=None,
+                inputs_embeds=None, use_cache=None, attn_backend=None, chunk_size=None, **kwargs):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids and inputs_embeds")
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        b, n = x.shape[:2]
+        if use_cache and cache is None:
+            cache = DynamicCache()
+        past = cache.get_seq_length() if cache is not None else 0
+        if doc_ids is not None:
+            if past:
+                raise ValueError("doc_ids cannot be combined with a non-empty KV cache")
+            if doc_ids.shape != (b, n):
+                raise ValueError(f"doc_ids must have shape {(b, n)}, got {tuple(doc_ids.shape)}")
+        key_mask = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or attention_mask.shape[-1] != past + n:
+                raise ValueError(f"attention_mask must be [batch, {past + n}] (past + new tokens)")
+            if not bool(attention_mask.bool().all()):
+                key_mask = attention_mask.bool()
+        positions = torch.arange(past, past + n, device=x.device)
+        if self.abs_pe is not None:
+            if position_ids is None:
+                if doc_ids is not None:  # restart at every document
+                    start = torch.ones_like(doc_ids, dtype=torch.bool)
+                    start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+                    idx = torch.arange(n, device=x.device).expand(b, n)
+                    first = torch.where(start, idx, torch.zeros_like(idx)).cummax(-1).values
+                    position_ids = idx - first
+                elif key_mask is not None:
+                    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+                else:
+                    position_ids = positions[None].expand(b, n)
+            x = x + self.abs_pe(position_ids).to(x.dtype)
+        backend = attn_backend or self.config.attn_backend
+        chunk = chunk_size or (self.config.attn_chunk_size if backend == "chunked" else None)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions=positions, bias=self.prior(i), doc_ids=doc_ids, key_mask=key_mask,
+                      cache=cache, backend=backend, chunk_size=chunk)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(x), cache=cache if use_cache else None)
+
+
+class BamForCausalLM(BamPreTrainedModel, GenerationMixin):
+    """BAM decoder with an LM head; ``generate``, ``save_pretrained`` and ``from_pretrained`` work.
+
+    ``forward(input_ids, doc_ids=None, labels=None, logits_to_keep=0, ...)``: ``logits_to_keep`` is
+    an int (last k positions; 0 = all) or a LongTensor of positions, so long inputs need not
+    materialise [n, vocab] logits. With ``labels`` the loss is next-token cross-entropy that
+    ignores ``-100`` and, when ``doc_ids`` is given, the first token of every document.
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: BamConfig):
+        super().__init__(config)
+        self.model = BamModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def prior_parameters(self) -> list[nn.Parameter]:
+        """Parameters of the positional priors and SSMax scales (no weight decay, optional own lr)."""
+        return [p for name, p in self.named_parameters() if ".priors." in name or name.endswith("ssmax.s")]
+
+    def forward(self, input_ids=None, attention_mask=None, doc_ids=None, position_ids=None, cache=None,
+                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, attn_backend=None,
+                chunk_size=None, past_key_values=None, **kwargs):
+        if cache is None:
+            cache = past_key_values
+        if use_cache is None:
+            use_cache = bool(self.config.use_cache) and not self.training and labels is None
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, doc_ids=doc_ids,
+                         position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
+                         use_cache=use_cache, attn_backend=attn_backend, chunk_size=chunk_size)
+        h = out.last_hidden_state
+        loss = None
+        if labels is not None:
+            logits_all = self.lm_head(h).float()
+            tgt = labels[:, 1:].clone()
+            if doc_ids is not None:
+                tgt[doc_ids[:, 1:] != doc_ids[:, :-1]] = -100
+            loss = F.cross_entropy(logits_all[:, :-1].reshape(-1, logits_all.shape[-1]), tgt.reshape(-1),
+                                   ignore_index=-100)
+        if isinstance(logits_to_keep, int):
+            hs = h[:, -logits_to_keep:] if logits_to_keep > 0 else h
+        else:
+            idx = torch.as_tensor(logits_to_keep, device=h.device)
+            hs = h[:, idx] if idx.dim() == 1 else torch.gather(h, 1, idx[..., None].expand(-1, -1, h.shape[-1]))
+        logits = self.lm_head(hs)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache)

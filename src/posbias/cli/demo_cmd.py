@@ -1,0 +1,49 @@
+"""``posbias demo``: the main job on the embedded model and data, in minutes on a laptop CPU.
+
+Quick LPES search on SmolLM2-135M (word-key KV retrieval, the project's default
+lost-in-the-middle setting), then accuracy by depth before / after on held-out instances.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from posbias.cli.common import friendly_errors
+
+
+def demo_command(
+    out: str = typer.Option("runs/demo", help="run folder (re-running resumes)"),
+    model: str = typer.Option("smollm2-135m"),
+    preset: str = typer.Option("quick", help="search preset: quick | standard | paper"),
+    n: int = typer.Option(10, help="held-out instances per depth"),
+    seed: int = typer.Option(0),
+):
+    """Quick LPES search on the default model and task, then the held-out before/after table."""
+    from posbias.models import load_model
+    from posbias.search.heldout import before_after
+    from posbias.search.runner import run_search
+
+    start = time.time()
+    out_dir = Path(out)
+    loaded = load_model(model)
+    typer.echo(f"[1/2] LPES search ({preset}) on {model}, task kv (30 word keys) -> {out_dir / 'search'}")
+    result = run_search(model, "kv", out=out_dir / "search", preset=preset, seed=seed, resume=True, loaded=loaded,
+                        log=lambda rec: typer.echo(_generation_line(rec)))
+    typer.echo(f"[2/2] held-out accuracy by depth, before / after -> {out_dir / 'heldout'}")
+    before_after(model=model, task="kv", factors_path=result.factors_path, out=out_dir / "heldout", n=n,
+                 seed=seed, loaded=loaded)
+    typer.echo((out_dir / "heldout" / "comparison.md").read_text())
+    typer.echo(f"factors: {result.factors_path}\nplots: {out_dir / 'search'}/*.png, {out_dir / 'heldout'}/comparison.png")
+    typer.echo(f"wall time: {time.time() - start:.0f} s")
+
+
+def _generation_line(rec: dict) -> str:
+    keys = ("generation", "best_accuracy", "mean_accuracy", "forward_passes", "pruned", "wall_s")
+    return "  " + "  ".join(f"{k}={rec[k]:.3f}" if isinstance(rec.get(k), float) else f"{k}={rec.get(k)}"
+                            for k in keys if k in rec)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(friendly_errors(demo_command))

@@ -1,0 +1,88 @@
+"""``posbias eval``: accuracy by gold-item depth for one model, task and method."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from posbias.cli.common import (DataPath, ExtraOpts, Haystack, Length, NumDocs, NumKeys, NumNeedles,
+                                friendly_errors, parse_floats, parse_key_values, task_options)
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def eval_command(
+    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
+    depths: str = typer.Option("0,0.25,0.5,0.75,1", help="gold depths in [0, 1], comma-separated"),
+    n: int = typer.Option(50, help="instances per depth"),
+    out: str = typer.Option(..., help="run folder (re-running resumes)"),
+    seed: int = typer.Option(0),
+    split: str = typer.Option("eval", help="eval | search (disjoint instance sets)"),
+    mode: str = typer.Option("teacher-forced", help="teacher-forced | generate | both"),
+    batch_size: int = typer.Option(8),
+    chat: bool = typer.Option(False, "--chat/--no-chat", help="wrap prompts in the tokenizer's chat template"),
+    max_new_tokens: int = typer.Option(16),
+    method: str = typer.Option("none", help="none | pi | lpes | ms-poe | attention-buckets | moice"),
+    method_opt: Optional[list[str]] = typer.Option(None, "--method-opt", help="method option key=value (repeatable)"),
+    factors: Optional[str] = typer.Option(None, help="factors file (for --method lpes)"),
+    num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
+    path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
+    opt: Optional[list[str]] = ExtraOpts,
+):
+    """Evaluate accuracy against the depth of the gold item; writes results, summary and plot to --out."""
+    from posbias.evaluation.session import run_eval
+
+    method_opts = parse_key_values(method_opt, "method-opt")
+    if factors:
+        method_opts["factors"] = factors
+    summary = run_eval(
+        model=model, task=task, depths=parse_floats(depths, "depths"), n=n, out=out, seed=seed, split=split,
+        mode=mode, batch_size=batch_size, chat=chat, max_new_tokens=max_new_tokens, method=method,
+        method_options=method_opts,
+        task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
+    )
+    typer.echo((__import__("pathlib").Path(out) / "summary.md").read_text())
+    return summary
+
+
+
+
+def compare_command(
+    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    task: str = typer.Option("kv"),
+    methods: str = typer.Option("none,pi,ms-poe,attention-buckets,moice,lpes", help="comma-separated methods"),
+    factors: Optional[str] = typer.Option(None, help="factors file for lpes"),
+    pi_factor: float = typer.Option(1.1, help="global factor for pi"),
+    routers: Optional[str] = typer.Option(None, help="router weights for moice (posbias train-moice)"),
+    depths: str = typer.Option("0,0.25,0.5,0.75,1"),
+    n: int = typer.Option(50, help="instances per depth"),
+    out: str = typer.Option(...),
+    seed: int = typer.Option(0),
+    mode: str = typer.Option("teacher-forced", help="teacher-forced | generate | both"),
+    batch_size: int = typer.Option(8),
+    chat: bool = typer.Option(False, "--chat/--no-chat"),
+    num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
+    path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
+    opt: Optional[list[str]] = ExtraOpts,
+):
+    """Evaluate several methods on the same held-out instances: joint table and plot in --out."""
+    from posbias.evaluation.compare import compare_methods
+
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    options: dict = {"pi": {"factor": pi_factor}}
+    if "lpes" in names:
+        if not factors:
+            raise ValueError("--methods includes lpes: give its factors file with --factors (from posbias search)")
+        options["lpes"] = {"factors": factors}
+    if routers:
+        options["moice"] = {"routers": routers}
+    compare_methods(model=model, task=task, methods=names, depths=parse_floats(depths, "depths"), n=n, out=out,
+                    method_options=options, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
+                    task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))
+    typer.echo((__import__("pathlib").Path(out) / "comparison.md").read_text())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(friendly_errors(eval_command))
+    app.command("compare")(friendly_errors(compare_command))

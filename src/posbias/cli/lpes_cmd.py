@@ -1,0 +1,150 @@
+"""``posbias search`` / ``apply`` / ``analyze``: LPES per-layer RoPE scaling."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from posbias.cli.common import (DataPath, ExtraOpts, Haystack, Length, NumDocs, NumKeys, NumNeedles,
+                                friendly_errors, parse_floats, task_options)
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def search_command(
+    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
+    preset: str = typer.Option("quick", help="quick (~5 min on 2 CPU cores) | standard (~1 h) | paper (GPU)"),
+    out: str = typer.Option(..., help="run folder"),
+    resume: bool = typer.Option(False, "--resume", help="continue a killed search in --out"),
+    seed: int = typer.Option(0),
+    workers: int = typer.Option(1, help="processes scoring individuals in parallel (one model each)"),
+    curve: str = typer.Option("bezier", help="bezier | linear | step"),
+    control_points: int = typer.Option(4, help="number of control points (4 = cubic Bézier)"),
+    population: Optional[int] = typer.Option(None, help="override the preset's population"),
+    generations: Optional[int] = typer.Option(None, help="override the preset's generations"),
+    n_per_depth: Optional[int] = typer.Option(None, help="override the preset's search instances per depth"),
+    batch_size: Optional[int] = typer.Option(None, help="override the preset's batch size"),
+    weights: Optional[str] = typer.Option(None, help="fitness weights of depths 0,0.5,1 (default equal)"),
+    grid: Optional[str] = typer.Option(None, help="factor grid, comma-separated (default: posbias.search.DEFAULT_GRID)"),
+    round_to_grid: bool = typer.Option(False, "--round-to-grid", help="snap per-layer factors to the grid"),
+    prune: bool = typer.Option(True, "--prune/--no-prune", help="stop scoring individuals that cannot reach the elite"),
+    chat: bool = typer.Option(False, "--chat/--no-chat", help="wrap prompts in the tokenizer's chat template"),
+    num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
+    path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
+    opt: Optional[list[str]] = ExtraOpts,
+):
+    """Search per-layer RoPE factors (LPES GA over a curve) on the search split of a task."""
+    from rich.console import Console
+
+    from posbias.search.runner import run_search
+
+    console = Console()
+    overrides = {k: v for k, v in {"population": population, "generations": generations,
+                                    "n_per_depth": n_per_depth, "batch_size": batch_size}.items() if v is not None}
+
+    def log(m: dict) -> None:
+        pd = " ".join(f"{d}:{a:.2f}" for d, a in m["best_per_depth"].items())
+        console.print(f"gen {m['generation']:>2}  best {m['best_accuracy']:.3f} ({pd})  mean {m['mean_accuracy']:.3f}"
+                      f"  scored {m['scored']} (pruned {m['pruned']}, memo {m['memo_hits']})"
+                      f"  fwd {m['forward_passes']}  {m['wall_s']:.0f}s")
+
+    res = run_search(model, task, out=out, preset=preset, resume=resume, seed=seed, workers=workers, curve=curve,
+                     control_points=control_points,
+                     task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
+                     weights=parse_floats(weights, "weights") if weights else None, chat=chat,
+                     grid=parse_floats(grid, "grid") if grid else None, round_to_grid=round_to_grid,
+                     overrides=overrides, log=log, prune=prune)
+    base = f"{res.baseline_accuracy:.3f}" if res.baseline_accuracy is not None else "n/a"
+    console.print(f"best fitness {res.accuracy:.3f} (unpatched {base}); factors: {res.factors_path}")
+    console.print("factors: " + ", ".join(f"{f:.3f}" for f in res.factors))
+    return res
+
+
+def apply_command(
+    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    factors: str = typer.Option(..., help="factors file (best_factors.json of a search)"),
+    out: str = typer.Option(..., help="output model folder"),
+):
+    """Write a model folder that posbias.models.load_model reloads with the scaling active."""
+    from posbias.models import load_model
+    from posbias.patching.rope_scaling import save_patched_model
+
+    m, tok = load_model(model)
+    target = save_patched_model(m, tok, factors, out)
+    typer.echo(f"wrote {target} (weights + tokenizer + posbias_factors.json; "
+               "posbias.models.load_model reloads it with the per-layer scaling)")
+
+
+def analyze_command(
+    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    factors: str = typer.Option(..., help="factors file"),
+    task: str = typer.Option("kv", help="task whose prompts are fed to the model"),
+    out: str = typer.Option(..., help="output folder"),
+    n: int = typer.Option(2, help="prompts per depth (depths 0, 0.5, 1)"),
+    controls: int = typer.Option(3, help="noisy and shuffled control variants each"),
+    sigma: float = typer.Option(0.1, help="noise: factors x exp(N(0, sigma))"),
+    seed: int = typer.Option(0),
+    chat: bool = typer.Option(False, "--chat/--no-chat"),
+    num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
+    path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
+    opt: Optional[list[str]] = ExtraOpts,
+):
+    """Representation deviation (1 - linear CKA per layer) of found vs noisy vs shuffled factors."""
+    import torch
+
+    from posbias.models import get_decoder_layers, load_model
+    from posbias.patching.rope_scaling import load_factors_file
+    from posbias.search.analysis import analyze_scaling
+    from posbias.tasks import make_instances
+    from posbias.utils.io import atomic_write_json, atomic_write_text, prepare_run_dir
+
+    opts = task_options(num_keys, num_docs, length, path, haystack, num_needles, opt)
+    outdir = prepare_run_dir(out, {"model": model, "factors": factors, "task": task, "n": n, "controls": controls,
+                                   "sigma": sigma, "seed": seed, "task_options": opts})
+    m, tok = load_model(model)
+    doc = load_factors_file(factors, num_layers=len(get_decoder_layers(m)))
+    insts = make_instances(task, tokenizer=tok, n=n, depths=[0.0, 0.5, 1.0], seed=seed, split="eval", **opts)
+    from posbias.evaluation.batching import prompt_text
+
+    inputs = [torch.tensor(tok(prompt_text(tok, i, chat), add_special_tokens=not chat)["input_ids"]) for i in insts]
+    res = analyze_scaling(m, inputs, doc["factors"], n_controls=controls, sigma=sigma, seed=seed)
+    atomic_write_json(outdir / "analysis.json", res)
+    lines = ["| variant | mean 1-CKA | max 1-CKA | last layer |", "|---|---|---|---|"]
+    for name, r in res["variants"].items():
+        d = r["deviation"]
+        lines.append(f"| {name} | {r['mean_deviation']:.4f} | {max(d):.4f} | {d[-1]:.4f} |")
+    lines.append("")
+    lines.append("mean over variants: " + ", ".join(f"{k} {v:.4f}" for k, v in res["summary"].items()))
+    table = "\n".join(lines) + "\n"
+    atomic_write_text(outdir / "analysis.md", table)
+    _plot_analysis(outdir / "analysis.png", res)
+    typer.echo(table)
+    return res
+
+
+def _plot_analysis(path: Path, res: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    colors = {"found": "tab:blue", "noisy": "tab:orange", "shuffled": "tab:grey"}
+    for name, r in res["variants"].items():
+        kind = next(k for k in colors if name.startswith(k))
+        ax.plot(range(len(r["deviation"])), r["deviation"], color=colors[kind], lw=2 if kind == "found" else 1,
+                alpha=1 if kind == "found" else 0.6, label=kind if name in ("found", "noisy0", "shuffled0") else None)
+    ax.set_xlabel("decoder layer")
+    ax.set_ylabel("1 - linear CKA vs unpatched")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("search")(friendly_errors(search_command))
+    app.command("apply")(friendly_errors(apply_command))
+    app.command("analyze")(friendly_errors(analyze_command))

@@ -1,0 +1,57 @@
+"""``posbias train-moice``: train MoICE routers (only the routers; the model stays frozen)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from posbias.cli.common import friendly_errors, parse_floats
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def train_moice_command(
+    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    out: str = typer.Option(..., help="folder for routers.safetensors + moice_config.json"),
+    steps: int = typer.Option(20, help="optimizer steps (one text per step)"),
+    lr: float = typer.Option(1e-4, help="router learning rate"),
+    aux_coef: float = typer.Option(0.3, help="load-balancing loss coefficient"),
+    data: Optional[str] = typer.Option(None, help="training texts: .jsonl (text, or prompt+answer) or plain text "
+                                                  "(blank-line separated); default synthetic passkey documents"),
+    length: int = typer.Option(512, help="synthetic passkey document length in tokens (no --data)"),
+    max_tokens: int = typer.Option(1024, help="truncate training texts to this many tokens"),
+    top_k: int = typer.Option(3, help="experts per head and token"),
+    multipliers: str = typer.Option("1.0,1.25,1.5,1.75,2.0,2.25,2.5", help="expert RoPE bases as multiples of theta"),
+    hidden: Optional[int] = typer.Option(None, help="router hidden size (default head_dim)"),
+    seed: int = typer.Option(0),
+):
+    """Train MoICE routers on a small local dataset and save them (load with --method moice
+    --method-opt routers=OUT)."""
+    from posbias.methods import apply_method
+    from posbias.methods.moice import passkey_texts, read_texts, save_routers, train_routers
+    from posbias.models import load_model
+
+    if steps < 1:
+        raise ValueError("--steps must be >= 1")
+    if lr <= 0:
+        raise ValueError("--lr must be > 0")
+    lm, tok = load_model(model)
+    texts = read_texts(data) if data else passkey_texts(max(steps, 1), length, tok, seed=seed)
+    handle = apply_method(lm, "moice", top_k=top_k, multipliers=parse_floats(multipliers, "multipliers"),
+                          hidden=hidden, seed=seed)
+    log = lambda r: typer.echo(f"step {r['step']:4d}  loss {r['loss']:.4f}  lm {r['lm']:.4f}  aux {r['aux']:.4f}")  # noqa: E731
+    history = train_routers(handle, tok, texts, steps=steps, lr=lr, aux_coef=aux_coef, max_tokens=max_tokens,
+                            seed=seed, log=log)
+    folder = save_routers(handle.state["routers"], out, extra={
+        "model": model, "steps": steps, "lr": lr, "aux_coef": aux_coef, "data": data or f"synthetic passkey ({length})",
+        "seed": seed, "final": history[-1]})
+    handle.remove()
+    (Path(folder) / "history.json").write_text(json.dumps(history, indent=1))
+    typer.echo(f"saved routers to {folder}")
+    return folder
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train-moice")(friendly_errors(train_moice_command))

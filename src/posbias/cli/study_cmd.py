@@ -1,0 +1,54 @@
+"""``posbias study``: train one model per positional scheme and measure length extrapolation
+(passkey / NIAH over lengths x depths, perplexity in both modes). See ``posbias.study.runner``."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from posbias.cli.common import friendly_errors, parse_floats, parse_key_values
+
+
+def study_command(
+    out: str = typer.Option(..., help="study folder (models, jsonl results, summary.md, plots/)"),
+    preset: str = typer.Option("tiny", help="model size preset: tiny | small | 120m | 1b"),
+    schemes: str = typer.Option("rope,sinusoidal,nope,alibi,ggd,ggd+ssmax,rope+ssmax",
+                                help="comma-separated <pe>[+ssmax], pe in rope|sinusoidal|nope|alibi|ggd"),
+    train_steps: Optional[int] = typer.Option(None, help="training steps per scheme (default: the trainer's)"),
+    train_context: int = typer.Option(512, help="training context in tokens"),
+    multipliers: str = typer.Option("1,2,4,8,16,32,64", help="evaluation lengths as multiples of the training context"),
+    depths: str = typer.Option("0,0.25,0.5,0.75,1", help="needle depths in [0, 1]"),
+    n: int = typer.Option(5, help="instances per (length, depth) cell"),
+    seed: int = typer.Option(0),
+    corpus: Optional[str] = typer.Option(None, help="training text: .txt/.md, .jsonl with a 'text' field, or a folder of them (default: the trainer's)"),
+    heldout: Optional[str] = typer.Option(None, help="held-out text for perplexity (default: the tail of --corpus, "
+                                          "split off before training)"),
+    resume: bool = typer.Option(False, "--resume", help="continue a study in --out (reuse models, skip finished cells)"),
+    niah: bool = typer.Option(False, "--niah/--no-niah", help="also run RULER NIAH (string_match_all) on the grid"),
+    niah_opt: Optional[list[str]] = typer.Option(None, "--niah-opt", help="NIAH option key=value, e.g. haystack=essay"),
+    modes: str = typer.Option("teacher_forced,generate", help="passkey scoring: teacher_forced, generate or both"),
+    ppl_multipliers: str = typer.Option("1,2,4,8", help="perplexity contexts as multiples of the training context ('' = none)"),
+    ppl_tokens: Optional[int] = typer.Option(None, help="held-out tokens for perplexity (default 4x the longest context)"),
+    batch_size: int = typer.Option(4, help="max batch; capped so batch x length <= --token-budget"),
+    token_budget: int = typer.Option(8192),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    train_opt: Optional[list[str]] = typer.Option(None, "--train-opt", help="extra training option key=value (same for all schemes)"),
+):
+    """Train each positional scheme on one budget and evaluate it from 1x to Kx its training length."""
+    from posbias.study.runner import StudyConfig, run_study
+
+    cfg = StudyConfig(
+        out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
+        multipliers=parse_floats(multipliers, "multipliers"), depths=parse_floats(depths, "depths"), n=n,
+        seed=seed, corpus=corpus, heldout=heldout, niah=niah, niah_options=parse_key_values(niah_opt, "niah-opt"),
+        modes=[m.strip().replace("-", "_") for m in modes.split(",") if m.strip()],
+        ppl_multipliers=parse_floats(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,
+        batch_size=batch_size, token_budget=token_budget, device=device,
+        train_options=parse_key_values(train_opt, "train-opt"), resume=resume,
+    )
+    result = run_study(cfg)
+    typer.echo(open(result["summary"], encoding="utf-8").read())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("study")(friendly_errors(study_command))

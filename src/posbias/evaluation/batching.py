@@ -1,0 +1,90 @@
+"""Turn instances into token ids and left-padded batches.
+
+Left padding puts every row's last token at the same index, so one ``logits_to_keep`` covers the
+answer positions of all rows; explicit ``position_ids`` (``cumsum(mask) - 1``) keep RoPE
+positions identical to the unpadded sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from posbias.tasks.base import Instance
+
+
+class ContextTooLongError(ValueError):
+    """An input longer than the model can hold."""
+
+
+def prompt_text(tokenizer, inst: Instance, chat: bool) -> str:
+    """The text the model sees before its answer (chat template applied when ``chat``)."""
+    if chat:
+        from posbias.tasks import apply_chat
+
+        return apply_chat(tokenizer, inst.prompt, inst.answer_prefix)
+    return inst.prompt + inst.answer_prefix
+
+
+def answer_text(prompt: str, answer: str) -> str:
+    """The gold continuation: a space is prepended unless the prompt already ends in whitespace."""
+    return answer if (not prompt or prompt[-1].isspace()) else " " + answer
+
+
+@dataclass
+class Encoded:
+    """Token ids of one instance: ``prompt_ids`` (P,) and ``answer_ids`` (A,)."""
+
+    inst: Instance
+    prompt_ids: list[int]
+    answer_ids: list[int]
+
+
+def encode(tokenizer, inst: Instance, chat: bool, max_positions: int = 0) -> Encoded:
+    """Tokenise prompt and gold answer separately (so the answer tokens are exactly known)."""
+    text = prompt_text(tokenizer, inst, chat)
+    prompt_ids = tokenizer(text, add_special_tokens=not chat)["input_ids"]
+    answer_ids = tokenizer(answer_text(text, inst.answers[0]), add_special_tokens=False)["input_ids"]
+    total = len(prompt_ids) + len(answer_ids)
+    if max_positions and total > max_positions:
+        raise ContextTooLongError(
+            f"instance {inst.id}: {total} tokens, longer than the model's maximum of {max_positions} positions; "
+            "use a shorter task setting (fewer items / smaller --length)"
+        )
+    return Encoded(inst, prompt_ids, answer_ids)
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad token rows.
+
+    Returns:
+        input_ids (B, T), attention_mask (B, T) and position_ids (B, T) with position 0 at each
+        row's first real token.
+    """
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, r in enumerate(rows):
+        if r:
+            ids[b, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[b, width - len(r):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, positions
+
+
+def length_sorted_batches(encoded: Sequence[Encoded], batch_size: int) -> Iterator[list[Encoded]]:
+    """Batches of similar total length (less padding); order inside the run does not matter."""
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    order = sorted(encoded, key=lambda e: len(e.prompt_ids) + len(e.answer_ids))
+    for start in range(0, len(order), batch_size):
+        yield order[start:start + batch_size]
+
+
+def model_max_positions(model) -> int:
+    """``max_position_embeddings`` of a model, or 0 when it has no limit (e.g. NoPE / BAM models)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "extrapolates", False):
+        return 0
+    return int(getattr(cfg, "max_position_embeddings", 0) or 0)

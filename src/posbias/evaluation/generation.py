@@ -1,0 +1,73 @@
+"""Greedy generation with a KV cache, batched with left padding (a manual loop, so any wrapper
+with the Hugging Face causal-LM call signature works, not only ``PreTrainedModel.generate``)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from posbias.evaluation.batching import encode, left_pad, length_sorted_batches, model_max_positions
+from posbias.tasks.base import Instance
+
+
+@torch.no_grad()
+def greedy_batch(model, prompts: list[list[int]], pad_id: int, eos_ids: set[int], max_new_tokens: int) -> list[list[int]]:
+    """Greedy-decode up to ``max_new_tokens`` for each prompt; returns the new token ids per row."""
+    ids, mask, pos = left_pad(prompts, pad_id)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    generated = [[] for _ in prompts]
+    done = torch.zeros(len(prompts), dtype=torch.bool)
+    next_pos = pos[:, -1:] + 1
+    for _ in range(max_new_tokens):
+        nxt = out.logits[:, -1].argmax(-1)  # (B,)
+        for b, t in enumerate(nxt.tolist()):
+            if not done[b]:
+                if t in eos_ids:
+                    done[b] = True
+                else:
+                    generated[b].append(t)
+        if bool(done.all()):
+            break
+        mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype)], dim=1)
+        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=next_pos,
+                    cache=_cache_of(out), use_cache=True, logits_to_keep=1)
+        next_pos = next_pos + 1
+    return generated
+
+
+def greedy_generate(model, tokenizer, instances: Sequence[Instance], *, max_new_tokens: int = 16,
+                    batch_size: int = 8, chat: bool = False, progress: bool = False) -> list[str]:
+    """Greedy completions (decoded text) in the order of ``instances``."""
+    limit = model_max_positions(model)
+    encoded = [encode(tokenizer, inst, chat, limit) for inst in instances]
+    if limit:
+        for e in encoded:
+            if len(e.prompt_ids) + max_new_tokens > limit:
+                raise ValueError(f"instance {e.inst.id}: prompt + {max_new_tokens} new tokens exceeds {limit} positions")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    eos = tokenizer.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+    texts: dict[str, str] = {}
+    bar = tqdm(total=len(encoded), desc="generate", unit="inst", disable=not progress, leave=False)
+    for batch in length_sorted_batches(encoded, batch_size):
+        new = greedy_batch(model, [e.prompt_ids for e in batch], pad_id, eos_ids, max_new_tokens)
+        for e, toks in zip(batch, new):
+            texts[e.inst.id] = tokenizer.decode(toks, skip_special_tokens=True)
+        bar.update(len(batch))
+    bar.close()
+    return [texts[inst.id] for inst in instances]
+
+
+def greedy_token_ids(model, tokenizer, instances: Sequence[Instance], *, max_new_tokens: int,
+                     chat: bool = False) -> list[list[int]]:
+    """Raw greedy token ids (no EOS stop), for equivalence tests with teacher forcing."""
+    encoded = [encode(tokenizer, inst, chat) for inst in instances]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return [greedy_batch(model, [e.prompt_ids], pad_id, set(), max_new_tokens)[0] for e in encoded]
+
+
+def _cache_of(out):
+    """The KV cache of a model output (transformers >= 5.24 names it ``cache``)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)

@@ -1,0 +1,230 @@
+"""Passkey / NIAH retrieval over a grid of input lengths x needle depths, resumable.
+
+For every length, ``n`` seeded instances per depth are built with
+``posbias.tasks.make_instances(task, tokenizer=..., n=n, depths=depths, seed=seed,
+split="eval", length=length, **task_kwargs)`` and scored two ways:
+
+* **teacher-forced** (the BAM reference's passkey score): one forward pass over prompt + gold
+  answer; correct when the argmax at *every* answer-token position equals the gold token
+  (``posbias.evaluation.teacher_forced.score_teacher_forced``; only the answer positions'
+  logits are computed, via ``logits_to_keep``);
+* **greedy generation**: the completion is scored with the instance's metric (``passkey`` for
+  the passkey task, ``string_match_all`` for NIAH) by ``posbias.evaluation.metrics.score``.
+
+Every instance's result is appended as one line to a jsonl file, keyed by
+``(model, task, length, instance id)`` (an instance id names task, split, seed, depth and index); a rerun skips the keys already there, so a grid killed
+at any point resumes where it stopped. Long inputs are run at batch size 1 (the batch size is
+capped so that ``batch_size * length <= token_budget``).
+
+Lengths beyond ``config.max_position_embeddings`` raise :class:`LengthBeyondModelError` unless the
+model extrapolates (BAM models: ``config.extrapolates`` or ``model_type == "posbias-bam"``) or
+``allow_extrapolation=True`` is passed.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from posbias.utils.io import append_jsonl, read_jsonl
+
+MODES = ("teacher_forced", "generate")
+
+
+class LengthBeyondModelError(ValueError):
+    """A grid length longer than a model with limited positions can hold."""
+
+
+def supports_extrapolation(model) -> bool:
+    """True for models that run at any length (BAM-family models, whatever their scheme)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return False
+    if getattr(cfg, "extrapolates", False):
+        return True
+    return getattr(cfg, "model_type", "") == "posbias-bam"
+
+
+def check_lengths(model, lengths: Iterable[int], *, allow_extrapolation: bool | None = None) -> None:
+    """Raise :class:`LengthBeyondModelError` for a length the model cannot run at.
+
+    A model with ``max_position_embeddings`` (learned or otherwise limited positions) cannot be
+    evaluated beyond it unless it supports extrapolation or ``allow_extrapolation`` is True.
+    """
+    if allow_extrapolation or supports_extrapolation(model):
+        return
+    limit = int(getattr(getattr(model, "config", None), "max_position_embeddings", 0) or 0)
+    if not limit:
+        return
+    too_long = sorted(int(L) for L in lengths if int(L) > limit)
+    if too_long:
+        raise LengthBeyondModelError(
+            f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')}) holds at most {limit} positions, "
+            f"but the grid asks for lengths {too_long}; drop those lengths, or pass allow_extrapolation=True "
+            "(--allow-extrapolation) to run past the configured limit anyway"
+        )
+
+
+def _mark_extrapolating(model) -> None:
+    """Set ``config.extrapolates = True`` on a BAM-family model, the flag the scorers
+    (``posbias.evaluation.batching.model_max_positions``) read to lift the
+    ``max_position_embeddings`` limit (which, for BAM, is only the training context)."""
+    cfg = getattr(model, "config", None)
+    if cfg is not None and supports_extrapolation(model) and not getattr(cfg, "extrapolates", False):
+        cfg.extrapolates = True
+
+
+def _default_make_instances():
+    from posbias.tasks import make_instances
+
+    return make_instances
+
+
+def grid_instances(tokenizer, *, task: str, length: int, depths: Sequence[float], n: int, seed: int,
+                   make_instances: Callable | None = None, task_kwargs: dict | None = None) -> list:
+    """The ``n`` seeded instances of every depth at one length (one generator call per length,
+    so the haystack is fitted once and the same keys are used at every depth)."""
+    make = make_instances or _default_make_instances()
+    return list(make(task, tokenizer=tokenizer, n=n, depths=[float(d) for d in depths], seed=seed,
+                     split="eval", length=int(length), **(task_kwargs or {})))
+
+
+def default_chat(tokenizer) -> bool:
+    """Prompt formatting used by the grid when ``chat`` is not given.
+
+    A tokenizer without a chat template gets ``chat=True``, which in ``posbias.tasks.apply_chat``
+    means the raw prompt + ``" " + answer_prefix`` ("... What is the pass key? The pass key is"),
+    exactly the text the task generators fit to ``length``; a tokenizer with a chat template gets
+    ``chat=False`` (a pretrained-from-scratch model never saw a template).
+    """
+    from posbias.tasks.chat import has_chat_template
+
+    return not has_chat_template(tokenizer)
+
+
+def _answer_tokens(tokenizer, inst) -> int:
+    text = ", ".join(str(a) for a in inst.answers)
+    return len(tokenizer(" " + text, add_special_tokens=False)["input_ids"])
+
+
+def record_key(rec: dict) -> tuple:
+    return (rec["model"], rec["task"], int(rec["length"]), rec["id"])
+
+
+def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: str = "passkey",
+             lengths: Sequence[int], depths: Sequence[float], n: int = 5, seed: int = 0,
+             modes: Sequence[str] = MODES, batch_size: int = 4, token_budget: int = 8192,
+             max_new_tokens: int | None = None, task_kwargs: dict | None = None,
+             allow_extrapolation: bool | None = None, make_instances: Callable | None = None,
+             progress: bool = True, extra: dict | None = None, chat: bool | None = None) -> list[dict]:
+    """Evaluate ``model`` on the ``lengths x depths`` grid; returns all records of this model/task.
+
+    Args:
+        model_name: the model's name in the records (the resume key includes it).
+        out_jsonl: results file; one line per instance, appended as soon as it is scored.
+        task: ``"passkey"`` or ``"niah"`` (anything ``posbias.tasks.make_instances`` knows).
+        lengths: input lengths in tokens (passed to the task generator as ``length``).
+        depths: relative needle depths in [0, 1].
+        n: instances per cell.
+        modes: subset of ``("teacher_forced", "generate")``.
+        batch_size: upper bound; the actual batch is ``min(batch_size, token_budget // length)``
+            (at least 1), so long inputs run one at a time.
+        max_new_tokens: generation budget (default: answer tokens + 4, per cell).
+        task_kwargs: extra arguments for the task generator (e.g. ``haystack="essay"``).
+        make_instances: a replacement for ``posbias.tasks.make_instances`` (tests).
+        extra: constant fields added to every record (e.g. the positional scheme).
+        chat: prompt formatting passed to the scorers (default: :func:`default_chat`).
+
+    Each record: ``model, task, length, depth, id, prompt_tokens, answers`` plus
+    ``tf_em, tf_logprob, n_tokens`` (teacher-forced) and ``prediction, gen_score`` (generation).
+    """
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        raise ValueError(f"unknown grid modes {sorted(unknown)}; known: {', '.join(MODES)}")
+    lengths = sorted({int(L) for L in lengths})
+    check_lengths(model, lengths, allow_extrapolation=allow_extrapolation)
+    _mark_extrapolating(model)
+    if chat is None:
+        chat = default_chat(tokenizer)
+    out_jsonl = Path(out_jsonl)
+    existing = [r for r in read_jsonl(out_jsonl) if r.get("model") == model_name and r.get("task") == task]
+    done = {record_key(r) for r in existing}
+    records = list(existing)
+
+    from tqdm.auto import tqdm
+
+    total = len(lengths) * len(depths) * n
+    bar = tqdm(total=total, desc=f"{model_name} {task}", unit="inst", disable=not progress)
+    bar.update(min(total, len(done)))
+    try:
+        for length in lengths:
+            bs = max(1, min(batch_size, token_budget // max(1, length)))
+            insts = grid_instances(tokenizer, task=task, length=length, depths=depths, n=n, seed=seed,
+                                   make_instances=make_instances, task_kwargs=task_kwargs)
+            todo = [i for i in insts if (model_name, task, length, i.id) not in done]
+            for start in range(0, len(todo), bs):
+                chunk = todo[start:start + bs]
+                new = _score_chunk(model, tokenizer, chunk, modes=modes, batch_size=bs,
+                                   max_new_tokens=max_new_tokens, chat=chat)
+                for inst, res in zip(chunk, new):
+                    rec = {"model": model_name, "task": task, "length": length, "depth": float(inst.depth),
+                           **(extra or {}), **res}
+                    append_jsonl(out_jsonl, rec)
+                    done.add(record_key(rec))
+                    records.append(rec)
+                bar.update(len(chunk))
+    finally:
+        bar.close()
+    return records
+
+
+def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_size: int,
+                 max_new_tokens: int | None, chat: bool) -> list[dict]:
+    from posbias.evaluation.metrics import score
+
+    out = [{"id": inst.id, "answers": list(inst.answers), "metric": inst.metric} for inst in chunk]
+    if "teacher_forced" in modes:
+        from posbias.evaluation.teacher_forced import score_teacher_forced
+
+        for o, r in zip(out, score_teacher_forced(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
+            o.update(tf_em=bool(r["em"]), tf_logprob=float(r["logprob"]), n_tokens=int(r["n_tokens"]))
+            if "prompt_tokens" in r:
+                o["prompt_tokens"] = int(r["prompt_tokens"])
+    if "generate" in modes:
+        from posbias.evaluation.generation import greedy_generate
+
+        budget = max_new_tokens or (max(_answer_tokens(tokenizer, i) for i in chunk) + 4)
+        preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=budget, batch_size=batch_size,
+                                chat=chat)
+        for o, inst, p in zip(out, chunk, preds):
+            o.update(prediction=p, gen_score=float(score(inst.metric, p, inst.answers)))
+    return out
+
+
+def summarize_grid(records: Iterable[dict]) -> list[dict]:
+    """Mean accuracy per ``(model, task, length, target depth)`` cell.
+
+    Returns rows ``{model, task, length, depth, n, tf_acc, gen_acc}`` (an accuracy is None when
+    that mode was not run), sorted by model, task, length, depth.
+    """
+    cells: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        cells[(r["model"], r["task"], int(r["length"]), float(r["depth"]))].append(r)
+    rows = []
+    for (m, t, L, d), rs in sorted(cells.items()):
+        tf = [float(r["tf_em"]) for r in rs if "tf_em" in r]
+        gen = [float(r["gen_score"]) for r in rs if "gen_score" in r]
+        rows.append({"model": m, "task": t, "length": L, "depth": d, "n": len(rs),
+                     "tf_acc": sum(tf) / len(tf) if tf else None,
+                     "gen_acc": sum(gen) / len(gen) if gen else None})
+    return rows
+
+
+def accuracy_by_length(records: Iterable[dict], *, mode: str = "tf") -> dict[str, dict[int, float]]:
+    """``{model: {length: accuracy averaged over depths and instances}}`` for ``mode`` "tf"/"gen"."""
+    key = "tf_em" if mode == "tf" else "gen_score"
+    acc: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        if key in r:
+            acc[r["model"]][int(r["length"])].append(float(r[key]))
+    return {m: {L: sum(v) / len(v) for L, v in sorted(by.items())} for m, by in acc.items()}

@@ -1,0 +1,105 @@
+"""Resumable position-accuracy evaluation: score instances, log them, summarise by depth.
+
+A run folder holds ``config.json`` (settings + versions), ``results.jsonl`` (one line per
+instance, appended as soon as its batch is scored), ``summary.json`` / ``summary.md`` (accuracy by
+depth with 95% Wilson intervals) and ``accuracy_by_depth.png``. Re-running into the same folder
+skips instances already in ``results.jsonl``.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from posbias.evaluation.batching import encode, model_max_positions
+from posbias.evaluation.generation import greedy_generate
+from posbias.evaluation.metrics import score
+from posbias.evaluation.plots import plot_accuracy_by_depth
+from posbias.evaluation.stats import accuracy_by_depth, format_table
+from posbias.evaluation.teacher_forced import score_teacher_forced
+from posbias.tasks.base import Instance
+from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl
+
+MODES = ("teacher-forced", "generate", "both")
+
+
+def check_fits(model, tokenizer, instances: Sequence[Instance], chat: bool, extra_tokens: int = 0) -> int:
+    """Raise a clear error before any work if an instance is longer than the model can hold.
+
+    Returns the longest prompt + answer length in tokens."""
+    limit = model_max_positions(model)
+    longest = 0
+    for inst in instances:
+        e = encode(tokenizer, inst, chat, limit)
+        longest = max(longest, len(e.prompt_ids) + len(e.answer_ids) + extra_tokens)
+    if limit and longest > limit:
+        raise ValueError(f"the longest instance needs {longest} positions; the model holds {limit}")
+    return longest
+
+
+def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch_size: int, chat: bool,
+                max_new_tokens: int) -> list[dict]:
+    """Score a chunk of instances; one record per instance with ``correct`` (the headline score)."""
+    records = [{"id": i.id, "depth": i.depth, "gold_index": i.gold_index, "num_items": i.num_items,
+                "answers": i.answers} for i in chunk]
+    if mode in ("teacher-forced", "both"):
+        for rec, r in zip(records, score_teacher_forced(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
+            rec.update(tf_em=r["em"], logprob=r["logprob"], prompt_tokens=r["prompt_tokens"])
+    if mode in ("generate", "both"):
+        preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens, batch_size=batch_size, chat=chat)
+        for rec, inst, pred in zip(records, chunk, preds):
+            rec.update(prediction=pred, gen_score=score(inst.metric, pred, inst.answers))
+    for rec in records:
+        rec["correct"] = float(rec["tf_em"]) if "tf_em" in rec else rec["gen_score"]
+    return records
+
+
+def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *, mode: str = "teacher-forced",
+             batch_size: int = 8, chat: bool = False, max_new_tokens: int = 16, label: str = "",
+             progress: bool = True) -> dict:
+    """Evaluate ``instances`` into the run folder ``out`` (resuming), return the summary dict."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    out = Path(out)
+    results_path = out / "results.jsonl"
+    done = {r["id"] for r in repair_jsonl(results_path)}
+    todo = [i for i in instances if i.id not in done]
+    if todo:
+        check_fits(model, tokenizer, todo, chat, max_new_tokens if mode != "teacher-forced" else 0)
+    start = time.time()
+    bar = tqdm(total=len(instances), initial=len(instances) - len(todo), desc=label or "eval", unit="inst",
+               disable=not progress)
+    for pos in range(0, len(todo), batch_size):
+        chunk = todo[pos:pos + batch_size]
+        for rec in score_chunk(model, tokenizer, chunk, mode=mode, batch_size=batch_size, chat=chat,
+                               max_new_tokens=max_new_tokens):
+            append_jsonl(results_path, rec)
+        bar.update(len(chunk))
+    bar.close()
+    return summarise(out, instances, mode=mode, label=label, seconds=time.time() - start)
+
+
+def summarise(out: Path, instances: Sequence[Instance], *, mode: str, label: str, seconds: float) -> dict:
+    """Write summary.json, summary.md and the depth plot from ``results.jsonl``."""
+    wanted = {i.id for i in instances}
+    records = [r for r in read_jsonl(out / "results.jsonl") if r["id"] in wanted]
+    rows = accuracy_by_depth(records)
+    summary = {"label": label, "mode": mode, "n_instances": len(records), "by_depth": rows,
+               "overall": sum(r["correct"] for r in records) / max(1, len(records)),
+               "seconds_this_invocation": round(seconds, 1)}
+    if mode == "both":
+        summary["by_depth_generate"] = accuracy_by_depth(records, key="gen_score")
+        summary["tf_vs_generate_agreement"] = sum(
+            float(r["tf_em"]) == float(r["gen_score"] >= 1.0) for r in records) / max(1, len(records))
+    atomic_write_json(out / "summary.json", summary)
+    table = format_table(rows, title=f"{label} ({mode})")
+    if mode == "both":
+        table += "\n\n" + format_table(summary["by_depth_generate"], title=f"{label} (greedy generation)")
+    atomic_write_text(out / "summary.md", table + "\n")
+    curves = {f"{label or 'model'} ({mode if mode != 'both' else 'teacher-forced'})": rows}
+    if mode == "both":
+        curves[f"{label or 'model'} (generate)"] = summary["by_depth_generate"]
+    plot_accuracy_by_depth(curves, out / "accuracy_by_depth.png", title=label)
+    return summary

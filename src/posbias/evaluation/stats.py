@@ -1,0 +1,47 @@
+"""Accuracy summaries with 95% Wilson score intervals."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Iterable
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval for a binomial proportion (Wilson 1927).
+
+    ``successes`` may be fractional (e.g. string_match_all averages); it is used as is.
+    """
+    if n <= 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def accuracy_by_depth(records: Iterable[dict], key: str = "correct") -> list[dict]:
+    """Group per-instance records by ``depth`` and return rows
+    ``{depth, n, accuracy, ci_low, ci_high}`` sorted by depth."""
+    groups: dict[float, list[float]] = defaultdict(list)
+    for r in records:
+        if r.get(key) is not None:
+            groups[round(float(r["depth"]), 6)].append(float(r[key]))
+    rows = []
+    for depth in sorted(groups):
+        vals = groups[depth]
+        lo, hi = wilson_interval(sum(vals), len(vals))
+        rows.append({"depth": depth, "n": len(vals), "accuracy": sum(vals) / len(vals), "ci_low": lo, "ci_high": hi})
+    return rows
+
+
+def format_table(rows: list[dict], title: str = "") -> str:
+    """Markdown table of accuracy by depth (percent, with the 95% Wilson interval)."""
+    lines = [f"**{title}**", ""] if title else []
+    lines += ["| depth | n | accuracy | 95% CI |", "|---:|---:|---:|:---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['depth']:.2f} | {r['n']} | {100 * r['accuracy']:.1f}% | "
+            f"[{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}] |"
+        )
+    return "\n".join(lines)

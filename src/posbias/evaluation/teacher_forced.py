@@ -1,0 +1,62 @@
+"""Teacher-forced answer scoring: one forward pass over prompt + gold answer.
+
+Logits are computed only at the positions that predict answer tokens (``logits_to_keep``), so
+scoring costs one prefill. Exact match (argmax equals the gold token at every answer position)
+is identical to "greedy decoding reproduces the gold tokens" — see tests/test_teacher_forced.py.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from posbias.evaluation.batching import encode, left_pad, length_sorted_batches, model_max_positions
+from posbias.tasks.base import Instance
+
+
+@torch.no_grad()
+def score_batch(model, batch, pad_id: int) -> list[dict]:
+    """Score one batch of :class:`Encoded` instances; returns one dict per row (batch order)."""
+    rows = [e.prompt_ids + e.answer_ids for e in batch]
+    ids, mask, pos = left_pad(rows, pad_id)
+    keep = max(len(e.answer_ids) for e in batch) + 1
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep, use_cache=False)
+    logp = torch.log_softmax(out.logits.float(), dim=-1)  # (B, keep, V)
+    results = []
+    for b, e in enumerate(batch):
+        a = len(e.answer_ids)
+        gold = torch.tensor(e.answer_ids)
+        row = logp[b, keep - 1 - a: keep - 1]  # positions predicting the answer tokens, (A, V)
+        results.append({
+            "id": e.inst.id,
+            "em": bool(torch.equal(row.argmax(-1), gold)),
+            "logprob": float(row.gather(-1, gold[:, None]).sum()),
+            "n_tokens": a,
+            "prompt_tokens": len(e.prompt_ids),
+        })
+    return results
+
+
+def score_teacher_forced(model, tokenizer, instances: Sequence[Instance], *, batch_size: int = 8,
+                         chat: bool = False, progress: bool = False) -> list[dict]:
+    """Teacher-forced scores, in the order of ``instances``.
+
+    Args:
+        model: any callable with the Hugging Face causal-LM signature (``input_ids``,
+            ``attention_mask``, ``position_ids``, ``logits_to_keep``) returning ``.logits``.
+    Returns:
+        one dict per instance: ``id``, ``em`` (bool), ``logprob`` (sum of gold-token log-probs),
+        ``n_tokens`` (answer length), ``prompt_tokens``.
+    """
+    limit = model_max_positions(model)
+    encoded = [encode(tokenizer, inst, chat, limit) for inst in instances]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    by_id: dict[str, dict] = {}
+    bar = tqdm(total=len(encoded), desc="teacher-forced", unit="inst", disable=not progress, leave=False)
+    for batch in length_sorted_batches(encoded, batch_size):
+        for r in score_batch(model, batch, pad_id):
+            by_id[r["id"]] = r
+        bar.update(len(batch))
+    bar.close()
+    return [by_id[inst.id] for inst in instances]

@@ -1,0 +1,14 @@
+"""Position-bias methods behind one registry: ``apply_method(model, name, **options)``.
+
+Methods: ``none``, ``pi`` (one global interpolation factor), ``lpes`` (per-layer factors file),
+``ms-poe`` (per-head position interpolation), ``attention-buckets`` (parallel passes with several
+RoPE bases, logits mixed), ``moice`` (per-head/token router over RoPE bases).
+"""
+from posbias.methods.registry import (METHODS, MethodHandle, apply_method, method_options, parse_options,
+                                      register_method, resolve_method)
+from posbias.methods.registry import _load_builtin
+
+_load_builtin()
+
+__all__ = ["METHODS", "MethodHandle", "apply_method", "method_options", "parse_options", "register_method",
+           "resolve_method"]

@@ -1,0 +1,198 @@
+"""Shared machinery for methods that rotate queries and keys themselves (Ms-PoE, MoICE).
+
+How it works, for each patched decoder layer:
+
+* the attention module's ``forward`` is wrapped so that it receives *identity* position
+  embeddings (cos = 1, sin = 0): the module still projects and normalises q / k / v itself
+  (architecture details such as Qwen3's q/k norms stay in Hugging Face's code), but RoPE becomes a
+  no-op, so the KV cache holds **un-rotated** keys;
+* the module gets a private copy of the config whose ``_attn_implementation`` names a function
+  registered in transformers' ``AttentionInterface``; that function dispatches to the method's own
+  ``attention(module, query, key, value, mask, scaling, **kwargs)``, which rotates q and k as it
+  likes (per head, per base, ...) and computes the attention.
+
+The model-level config is untouched, so the causal / padding mask is still built in the format of
+the model's own implementation (float additive for ``eager``, boolean or ``None`` for ``sdpa``);
+:func:`float_mask` accepts all three. ``remove()`` restores the config object and the class
+``forward``, so the model is exactly as before.
+
+Positions: RoPE attention depends only on position *differences*, and the real tokens of one row
+are contiguous, so key ``j`` of a cache of length ``kv`` sits at ``p_last - (kv - 1 - j)``, where
+``p_last`` is the position of the last query (never padding with left padding). The queries are the
+last ``q`` keys. ``p_last`` comes from ``position_ids`` when given (so an unpatched-equivalent
+configuration reproduces the model bit for bit), else ``kv - 1``.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from posbias.models.loader import get_decoder_layers, get_rotary_modules
+
+ATTN_NAME = "posbias_rope_override"
+
+
+def _dispatch(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    fn = module.__dict__.get("_posbias_attention")
+    if fn is None:  # pragma: no cover - only reachable if a patch was half-removed
+        raise RuntimeError(f"{ATTN_NAME} called on a module that is not patched by posbias.methods")
+    return fn(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+
+def _ensure_registered() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, _dispatch)
+
+
+# ----------------------------------------------------------------------------- RoPE helpers
+
+def rope_theta(model) -> float:
+    """The model's RoPE base (``rope_parameters['rope_theta']`` or the legacy ``rope_theta``)."""
+    cfg = model.config
+    params = getattr(cfg, "rope_parameters", None) or {}
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    theta = getattr(cfg, "rope_theta", None)
+    if theta is None:
+        raise ValueError(f"{type(model).__name__} has no rope_theta in its config")
+    return float(theta)
+
+
+def rotary_module(model) -> torch.nn.Module:
+    mods = get_rotary_modules(model)
+    if not mods:
+        raise ValueError(f"{type(model).__name__} has no rotary embedding module")
+    return mods[0]
+
+
+def base_inv_freq(inv_freq: torch.Tensor, theta: float, base: float) -> torch.Tensor:
+    """``inv_freq`` re-expressed for another RoPE base (exact identity when ``base == theta``).
+
+    For the default RoPE ``inv_freq_i = theta^(-2i/d)``, so ``base^(-2i/d) = inv_freq_i *
+    (theta / base)^(2i/d)``; the same multiplier is applied to non-default ``inv_freq`` tensors.
+    """
+    d = 2 * inv_freq.shape[-1]
+    expo = torch.arange(0, d, 2, dtype=torch.float32, device=inv_freq.device) / d
+    return inv_freq.float() * (float(theta) / float(base)) ** expo
+
+
+def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):
+    """cos / sin for ``positions`` (..., L) and ``inv_freq`` (..., d/2), broadcast like HF's rotary."""
+    freqs = positions[..., None].float() * inv_freq[..., None, :].float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Same arithmetic as transformers' ``apply_rotary_pos_emb`` (so ratio 1 is bit-identical)."""
+    return (x * cos) + (rotate_half(x) * sin)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, KV, L, d) -> (B, KV * n_rep, L, d); query head h uses key head h // n_rep (HF layout)."""
+    if n_rep == 1:
+        return x
+    b, kv, l, d = x.shape
+    return x[:, :, None].expand(b, kv, n_rep, l, d).reshape(b, kv * n_rep, l, d)
+
+
+def query_key_positions(query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None):
+    """(q_pos (B, q), k_pos (B, kv)) as float32; see the module docstring."""
+    b, q_len, kv_len = query.shape[0], query.shape[2], key.shape[2]
+    ar = torch.arange(kv_len, device=query.device, dtype=torch.float32)
+    if position_ids is not None and position_ids.shape[-1] == q_len:
+        last = position_ids[..., -1:].to(torch.float32)
+        if last.dim() == 1:
+            last = last[None]
+        last = last.expand(b, 1)
+    else:
+        last = torch.full((b, 1), float(kv_len - 1), device=query.device)
+    k_pos = last - (kv_len - 1) + ar[None]
+    return k_pos[:, kv_len - q_len:], k_pos
+
+
+def float_mask(mask, q_len: int, kv_len: int, dtype: torch.dtype, device) -> torch.Tensor | None:
+    """Additive float mask (B|1, 1, q, kv) from an eager float mask, an sdpa bool mask or None."""
+    if mask is None:
+        if q_len == 1:
+            return None
+        i = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
+        j = torch.arange(kv_len, device=device)[None]
+        mask = (j <= i)[None, None]
+    if mask.dim() == 2:
+        mask = mask[None, None]
+    mask = mask[..., :kv_len]
+    if mask.dtype == torch.bool:
+        zero = torch.zeros((), dtype=dtype, device=device)
+        low = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)
+        mask = torch.where(mask, zero, low)
+    return mask.to(dtype)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scaling) -> torch.Tensor:
+    """Softmax attention over already rotated (B, H, q, d) q and (B, H, kv, d) k / v; returns (B, H, q, d)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+
+
+# ----------------------------------------------------------------------------- the patch
+
+class RopeAttentionPatch:
+    """Route the attention of ``layer_indices`` through ``attention_fn`` with un-rotated q / k.
+
+    ``attention_fn(module, query, key, value, attention_mask, scaling=..., **kwargs)`` gets the
+    un-rotated query (B, H, q, d), key / value (B, KV, kv, d) from the cache, and must return
+    ``(attn_output (B, q, H, d), attn_weights_or_None)`` like transformers' attention functions.
+    """
+
+    def __init__(self, model, layer_indices, attention_fn: Callable):
+        _ensure_registered()
+        self.model = model
+        self.layers = get_decoder_layers(model)
+        self._saved: list[tuple[torch.nn.Module, object]] = []
+        try:
+            for i in layer_indices:
+                attn = self.layers[i].self_attn
+                if "_posbias_attention" in attn.__dict__:
+                    raise ValueError(f"layer {i} attention is already patched by another posbias method; "
+                                     "remove that handle first")
+                self._saved.append((attn, attn.config))
+                cfg = copy.copy(attn.config)
+                cfg.__dict__["_attn_implementation_internal"] = ATTN_NAME
+                attn.config = cfg
+                attn.__dict__["_posbias_attention"] = attention_fn
+                attn.forward = _identity_rope_forward(attn)
+        except Exception:
+            self.remove()
+            raise
+
+    def remove(self) -> None:
+        for attn, cfg in reversed(self._saved):
+            attn.config = cfg
+            attn.__dict__.pop("_posbias_attention", None)
+            attn.__dict__.pop("forward", None)
+        self._saved = []
+
+
+def _identity_rope_forward(attn: torch.nn.Module):
+    orig = type(attn).forward.__get__(attn)
+
+    def forward(*args, **kwargs):
+        if "position_embeddings" in kwargs and kwargs["position_embeddings"] is not None:
+            cos, sin = kwargs["position_embeddings"]
+            kwargs["position_embeddings"] = (torch.ones_like(cos), torch.zeros_like(sin))
+        elif len(args) >= 2 and args[1] is not None:
+            cos, sin = args[1]
+            args = (args[0], (torch.ones_like(cos), torch.zeros_like(sin)), *args[2:])
+        return orig(*args, **kwargs)
+
+    return forward

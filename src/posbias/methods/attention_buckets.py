@@ -1,0 +1,124 @@
+"""Attention Buckets (Fortify the Shortest Stave, Chen et al. 2024): parallel passes with several
+RoPE bases whose next-token logits are mixed.
+
+The batch is repeated once per base (copy-major: rows ``[c * B + i]`` are copy ``c`` of row ``i``)
+and the rotary embedding gives every row the ``inv_freq`` of its copy's base, so the single KV cache
+of the repeated batch is one cache per base. At every position the logits are mixed with weights
+``softmax_b(max_v logits_b)``: ``final = sum_b w_b * logits_b``.
+
+Default bases: the paper's 10000..28000 step 3000 relative to theta 10000, scaled to the model's own
+theta: ``theta * [1.0, 1.3, ..., 2.8]``.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Sequence
+
+import torch
+
+from posbias.methods import _attention as A
+from posbias.methods.registry import MethodHandle, as_list, register_method
+from posbias.models.loader import get_rotary_modules
+
+DEFAULT_MULTIPLIERS = (1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8)
+
+
+def mix_logits(logits: torch.Tensor) -> torch.Tensor:
+    """(n_bases, B, T, V) -> (B, T, V): ``sum_b softmax_b(max_v logits_b) * logits_b``."""
+    w = torch.softmax(logits.float().amax(dim=-1), dim=0)  # (n_bases, B, T)
+    return (w[..., None] * logits.float()).sum(0).to(logits.dtype)
+
+
+class AttentionBucketsModel:
+    """Callable with the model's scoring signature that runs the parallel passes and mixes logits.
+
+    The returned ``past_key_values`` belongs to the repeated batch (n_bases x B rows): pass it back
+    unchanged with the next B-row inputs.
+    """
+
+    def __init__(self, model, bases: Sequence[float]):
+        self.base_model = model
+        self.bases = [float(b) for b in bases]
+        self.theta = A.rope_theta(model)
+        self._rotaries = get_rotary_modules(model)
+        params = inspect.signature(type(model).forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def __getattr__(self, name):  # config, device, dtype, generation_config, ...
+        if name in ("base_model", "__setstate__"):
+            raise AttributeError(name)
+        return getattr(self.base_model, name)
+
+    def forward(self, *args, **kwargs):
+        return self(*args, **kwargs)
+
+    def __call__(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                 use_cache=None, logits_to_keep=0, cache=None, **kwargs):
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        if cache is not None and past_key_values is None:
+            past_key_values = cache
+        if input_ids is None:
+            raise ValueError("attention-buckets: input_ids is required")
+        n, (b, t) = len(self.bases), input_ids.shape
+        if position_ids is None:
+            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = (torch.arange(t, device=input_ids.device) + past)[None].expand(b, t)
+        rep = lambda x: None if x is None else x.repeat(n, *([1] * (x.dim() - 1)))  # noqa: E731
+        saved = [(rot, rot.__dict__.get("forward")) for rot in self._rotaries]
+        try:
+            for rot in self._rotaries:
+                rot.forward = self._rotary_forward(rot, b)
+            cache_kw = {self._cache_arg: past_key_values} if past_key_values is not None else {}
+            out = self.base_model(input_ids=rep(input_ids), attention_mask=rep(attention_mask),
+                                  position_ids=rep(position_ids), use_cache=use_cache,
+                                  logits_to_keep=logits_to_keep, **cache_kw, **kwargs)
+        finally:
+            for rot, fwd in saved:
+                rot.__dict__.pop("forward", None)
+                if fwd is not None:
+                    rot.forward = fwd
+        logits = out.logits
+        mixed = mix_logits(logits.view(n, b, *logits.shape[1:]))
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = getattr(out, "past_key_values", None)
+        return CausalLMOutputWithPast(logits=mixed, cache=new_cache)
+
+    def _rotary_forward(self, rot, b: int):
+        n = len(self.bases)
+        inv_rows = torch.stack([A.base_inv_freq(rot.inv_freq, self.theta, base) for base in self.bases])
+        inv_rows = inv_rows.repeat_interleave(b, dim=0)  # (n * B, d/2), copy-major
+        scaling = float(getattr(rot, "attention_scaling", 1.0))
+
+        def forward(x, position_ids):
+            pid = position_ids
+            if pid.shape[0] != n * b:
+                pid = pid.expand(n * b, pid.shape[-1])
+            return A.cos_sin(pid, inv_rows.to(x.device), scaling, x.dtype)
+
+        return forward
+
+
+@register_method("attention-buckets", "Attention Buckets: parallel passes with several RoPE bases, logits "
+                                      "mixed by softmax of their max (options bases, multipliers)",
+                 aliases=("buckets", "attention_buckets", "attnbuckets"))
+def apply_attention_buckets(model, bases: Sequence[float] | None = None,
+                            multipliers: Sequence[float] | None = None) -> MethodHandle:
+    """Args:
+        bases: absolute RoPE bases; default ``theta * multipliers``.
+        multipliers: relative bases (default 1.0, 1.3, ..., 2.8).
+    """
+    theta = A.rope_theta(model)
+    if bases is None:
+        mult = as_list(multipliers, float, "attention-buckets: multipliers") or list(DEFAULT_MULTIPLIERS)
+        bases = [theta * m for m in mult]
+    else:
+        bases = as_list(bases, float, "attention-buckets: bases")
+    if not bases:
+        raise ValueError("attention-buckets: need at least one base")
+    if any(not x > 0 for x in bases):
+        raise ValueError(f"attention-buckets: bases must be > 0, got {bases}")
+    wrapper = AttentionBucketsModel(model, bases)
+    return MethodHandle("attention-buckets", model, model=wrapper, remove_fn=lambda: None,
+                        options={"bases": bases})

@@ -1,0 +1,293 @@
+"""MoICE (Mixture of In-Context Experts, Lin et al. 2024): every RoPE base is an expert.
+
+One router per layer, shared by the layer's heads, is applied per head and token on the
+(un-rotated) query: ``logits = gate2(act(gate1(q)) * gate3(q))``; the top-k experts are kept with
+renormalised softmax weights; attention is computed once per selected base and the outputs are mixed
+with those weights. Keys are cached before RoPE (see :mod:`posbias.methods._attention`). Only the
+routers are trained (:func:`train_routers`), with the LM loss plus a Switch-style load-balancing
+loss (coef 0.3 by default).
+
+Router files: a folder (or its ``routers.safetensors``) holding ``routers.safetensors`` and
+``moice_config.json`` (bases as multipliers of theta, top_k, hidden size, head_dim, layers).
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from posbias.methods import _attention as A
+from posbias.methods.registry import MethodHandle, as_list, register_method
+from posbias.models.loader import get_decoder_layers
+
+DEFAULT_MULTIPLIERS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5)
+WEIGHTS_FILE = "routers.safetensors"
+CONFIG_FILE = "moice_config.json"
+
+
+class Router(nn.Module):
+    """gate2(act(gate1(q)) * gate3(q)) -> one logit per expert."""
+
+    def __init__(self, head_dim: int, hidden: int, n_experts: int):
+        super().__init__()
+        self.gate1 = nn.Linear(head_dim, hidden, bias=False)
+        self.gate3 = nn.Linear(head_dim, hidden, bias=False)
+        self.gate2 = nn.Linear(hidden, n_experts, bias=False)
+        self.act = nn.SiLU()
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return self.gate2(self.act(self.gate1(q)) * self.gate3(q))
+
+
+class MoICERouters(nn.Module):
+    """The routers of the patched layers (``routers[str(layer)]``) and their configuration."""
+
+    def __init__(self, layers: Sequence[int], head_dim: int, hidden: int, multipliers: Sequence[float],
+                 top_k: int):
+        super().__init__()
+        self.layers = [int(i) for i in layers]
+        self.head_dim, self.hidden, self.top_k = int(head_dim), int(hidden), int(top_k)
+        self.multipliers = [float(m) for m in multipliers]
+        self.routers = nn.ModuleDict({str(i): Router(head_dim, hidden, len(self.multipliers)) for i in self.layers})
+
+    def config(self) -> dict:
+        return {"format": "posbias-moice-routers", "version": 1, "layers": self.layers, "head_dim": self.head_dim,
+                "hidden": self.hidden, "top_k": self.top_k, "multipliers": self.multipliers}
+
+
+def save_routers(routers: MoICERouters, out_dir: str | Path, extra: dict | None = None) -> Path:
+    """Write ``routers.safetensors`` + ``moice_config.json`` into ``out_dir``; returns the folder."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in routers.state_dict().items()}
+    save_file(state, str(out / WEIGHTS_FILE))
+    cfg = routers.config()
+    if extra:
+        cfg["training"] = extra
+    (out / CONFIG_FILE).write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+def load_routers(path: str | Path) -> MoICERouters:
+    """Load routers saved by :func:`save_routers` (a folder or its safetensors file)."""
+    from safetensors.torch import load_file
+
+    p = Path(str(path)).expanduser()
+    folder = p if p.is_dir() else p.parent
+    weights = p if p.is_file() else folder / WEIGHTS_FILE
+    cfg_path = folder / CONFIG_FILE
+    if not weights.exists() or not cfg_path.exists():
+        raise ValueError(f"moice: router files not found at {p} (need {WEIGHTS_FILE} and {CONFIG_FILE}; "
+                         "train them with `posbias train-moice`)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+        routers = MoICERouters(cfg["layers"], cfg["head_dim"], cfg["hidden"], cfg["multipliers"], cfg["top_k"])
+        routers.load_state_dict(load_file(str(weights)))
+    except (KeyError, json.JSONDecodeError, RuntimeError) as e:
+        raise ValueError(f"moice: cannot read routers from {folder}: {e}") from None
+    return routers
+
+
+class MoICE:
+    """Attention function and bookkeeping (load-balancing statistics) of an applied MoICE."""
+
+    def __init__(self, model, routers: MoICERouters):
+        self.rotary = A.rotary_module(model)
+        self.theta = A.rope_theta(model)
+        self.routers = routers
+        self.bases = [self.theta * m for m in routers.multipliers]
+        self.collect_aux = False
+        self.aux: list[torch.Tensor] = []
+        self.last_weights: dict[int, torch.Tensor] = {}
+
+    def _inv(self, e: int, device) -> torch.Tensor:
+        return A.base_inv_freq(self.rotary.inv_freq.to(device), self.theta, self.bases[e])
+
+    def attention(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
+        b, h, q_len, d = query.shape
+        kv_len = key.shape[2]
+        n_rep = h // key.shape[1]
+        scaling = module.scaling if scaling is None else scaling
+        router = self.routers.routers[str(module.layer_idx)]
+        n_exp, k = len(self.bases), min(self.routers.top_k, len(self.bases))
+
+        logits = router(query.to(router.gate1.weight.dtype))  # (B, H, q, E)
+        probs = torch.softmax(logits.float(), dim=-1)
+        top_p, top_i = probs.topk(k, dim=-1)
+        top_w = top_p / top_p.sum(-1, keepdim=True)
+        weights = torch.zeros_like(probs).scatter(-1, top_i, top_w)  # (B, H, q, E)
+        if self.collect_aux:
+            frac = torch.zeros_like(probs).scatter(-1, top_i, 1.0 / k).reshape(-1, n_exp).mean(0)
+            mean_p = probs.reshape(-1, n_exp).mean(0)
+            self.aux.append(n_exp * (frac.detach() * mean_p).sum())
+        self.last_weights[module.layer_idx] = weights.detach()
+
+        q_pos, k_pos = A.query_key_positions(query, key, kwargs.get("position_ids"))
+        mask = A.float_mask(attention_mask, q_len, kv_len, query.dtype, query.device)
+        att_scale = float(getattr(self.rotary, "attention_scaling", 1.0))
+        v_rep = A.repeat_kv(value, n_rep)
+        used = (weights.reshape(-1, n_exp) > 0).any(0).tolist()
+        out = None
+        for e in range(n_exp):
+            if not used[e]:
+                continue
+            inv = self._inv(e, query.device)[None, None]  # (1, 1, d/2)
+            cq, sq = A.cos_sin(q_pos[:, None, :], inv, att_scale, query.dtype)  # (B, 1, q, d)
+            ck, sk = A.cos_sin(k_pos[:, None, :], inv, att_scale, query.dtype)
+            k_rot = A.repeat_kv(A.rotate(key, ck, sk), n_rep)
+            o = A.attend(A.rotate(query, cq, sq), k_rot, v_rep, mask, scaling)  # (B, H, q, d)
+            term = weights[..., e, None].to(o.dtype) * o
+            out = term if out is None else out + term
+        return out.transpose(1, 2).contiguous(), None
+
+    def aux_loss(self) -> torch.Tensor:
+        """Mean Switch load-balancing loss over the layers of the last forward (then cleared)."""
+        if not self.aux:
+            return torch.zeros(())
+        loss = torch.stack(self.aux).mean()
+        self.aux = []
+        return loss
+
+
+@register_method("moice", "MoICE: per-head/token router over RoPE bases (options routers=PATH, top_k, "
+                           "multipliers/bases, hidden, layers, seed)", aliases=("mixture-of-in-context-experts",))
+def apply_moice(model, routers: str | None = None, top_k: int = 3, multipliers: Sequence[float] | None = None,
+                bases: Sequence[float] | None = None, hidden: int | None = None,
+                layers: Sequence[int] | None = None, seed: int = 0) -> MethodHandle:
+    """Apply MoICE; with ``routers=PATH`` the saved routers (and their bases / top_k) are used,
+    otherwise freshly initialised (untrained) routers are created (for training or tests)."""
+    n_layers = len(get_decoder_layers(model))
+    head_dim = int(getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads)
+    theta = A.rope_theta(model)
+    if routers is not None:
+        mods = load_routers(routers)
+        if mods.head_dim != head_dim or max(mods.layers, default=-1) >= n_layers:
+            raise ValueError(f"moice: routers at {routers} were trained for head_dim {mods.head_dim} and layers "
+                             f"{mods.layers}; this model has head_dim {head_dim} and {n_layers} layers")
+    else:
+        if bases is not None:
+            mult = [x / theta for x in as_list(bases, float, "moice: bases")]
+        else:
+            mult = as_list(multipliers, float, "moice: multipliers") or list(DEFAULT_MULTIPLIERS)
+        if not mult or any(not m > 0 for m in mult):
+            raise ValueError(f"moice: need at least one expert base and all > 0, got {mult}")
+        top_k = int(top_k)
+        if top_k < 1:
+            raise ValueError(f"moice: top_k must be >= 1, got {top_k}")
+        if layers is None:
+            layers = list(range(n_layers))
+        layers = sorted(set(as_list(layers, int, "moice: layers")))
+        if any(not 0 <= i < n_layers for i in layers):
+            raise ValueError(f"moice: layer indices {layers} out of range 0..{n_layers - 1}")
+        gen_state = torch.random.get_rng_state()
+        torch.manual_seed(int(seed))
+        mods = MoICERouters(layers, head_dim, int(hidden or head_dim), mult, min(top_k, len(mult)))
+        torch.random.set_rng_state(gen_state)
+    try:
+        dev = next(model.parameters()).device
+    except StopIteration:  # pragma: no cover
+        dev = torch.device("cpu")
+    mods.to(dev).eval()
+    state = MoICE(model, mods)
+    patch = A.RopeAttentionPatch(model, mods.layers, state.attention)
+    opts = {"routers": None if routers is None else str(routers), "top_k": mods.top_k,
+            "bases": state.bases, "layers": mods.layers, "hidden": mods.hidden}
+    return MethodHandle("moice", model, remove_fn=patch.remove, options=opts,
+                        state={"moice": state, "routers": mods})
+
+
+# ----------------------------------------------------------------------------- training
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+
+
+def passkey_texts(n: int, tokens: int, tokenizer, seed: int = 0) -> list[str]:
+    """Synthetic passkey-retrieval documents of about ``tokens`` tokens (needle at a random depth)."""
+    rng = random.Random(seed)
+    per = max(1, len(tokenizer(FILLER, add_special_tokens=False)["input_ids"]))
+    reps = max(1, tokens // per - 2)
+    out = []
+    for _ in range(n):
+        key = rng.randint(10000, 99999)
+        depth = rng.randint(0, reps)
+        needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
+        body = FILLER * depth + needle + FILLER * (reps - depth)
+        out.append("There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+                   + body + f"What is the pass key? The pass key is {key}.")
+    return out
+
+
+def read_texts(path: str | Path) -> list[str]:
+    """Training texts from a file: ``.jsonl`` (field ``text``, else ``prompt`` + ``answer``/``target``) or plain
+    text (documents separated by blank lines)."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"moice: data file {p} does not exist")
+    if p.suffix == ".jsonl":
+        texts = []
+        for line in p.read_text().splitlines():
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if "text" in rec:
+                texts.append(str(rec["text"]))
+            else:
+                texts.append(str(rec.get("prompt", "")) + " " + str(rec.get("answer", rec.get("target", ""))))
+        return texts
+    return [t.strip() for t in p.read_text().split("\n\n") if t.strip()]
+
+
+def train_routers(handle: MethodHandle, tokenizer, texts: Iterable[str], *, steps: int = 20, lr: float = 1e-4,
+                  aux_coef: float = 0.3, max_tokens: int = 1024, seed: int = 0, log=None) -> list[dict]:
+    """Train only the routers of an applied MoICE ``handle`` (LM loss + ``aux_coef`` x load balancing).
+
+    One text per step (cycled). The model's own parameters are frozen during training and their
+    ``requires_grad`` flags restored afterwards. Returns a per-step log.
+    """
+    state: MoICE = handle.state["moice"]
+    routers: MoICERouters = handle.state["routers"]
+    model = handle.base_model
+    texts = list(texts)
+    if not texts:
+        raise ValueError("moice: no training texts")
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(routers.parameters(), lr=lr, weight_decay=0.0)
+    dev = next(model.parameters()).device
+    history = []
+    routers.train()
+    state.collect_aux = True
+    try:
+        for step in range(int(steps)):
+            enc = tokenizer(texts[step % len(texts)], return_tensors="pt", truncation=True, max_length=max_tokens)
+            ids = enc["input_ids"].to(dev)
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+            logits = out.logits[:, :-1].float()
+            lm = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+            aux = state.aux_loss().to(lm.device)
+            loss = lm + aux_coef * aux
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            rec = {"step": step + 1, "loss": float(loss.detach()), "lm": float(lm.detach()), "aux": float(aux.detach())}
+            if not math.isfinite(rec["loss"]):
+                raise RuntimeError(f"moice training diverged at step {step + 1}: {rec}")
+            history.append(rec)
+            if log is not None:
+                log(rec)
+    finally:
+        state.collect_aux = False
+        state.aux = []
+        routers.eval()
+        for p, flag in flags:
+            p.requires_grad_(flag)
+    return history

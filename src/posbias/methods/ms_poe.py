@@ -1,0 +1,180 @@
+"""Ms-PoE (Found in the Middle, Zhang et al. 2024): per-head position interpolation.
+
+In every patched layer, query head ``h`` sees positions ``m / r_h``; the ratios form the grid
+``r_i = r_min + (r_max - r_min) * i / H`` (i = 0..H-1, so 1.2 .. <1.8 by default).
+
+Which head gets which ratio (``order``):
+
+* ``"score"`` (default): at prefill the position-awareness score of every head is computed from the
+  attention of the last query token under the model's own RoPE: the fraction of (non-padding) keys
+  whose attention exceeds 3x the row mean. The most position-aware head gets the smallest ratio
+  ``r_0`` (kept closest to the pre-trained behaviour), the least aware the largest. Scores and
+  ratios are per batch row, so a batched prompt gets the same ratios as alone. The ratios are then
+  kept for the cached decoding steps of that prompt (recomputed at the next prefill, i.e. any call
+  that does not extend a cache).
+* ``"index"``: head ``h`` gets ``r_h`` (static; the incremental = full-recompute property holds).
+* explicit ``ratios=[...]`` (one per query head) overrides both.
+
+Grouped-query attention: several query heads share one key head, but with per-query-head ratios
+the *key* rotation differs per query head, so keys are expanded to query heads (HF layout: query
+head ``h`` reads key head ``h // (H / KV)``) and rotated with the ratio of the query head that
+reads them. The cache stores un-rotated keys (see :mod:`posbias.methods._attention`).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from posbias.methods import _attention as A
+from posbias.methods.registry import MethodHandle, as_list, register_method
+from posbias.models.loader import get_decoder_layers
+
+
+def ratio_grid(num_heads: int, r_min: float, r_max: float) -> torch.Tensor:
+    """``r_min + (r_max - r_min) * i / H`` for i = 0..H-1 (the reference formula)."""
+    i = torch.arange(num_heads, dtype=torch.float32)
+    return r_min + (r_max - r_min) * i / num_heads
+
+
+def ratios_from_scores(scores: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """Map per-head scores (..., H) to ratios (..., H): the highest score gets ``grid[0]`` (smallest).
+
+    Ties keep head order (stable sort).
+    """
+    order = torch.argsort(-scores, dim=-1, stable=True)  # order[k] = head with k-th highest score
+    rank = torch.argsort(order, dim=-1)  # rank[h] = position of head h in that order
+    return grid.to(scores.device)[rank]
+
+
+def position_awareness(q_last: torch.Tensor, k: torch.Tensor, mask_last: torch.Tensor | None, scaling: float,
+                       threshold: float = 3.0) -> torch.Tensor:
+    """Fraction of valid keys whose attention from the last query exceeds ``threshold`` x the row mean.
+
+    q_last (B, H, 1, d) and k (B, H, kv, d) already rotated; mask_last additive (B|1, 1, 1, kv) or None.
+    Returns (B, H).
+    """
+    logits = torch.matmul(q_last.float(), k.float().transpose(-1, -2)) * scaling
+    if mask_last is not None:
+        logits = logits + mask_last.float()
+        valid = (mask_last > torch.finfo(mask_last.dtype).min / 2)[:, :, 0, :]  # (B|1, 1, kv)
+    else:
+        valid = torch.ones(logits.shape[0], 1, logits.shape[-1], dtype=torch.bool, device=logits.device)
+    w = torch.softmax(logits, dim=-1)[:, :, 0, :]  # (B, H, kv)
+    n = valid.sum(-1).clamp(min=1).float()  # (B|1, 1)
+    mean = (w * valid).sum(-1) / n
+    above = ((w > threshold * mean[..., None]) & valid).sum(-1).float()
+    return above / n
+
+
+class MsPoE:
+    """The per-layer state and attention function of Ms-PoE."""
+
+    def __init__(self, model, layers: list[int], grid: torch.Tensor | None, order: str,
+                 fixed: torch.Tensor | None, threshold: float):
+        self.rotary = A.rotary_module(model)
+        self.layers = layers
+        self.grid = grid
+        self.order = order
+        self.fixed = fixed
+        self.threshold = threshold
+        self.current: dict[int, torch.Tensor] = {}  # layer -> (B, H) ratios of the current prompt
+
+    def head_ratios(self, layer: int) -> torch.Tensor | None:
+        """The (B, H) ratios used at the last call of ``layer`` (None before the first call)."""
+        return self.current.get(layer)
+
+    def attention(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
+        b, h, q_len, d = query.shape
+        kv_len = key.shape[2]
+        n_rep = h // key.shape[1]
+        scaling = module.scaling if scaling is None else scaling
+        inv = self.rotary.inv_freq.to(query.device)
+        att_scale = float(getattr(self.rotary, "attention_scaling", 1.0))
+        q_pos, k_pos = A.query_key_positions(query, key, kwargs.get("position_ids"))
+        mask = A.float_mask(attention_mask, q_len, kv_len, query.dtype, query.device)
+        k_rep = A.repeat_kv(key, n_rep)  # (B, H, kv, d): query head h reads key head h // n_rep
+        v_rep = A.repeat_kv(value, n_rep)
+        layer = module.layer_idx
+
+        ratios = self._ratios(layer, b, h, q_len, kv_len, query, k_rep, q_pos, k_pos, mask, inv, att_scale, scaling)
+        inv_h = inv[None, None, :] / ratios[..., None].to(inv.dtype)  # (B, H, d/2)
+        cq, sq = A.cos_sin(q_pos[:, None, :], inv_h, att_scale, query.dtype)  # (B, H, q, d)
+        ck, sk = A.cos_sin(k_pos[:, None, :], inv_h, att_scale, query.dtype)  # (B, H, kv, d)
+        out = A.attend(A.rotate(query, cq, sq), A.rotate(k_rep, ck, sk), v_rep, mask, scaling)
+        return out.transpose(1, 2).contiguous(), None
+
+    def _ratios(self, layer, b, h, q_len, kv_len, query, k_rep, q_pos, k_pos, mask, inv, att_scale, scaling):
+        if self.fixed is not None:
+            return self.fixed.to(query.device).expand(b, h)
+        if self.order == "index":
+            return self.grid.to(query.device).expand(b, h)
+        prev = self.current.get(layer)
+        is_prefill = kv_len == q_len
+        if prev is not None and not is_prefill and prev.shape[0] == b:
+            return prev
+        # position-awareness under the model's own RoPE, from the last query token
+        c1, s1 = A.cos_sin(q_pos[:, None, -1:], inv[None, None], att_scale, query.dtype)
+        ck, sk = A.cos_sin(k_pos[:, None, :], inv[None, None], att_scale, query.dtype)
+        q_last = A.rotate(query[:, :, -1:], c1, s1)
+        mask_last = None if mask is None else mask[:, :, -1:, :]
+        scores = position_awareness(q_last, A.rotate(k_rep, ck, sk), mask_last, scaling, self.threshold)
+        ratios = ratios_from_scores(scores, self.grid)
+        self.current[layer] = ratios
+        return ratios
+
+
+@register_method("ms-poe", "Ms-PoE: per-head position interpolation, ratios r_min..r_max ordered by "
+                           "position-awareness (options r_min, r_max, skip_layers, layers, order, ratios)",
+                 aliases=("mspoe", "ms_poe"))
+def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int = 2,
+                 layers: Sequence[int] | None = None, order: str = "score",
+                 ratios: Sequence[float] | None = None, threshold: float = 3.0) -> MethodHandle:
+    """Apply Ms-PoE.
+
+    Args:
+        r_min, r_max: ratio range (positions m -> m / r); both must be > 0.
+        skip_layers: leave the first ``skip_layers`` layers unchanged (ignored when ``layers`` given).
+        layers: explicit layer indices to patch.
+        order: ``"score"`` (position-awareness, per prompt) or ``"index"``.
+        ratios: explicit per-query-head ratios (length H), overriding r_min/r_max/order.
+        threshold: the "x row mean" threshold of the position-awareness score.
+    """
+    n_layers = len(get_decoder_layers(model))
+    n_heads = int(model.config.num_attention_heads)
+    try:
+        r_min, r_max = float(r_min), float(r_max)
+    except (TypeError, ValueError):
+        raise ValueError(f"ms-poe: r_min / r_max must be numbers, got {r_min!r}, {r_max!r}") from None
+    if not (r_min > 0 and r_max > 0):
+        raise ValueError(f"ms-poe: ratios must be > 0 (got r_min={r_min}, r_max={r_max})")
+    if r_max < r_min:
+        raise ValueError(f"ms-poe: r_max ({r_max}) must be >= r_min ({r_min})")
+    if order not in ("score", "index"):
+        raise ValueError(f"ms-poe: order must be 'score' or 'index', got {order!r}")
+    fixed = None
+    if ratios is not None:
+        ratios = as_list(ratios, float, "ms-poe: ratios")
+        if len(ratios) == 1:
+            ratios = ratios * n_heads
+        fixed = torch.tensor(ratios, dtype=torch.float32)
+        if fixed.numel() != n_heads:
+            raise ValueError(f"ms-poe: ratios needs one value per query head ({n_heads}), got {fixed.numel()}")
+        if not bool((fixed > 0).all()):
+            raise ValueError(f"ms-poe: every ratio must be > 0, got {fixed.tolist()}")
+    if layers is None:
+        skip = int(skip_layers)
+        if skip < 0:
+            raise ValueError(f"ms-poe: skip_layers must be >= 0, got {skip}")
+        layers = list(range(min(skip, n_layers), n_layers))
+    else:
+        layers = sorted(set(as_list(layers, int, "ms-poe: layers")))
+        bad = [i for i in layers if not 0 <= i < n_layers]
+        if bad:
+            raise ValueError(f"ms-poe: layer indices {bad} out of range 0..{n_layers - 1}")
+    grid = ratio_grid(n_heads, r_min, r_max)
+    state = MsPoE(model, layers, grid, order, fixed, float(threshold))
+    patch = A.RopeAttentionPatch(model, layers, state.attention)
+    opts = {"r_min": r_min, "r_max": r_max, "layers": layers, "order": order,
+            "ratios": None if fixed is None else fixed.tolist(), "threshold": float(threshold)}
+    return MethodHandle("ms-poe", model, remove_fn=patch.remove, options=opts, state={"ms_poe": state})

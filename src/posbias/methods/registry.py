@@ -1,0 +1,170 @@
+"""The registry of position-bias methods: ``apply_method(model, name, **options) -> MethodHandle``.
+
+Every method returns a :class:`MethodHandle`; score with ``handle.model(input_ids=...,
+attention_mask=..., position_ids=..., past_key_values=..., use_cache=..., logits_to_keep=K)``
+(the patched model itself, or a wrapper such as Attention Buckets' parallel-pass model), and call
+``handle.remove()`` (or leave the ``with`` block) to restore the model exactly.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass
+class MethodSpec:
+    name: str
+    factory: Callable[..., "MethodHandle"]
+    description: str
+    aliases: tuple[str, ...] = ()
+
+
+METHODS: dict[str, MethodSpec] = {}
+_ALIASES: dict[str, str] = {}
+
+
+class MethodHandle:
+    """A method applied to a model.
+
+    Attributes:
+        name: the method name.
+        model: the callable to score with (the patched model or a wrapper around it).
+        base_model: the underlying Hugging Face model.
+        options: the options the method was applied with.
+        state: method-specific extras (e.g. MoICE routers, Ms-PoE head ratios).
+    """
+
+    def __init__(self, name: str, base_model, model=None, remove_fn: Callable[[], None] | None = None,
+                 options: dict | None = None, state: dict | None = None):
+        self.name = name
+        self.base_model = base_model
+        self.model = model if model is not None else base_model
+        self.options = dict(options or {})
+        self.state = dict(state or {})
+        self._remove_fn = remove_fn
+        self.removed = False
+
+    def remove(self) -> None:
+        """Undo the method (idempotent)."""
+        if not self.removed and self._remove_fn is not None:
+            self._remove_fn()
+        self.removed = True
+
+    def __enter__(self) -> "MethodHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        return f"MethodHandle({self.name!r}, options={self.options}, removed={self.removed})"
+
+
+def register_method(name: str, description: str, aliases: tuple[str, ...] = ()):
+    """Decorator: register ``factory(model, **options) -> MethodHandle`` under ``name``."""
+
+    def deco(factory):
+        METHODS[name] = MethodSpec(name, factory, description, aliases)
+        for a in (name, *aliases):
+            _ALIASES[_norm(a)] = name
+        return factory
+
+    return deco
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+def resolve_method(name: str) -> MethodSpec:
+    _load_builtin()
+    key = _ALIASES.get(_norm(str(name)))
+    if key is None:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
+    return METHODS[key]
+
+
+def method_options(name: str) -> dict[str, Any]:
+    """The options a method accepts, with their defaults."""
+    spec = resolve_method(name)
+    params = list(inspect.signature(spec.factory).parameters.values())[1:]
+    return {p.name: (None if p.default is inspect.Parameter.empty else p.default) for p in params
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
+def apply_method(model, name: str, **options) -> MethodHandle:
+    """Apply method ``name`` to ``model``; unknown names / options raise :class:`ValueError`."""
+    spec = resolve_method(name)
+    allowed = method_options(spec.name)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"method {spec.name!r} has no option(s) {', '.join(unknown)}; "
+                         f"options: {', '.join(allowed) or '(none)'}")
+    handle = spec.factory(model, **options)
+    handle.name = spec.name
+    return handle
+
+
+def parse_options(pairs: list[str] | None) -> dict[str, Any]:
+    """``["factor=1.5", "bases=10000,13000", "order=index"]`` -> typed dict (for CLIs).
+
+    Values are parsed as int, float, bool, a comma list of numbers, or kept as strings.
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise ValueError(f"method option {pair!r} is not KEY=VALUE")
+        k, v = pair.split("=", 1)
+        out[k.strip().replace("-", "_")] = _parse_value(v.strip())
+    return out
+
+
+def _parse_value(v: str):
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    if "," in v:
+        try:
+            return [float(x) for x in v.split(",") if x.strip()]
+        except ValueError:
+            return v
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+def as_list(value, cast=float, name: str = "option") -> list | None:
+    """None -> None; a number -> [number]; "1,2" / "1 2" / [1, 2] -> list (for options given as CLI strings)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [x for x in value.replace(",", " ").split() if x]
+    elif not isinstance(value, (list, tuple)):
+        value = [value]
+    try:
+        return [cast(v) for v in value]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a list of numbers, got {value!r}") from None
+
+
+_LOADED = False
+
+
+def _load_builtin() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    from posbias.methods import attention_buckets, moice, ms_poe, pi, lpes  # noqa: F401
+
+
+@register_method("none", "no change (baseline)", aliases=("baseline", "identity"))
+def _none(model) -> MethodHandle:
+    return MethodHandle("none", model)
+
+
+__all__ = ["METHODS", "MethodHandle", "MethodSpec", "apply_method", "method_options", "parse_options",
+           "register_method", "resolve_method", "as_list"]

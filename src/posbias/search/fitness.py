@@ -1,0 +1,222 @@
+"""Fitness of a set of per-layer factors: position-balanced teacher-forced accuracy.
+
+The search split holds instances whose gold item sits at the beginning, middle and end of the
+input (depths 0, 0.5, 1). Fitness is ranked lexicographically by the tuple
+``(accuracy, mean_logprob)``:
+
+* ``accuracy = sum_d w_d * correct_d / n_d`` (weights default to equal, normalised to sum 1);
+  ``correct`` is teacher-forced exact match (argmax reproduces every gold token);
+* ``mean_logprob`` = mean over instances of the per-token gold log-probability
+  (``logprob / n_tokens``): it only breaks ties between equal accuracies (small samples make ties
+  frequent), never outweighs one more correct instance.
+
+Early stopping (pruning). Instances are scored in chunks, the depths interleaved round-robin so
+every chunk holds all depths. After each chunk the upper bound
+``sum_d w_d * (correct_d + remaining_d) / n_d`` is the accuracy if every remaining instance were
+correct. When a *threshold* is given and the bound is strictly below it, scoring stops and the
+result is marked ``pruned``. The runner passes as threshold the accuracy of the ``elite``-th best
+*fully scored* member of the current population known before the generation is scored (the
+carried-over elite). This is safe: an individual whose best possible accuracy is strictly below
+the elite-th best accuracy already present can never rank among the ``elite`` best (ties in
+accuracy are not pruned, since the log-prob tie-break could still favour it), so the elite — and
+the best factors — are exactly those of an unpruned run. What changes is the fitness that
+tournament selection sees for a pruned individual: the *lower* bound ``sum_d w_d * correct_d /
+n_d`` (its remaining instances counted wrong) with the mean log-prob of what was scored. So the
+elite of every generation is exact, but the ranking among non-elite individuals (hence the later
+trajectory) can differ from an unpruned run; ``prune=False`` (``--no-prune``) gives the exact GA.
+Because the threshold is fixed before the generation starts, results do not depend on evaluation
+order or on the number of workers, and a resumed run equals an uninterrupted one. A pruned result keeps its counts, so should it ever need a full score (its
+bound reaching a later threshold) scoring resumes where it stopped — nothing is scored twice.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+__all__ = ["FitnessResult", "TeacherForcedFitness", "SyntheticFitness", "interleave_by_depth",
+           "DEFAULT_DEPTHS"]
+
+DEFAULT_DEPTHS = (0.0, 0.5, 1.0)
+
+
+@dataclass
+class FitnessResult:
+    """Score of one factor set; ``counts`` maps a depth (as str) to ``[correct, scored, total]``."""
+
+    counts: dict[str, list[int]]
+    weights: dict[str, float]
+    logprob_sum: float = 0.0          # sum over scored instances of per-token gold log-prob
+    n_scored: int = 0
+    n_total: int = 0
+    forward_passes: int = 0
+    seconds: float = 0.0
+    pruned: bool = False
+    synthetic_value: float | None = None  # SyntheticFitness only
+
+    @property
+    def complete(self) -> bool:
+        return self.n_scored >= self.n_total and not self.pruned
+
+    @property
+    def accuracy(self) -> float:
+        """Weighted accuracy; for an incomplete result the lower bound (remaining counted wrong)."""
+        if self.synthetic_value is not None:
+            return self.synthetic_value
+        return sum(self.weights[d] * c / t for d, (c, s, t) in self.counts.items() if t)
+
+    @property
+    def upper_bound(self) -> float:
+        if self.synthetic_value is not None:
+            return self.synthetic_value
+        return sum(self.weights[d] * (c + t - s) / t for d, (c, s, t) in self.counts.items() if t)
+
+    @property
+    def mean_logprob(self) -> float:
+        return self.logprob_sum / self.n_scored if self.n_scored else -math.inf
+
+    @property
+    def key(self) -> tuple[float, float]:
+        """Ranking key (higher is better)."""
+        return (self.accuracy, self.mean_logprob)
+
+    def per_depth_accuracy(self) -> dict[str, float]:
+        return {d: (c / s if s else float("nan")) for d, (c, s, t) in self.counts.items()}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FitnessResult":
+        return cls(**d)
+
+    def summary(self) -> dict:
+        return {"accuracy": self.accuracy, "mean_logprob": self.mean_logprob,
+                "per_depth": self.per_depth_accuracy(), "complete": self.complete, "pruned": self.pruned,
+                "n_scored": self.n_scored, "n_total": self.n_total}
+
+
+def _dkey(depth: float) -> str:
+    return f"{float(depth):g}"
+
+
+def interleave_by_depth(instances: Sequence[Any]) -> list[Any]:
+    """Reorder instances round-robin over their depths (first of each depth, second of each, ...)."""
+    groups: dict[str, list] = defaultdict(list)
+    for inst in instances:
+        groups[_dkey(inst.depth)].append(inst)
+    order = sorted(groups, key=float)
+    out = []
+    for i in range(max((len(g) for g in groups.values()), default=0)):
+        out.extend(groups[d][i] for d in order if i < len(groups[d]))
+    return out
+
+
+def _normalise_weights(depths: Sequence[str], weights: Sequence[float] | dict | None) -> dict[str, float]:
+    if weights is None:
+        w = {d: 1.0 for d in depths}
+    elif isinstance(weights, dict):
+        w = {_dkey(float(k)): float(v) for k, v in weights.items()}
+        missing = [d for d in depths if d not in w]
+        if missing:
+            raise ValueError(f"fitness weights lack depth(s) {missing}")
+    else:
+        if len(weights) != len(depths):
+            raise ValueError(f"got {len(weights)} fitness weights for {len(depths)} depths {list(depths)}")
+        w = dict(zip(depths, map(float, weights)))
+    if any(v < 0 for v in w.values()) or sum(w[d] for d in depths) <= 0:
+        raise ValueError(f"fitness weights must be >= 0 with a positive sum, got {w}")
+    total = sum(w[d] for d in depths)
+    return {d: w[d] / total for d in depths}
+
+
+class TeacherForcedFitness:
+    """Score factor sets on a fixed list of search instances with one loaded model.
+
+    Args:
+        model, tokenizer: the model to patch (per-layer scaling is applied and removed per call).
+        instances: search-split instances (``.depth`` groups them; depth order as given by the tasks).
+        weights: per-depth weights (sequence in ascending depth order, or ``{depth: w}``); default equal.
+        chunk_size: instances scored between two pruning checks (default ``batch_size``).
+    """
+
+    def __init__(self, model, tokenizer, instances: Sequence[Any], *, weights=None, batch_size: int = 4,
+                 chunk_size: int | None = None, chat: bool = True):
+        if not instances:
+            raise ValueError("no search instances")
+        self.model, self.tokenizer = model, tokenizer
+        self.instances = interleave_by_depth(instances)
+        self.totals: dict[str, int] = defaultdict(int)
+        for inst in self.instances:
+            self.totals[_dkey(inst.depth)] += 1
+        self.depths = sorted(self.totals, key=float)
+        self.weights = _normalise_weights(self.depths, weights)
+        self.batch_size = batch_size
+        self.chunk_size = chunk_size or batch_size
+        self.chat = chat
+        self._forwards = 0
+        self._hook = model.register_forward_hook(self._count)  # counts forward passes
+
+    def close(self) -> None:
+        self._hook.remove()
+
+    def _count(self, *_):
+        self._forwards += 1
+
+    def empty_result(self) -> FitnessResult:
+        return FitnessResult({d: [0, 0, self.totals[d]] for d in self.depths}, dict(self.weights),
+                             n_total=len(self.instances))
+
+    def score(self, factors: Sequence[float], *, threshold: float | None = None,
+              partial: FitnessResult | None = None) -> FitnessResult:
+        """Score ``factors``; stop early when the upper bound falls strictly below ``threshold``.
+
+        ``partial`` (an earlier pruned result of the same factors) is continued, not redone.
+        """
+        from posbias.evaluation.teacher_forced import score_teacher_forced
+        from posbias.patching.rope_scaling import apply_layer_scaling
+
+        res = FitnessResult.from_dict(partial.to_dict()) if partial is not None else self.empty_result()
+        res.pruned = False
+        t0, f0 = time.perf_counter(), self._forwards
+        with apply_layer_scaling(self.model, factors):
+            while res.n_scored < res.n_total:
+                if threshold is not None and res.upper_bound < threshold:
+                    res.pruned = True
+                    break
+                chunk = self.instances[res.n_scored: res.n_scored + self.chunk_size]
+                rows = score_teacher_forced(self.model, self.tokenizer, chunk, batch_size=self.batch_size,
+                                            chat=self.chat, progress=False)
+                for inst, r in zip(chunk, rows):
+                    c = res.counts[_dkey(inst.depth)]
+                    c[0] += int(bool(r["em"]))
+                    c[1] += 1
+                    res.logprob_sum += float(r["logprob"]) / max(int(r["n_tokens"]), 1)
+                res.n_scored += len(chunk)
+        res.forward_passes += self._forwards - f0
+        res.seconds += time.perf_counter() - t0
+        return res
+
+
+class SyntheticFitness:
+    """A cheap stand-in fitness ``fn(factors) -> float`` (tests, dry runs); never pruned."""
+
+    def __init__(self, fn: Callable[[Sequence[float]], float]):
+        self.fn = fn
+
+    def score(self, factors: Sequence[float], *, threshold: float | None = None,
+              partial: FitnessResult | None = None) -> FitnessResult:
+        t0 = time.perf_counter()
+        v = float(self.fn(list(factors)))
+        return FitnessResult({}, {}, n_scored=1, n_total=1, seconds=time.perf_counter() - t0,
+                             synthetic_value=v, logprob_sum=v)
+
+
+def bump_objective(factors: Sequence[float], target: float = 0.8) -> float:
+    """A synthetic objective: highest when the late half of the layers sits at ``target``."""
+    n = len(factors)
+    late = factors[n // 2:]
+    early = factors[: n // 2]
+    return -sum((f - target) ** 2 for f in late) - sum((f - 1.0) ** 2 for f in early)

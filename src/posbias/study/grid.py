@@ -1,0 +1,175 @@
+"""The evaluation grid of the extrapolation study, for one trained model.
+
+* scheme names: ``"<pe>[+ssmax]"`` with ``pe`` in rope | sinusoidal | nope | alibi | ggd
+  (:func:`parse_scheme`);
+* lengths: multiples of the training context (:func:`grid_lengths`);
+* :func:`evaluate_model`: passkey (teacher-forced + generation) over lengths x depths, NIAH
+  optionally, and perplexity in both modes at a few multiples, each appended to its own jsonl
+  under the study folder and skipped on a rerun when already there.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from posbias.utils.io import append_jsonl, read_jsonl
+
+PES = ("rope", "sinusoidal", "nope", "alibi", "ggd")
+NORMALISERS = ("softmax", "ssmax")
+DEFAULT_SCHEMES = ("rope", "sinusoidal", "nope", "alibi", "ggd", "ggd+ssmax", "rope+ssmax")
+DEFAULT_MULTIPLIERS = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+DEFAULT_PPL_MULTIPLIERS = (1, 2, 4, 8)
+
+PASSKEY_FILE = "passkey.jsonl"
+NIAH_FILE = "niah.jsonl"
+PPL_FILE = "perplexity.jsonl"
+
+
+def parse_scheme(name: str) -> tuple[str, str]:
+    """``"ggd+ssmax"`` -> ``("ggd", "ssmax")``; ``"rope"`` -> ``("rope", "softmax")``."""
+    parts = [p.strip().lower() for p in str(name).split("+") if p.strip()]
+    if not parts or parts[0] not in PES or len(parts) > 2 or (len(parts) == 2 and parts[1] not in NORMALISERS):
+        raise ValueError(f"bad scheme {name!r}: use <pe>[+ssmax] with pe in {', '.join(PES)} "
+                         f"(e.g. rope, ggd+ssmax)")
+    return parts[0], (parts[1] if len(parts) == 2 else "softmax")
+
+
+def scheme_name(pe: str, normaliser: str) -> str:
+    return pe if normaliser == "softmax" else f"{pe}+{normaliser}"
+
+
+def parse_schemes(text: str | Sequence[str]) -> list[str]:
+    """Comma-separated scheme names -> canonical names (duplicates dropped, order kept)."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out: list[str] = []
+    for item in items:
+        if str(item).strip():
+            name = scheme_name(*parse_scheme(item))
+            if name not in out:
+                out.append(name)
+    if not out:
+        raise ValueError("no schemes given")
+    return out
+
+
+def grid_lengths(train_context: int, multipliers: Iterable[float]) -> list[int]:
+    """``[round(m * train_context)]`` for each multiplier, sorted, duplicates dropped."""
+    if train_context < 1:
+        raise ValueError(f"train_context must be positive, got {train_context}")
+    out = sorted({int(round(float(m) * train_context)) for m in multipliers})
+    if not out or out[0] < 1:
+        raise ValueError(f"multipliers must be positive, got {list(multipliers)}")
+    return out
+
+
+# ----------------------------------------------------------------------------- perplexity data
+
+def read_corpus_texts(path: str | Path) -> Iterable[str]:
+    """Documents of a corpus: a ``.txt`` file (one document, or several separated by form feeds
+    ``\\f``), a ``.jsonl``/``.jsonl.gz`` file (a ``"text"`` field per line), or a folder of
+    ``.txt`` files (one document each, sorted by path)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"corpus not found: {path}")
+    if path.is_dir():
+        for f in sorted(path.rglob("*.txt")):
+            yield f.read_text(encoding="utf-8", errors="replace")
+        return
+    name = path.name
+    if name.endswith((".jsonl", ".jsonl.gz", ".json.gz")):
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    rec = json.loads(line)
+                    text = rec.get("text") if isinstance(rec, dict) else None
+                    if isinstance(text, str):
+                        yield text
+        return
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        yield from f.read().split("\f")
+
+
+def eval_tokens_from_corpus(tokenizer, path: str | Path, n_tokens: int) -> list[int]:
+    """The **last** ``n_tokens`` tokens of the corpus (documents joined by EOS).
+
+    Held out by position: a study trains on the beginning of the corpus stream, so the tail is
+    the part least likely to have been seen (the runner warns when the training run reports that
+    it consumed the whole corpus).
+    """
+    eos = tokenizer.eos_token_id
+    docs = list(read_corpus_texts(path))
+    out: list[int] = []
+    for text in reversed(docs):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if eos is not None:
+            ids = ids + [eos]
+        out = ids + out
+        if len(out) >= n_tokens:
+            break
+    if len(out) < 2:
+        raise ValueError(f"corpus {path} gave fewer than 2 tokens")
+    return out[-n_tokens:]
+
+
+# ----------------------------------------------------------------------------- one model
+
+def run_perplexity(model, token_ids, *, model_name: str, out_jsonl: str | Path, contexts: Sequence[int],
+                   modes: Sequence[str] = ("non-overlapping", "sliding"), batch_size: int = 1,
+                   extra: dict | None = None, progress: bool = False) -> list[dict]:
+    """Perplexity at each context and mode; one jsonl line each, skipped when already there."""
+    import torch
+
+    from posbias.evaluation.long_context import check_lengths
+    from posbias.evaluation.perplexity import perplexity
+
+    out_jsonl = Path(out_jsonl)
+    existing = [r for r in read_jsonl(out_jsonl) if r.get("model") == model_name]
+    done = {(int(r["context"]), r["mode"]) for r in existing}
+    records = list(existing)
+    ids = torch.as_tensor(token_ids, dtype=torch.long)
+    check_lengths(model, contexts)
+    for ctx in sorted({int(c) for c in contexts}):
+        if ctx > ids.numel():
+            continue
+        for mode in modes:
+            if (ctx, mode) in done:
+                continue
+            r = perplexity(model, ids, context=ctx, mode=mode, batch_size=batch_size, progress=progress)
+            rec = {"model": model_name, **(extra or {}), **r, "eval_tokens": int(ids.numel())}
+            append_jsonl(out_jsonl, rec)
+            records.append(rec)
+    return records
+
+
+def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Sequence[int],
+                   depths: Sequence[float] = DEFAULT_DEPTHS, n: int = 5, seed: int = 0,
+                   modes: Sequence[str] = ("teacher_forced", "generate"), niah: bool = False,
+                   niah_options: dict | None = None, ppl_tokens: Sequence[int] | None = None,
+                   ppl_contexts: Sequence[int] = (), batch_size: int = 4, token_budget: int = 8192,
+                   extra: dict | None = None, make_instances: Callable | None = None,
+                   progress: bool = True) -> dict[str, list[dict]]:
+    """Passkey grid (+ NIAH) and perplexity of one model into ``out``; returns the records.
+
+    Lengths the model cannot reach (``LengthBeyondModelError``) are never silently dropped: a
+    study model is a BAM model, which runs at any length.
+    """
+    from posbias.evaluation.long_context import run_grid
+
+    out = Path(out)
+    res: dict[str, list[dict]] = {}
+    common = dict(model_name=name, lengths=lengths, depths=depths, n=n, seed=seed, modes=modes,
+                  batch_size=batch_size, token_budget=token_budget, extra=extra,
+                  make_instances=make_instances, progress=progress)
+    res["passkey"] = run_grid(model, tokenizer, out_jsonl=out / PASSKEY_FILE, task="passkey", **common)
+    if niah:
+        res["niah"] = run_grid(model, tokenizer, out_jsonl=out / NIAH_FILE, task="niah",
+                               task_kwargs=niah_options or {}, **common)
+    if ppl_tokens is not None and len(ppl_contexts):
+        res["perplexity"] = run_perplexity(model, ppl_tokens, model_name=name, out_jsonl=out / PPL_FILE,
+                                           contexts=ppl_contexts, extra=extra, progress=progress)
+    return res

@@ -1,0 +1,444 @@
+"""The length-extrapolation study (BAM paper, small scale): train one model per positional scheme
+on an identical budget, then evaluate each from 1x to Kx its training length.
+
+What it does, into ``--out``:
+
+1. ``models/<scheme>/`` - one model per scheme, trained by :func:`posbias.training.train` with
+   the same preset, data, seed, steps and context (only ``pe`` / normaliser differ); a finished
+   model is never retrained (``models.json`` maps scheme -> model folder).
+2. ``passkey.jsonl`` (``niah.jsonl``) - passkey retrieval over lengths x depths, scored
+   teacher-forced (argmax over the 5 digits, as the BAM reference) and by greedy generation
+   (metric ``passkey``); one line per (model, length, instance), so a killed run resumes.
+3. ``perplexity.jsonl`` - perplexity on held-out corpus text at 1x..Kx the training length, both
+   non-overlapping and sliding-window (the sliding figure alone hides a model that only looks
+   locally).
+4. ``metrics.jsonl`` (one line per cell / curve point, rewritten at the end), ``summary.md``
+   (accuracy by length per scheme, perplexity tables, the learned GGD priors) and PNGs in
+   ``plots/``: heatmaps per scheme, accuracy against length, perplexity against length, the
+   learned GGD priors and attention maps on one passkey instance.
+
+Commands. On this 2-core CPU machine (tiny preset; see the study docstring for runtimes)::
+
+    posbias study --preset tiny --out runs/study --train-steps 2000 --n 2 \\
+        --multipliers 1,2,4,8,16,32,64 --resume
+
+On a GPU node, the paper-like setting (120M model, 512-token training context, a real corpus
+as ``.txt`` / ``.jsonl`` with a ``"text"`` field / a folder of them)::
+
+    posbias study --preset 120m --corpus /data/fineweb-edu-sample.jsonl --out runs/study-120m \\
+        --train-steps 20000 --train-context 512 \\
+        --schemes rope,sinusoidal,nope,alibi,ggd,ggd+ssmax,rope+ssmax \\
+        --multipliers 1,2,4,8,16,32,64,128,256,512,1000 --depths 0,0.25,0.5,0.75,1 --n 20 \\
+        --niah --resume
+
+(``benchmarks/extrapolation.py`` takes the same arguments.) Rerunning the same command resumes:
+trained models are reused and finished grid cells skipped; ``config.json`` refuses a rerun whose
+training settings differ.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from posbias.study.grid import (DEFAULT_DEPTHS, DEFAULT_MULTIPLIERS, DEFAULT_PPL_MULTIPLIERS, DEFAULT_SCHEMES,
+                                NIAH_FILE, PASSKEY_FILE, PPL_FILE, grid_lengths, parse_scheme, parse_schemes)
+from posbias.utils.io import atomic_write_json, atomic_write_text, prepare_run_dir, read_jsonl
+
+MODELS_FILE = "models.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.md"
+CHECK_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "n", "depths", "train_options",
+              "ppl_multipliers", "ppl_tokens")
+DATA_DIR = "data"
+HELDOUT_CHARS_PER_TOKEN = 6  # generous: English BPE averages ~4-5 characters per token
+MAX_HELDOUT_FRACTION = 0.3
+
+
+@dataclass
+class StudyConfig:
+    """Settings of one study (see the module docstring)."""
+
+    out: str
+    preset: str = "tiny"
+    schemes: list[str] = field(default_factory=lambda: list(DEFAULT_SCHEMES))
+    train_steps: int | None = None
+    train_context: int = 512
+    multipliers: list[float] = field(default_factory=lambda: list(DEFAULT_MULTIPLIERS))
+    depths: list[float] = field(default_factory=lambda: list(DEFAULT_DEPTHS))
+    n: int = 5
+    seed: int = 0
+    corpus: str | None = None
+    heldout: str | None = None
+    niah: bool = False
+    niah_options: dict = field(default_factory=dict)
+    modes: list[str] = field(default_factory=lambda: ["teacher_forced", "generate"])
+    ppl_multipliers: list[float] = field(default_factory=lambda: list(DEFAULT_PPL_MULTIPLIERS))
+    ppl_tokens: int | None = None
+    batch_size: int = 4
+    token_budget: int = 8192
+    device: str = "auto"
+    train_options: dict = field(default_factory=dict)
+    resume: bool = False
+
+    def __post_init__(self):
+        self.schemes = parse_schemes(self.schemes)
+        self.multipliers = [float(m) for m in self.multipliers]
+        self.depths = [float(d) for d in self.depths]
+        self.ppl_multipliers = [float(m) for m in self.ppl_multipliers]
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.train_steps is not None and self.train_steps < 1:
+            raise ValueError(f"train_steps must be >= 1, got {self.train_steps}")
+        grid_lengths(self.train_context, self.multipliers)  # validates
+
+    @property
+    def lengths(self) -> list[int]:
+        return grid_lengths(self.train_context, self.multipliers)
+
+    @property
+    def ppl_contexts(self) -> list[int]:
+        return grid_lengths(self.train_context, self.ppl_multipliers) if self.ppl_multipliers else []
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- training
+
+def model_dir_name(scheme: str) -> str:
+    return scheme.replace("+", "_")
+
+
+def default_train_fn() -> Callable:
+    from posbias.training import train
+
+    return train
+
+
+def train_config(cfg: StudyConfig, scheme: str, out_dir: Path, corpus: str | None = None) -> Any:
+    """The training config of ``scheme``: identical for every scheme except ``pe``/normaliser.
+
+    Built for ``posbias.training``'s config class when it has one (fields matched by name),
+    else as a plain dict.
+    """
+    pe, normaliser = parse_scheme(scheme)
+    values = {"pe": pe, "normaliser": normaliser, "ssmax": normaliser == "ssmax", "preset": cfg.preset,
+              "steps": cfg.train_steps, "context": cfg.train_context, "seq_len": cfg.train_context,
+              "seed": cfg.seed, "corpus": corpus if corpus is not None else cfg.corpus, "out": str(out_dir),
+              **cfg.train_options}
+    values = {k: v for k, v in values.items() if v is not None}
+    cls = _train_config_class()
+    if cls is None:
+        return values
+    names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else \
+        set(inspect.signature(cls).parameters)
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def _train_config_class():
+    try:
+        import posbias.training as training
+    except ImportError:
+        return None
+    return getattr(training, "TrainConfig", None)
+
+
+def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus: str | None = None,
+                  log: Callable = print) -> dict[str, str]:
+    """Train every scheme not trained yet; returns ``{scheme: model folder}`` (saved in models.json)."""
+    out = Path(cfg.out)
+    path = out / MODELS_FILE
+    models: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    for scheme in cfg.schemes:
+        known = models.get(scheme)
+        if known and (_resolve(out, known) / "config.json").exists():
+            models[scheme] = str(_resolve(out, known))
+            continue
+        fn = train_fn or default_train_fn()
+        target = out / "models" / model_dir_name(scheme)
+        log(f"[study] training {scheme} -> {target}")
+        t0 = time.time()
+        result = fn(train_config(cfg, scheme, target, corpus))
+        model_path = Path(result) if result is not None else target
+        if not (model_path / "config.json").exists():
+            raise RuntimeError(f"training {scheme} returned {model_path}, which holds no saved model (config.json)")
+        models[scheme] = str(model_path)
+        atomic_write_json(path, {k: _relative(out, v) for k, v in models.items()})
+        log(f"[study] trained {scheme} in {time.time() - t0:.0f}s")
+    return models
+
+
+def _relative(out: Path, p: str | Path) -> str:
+    """``p`` relative to the study folder when inside it (so a study folder can be moved)."""
+    try:
+        return str(Path(p).resolve().relative_to(out.resolve()))
+    except ValueError:
+        return str(Path(p).resolve())
+
+
+def _resolve(out: Path, p: str) -> Path:
+    return Path(p) if Path(p).is_absolute() else out / p
+
+
+def load_trained(path: str | Path, device: str = "auto"):
+    """``(model, tokenizer)`` from a trained model folder, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import posbias.bam  # noqa: F401  (registers model_type "posbias-bam" with the Auto classes)
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+# ----------------------------------------------------------------------------- data
+
+def _load_texts(corpus: str | None) -> list[str]:
+    """The corpus documents as the trainer reads them (``posbias.training.data.load_texts``;
+    its default corpus when ``corpus`` is None)."""
+    try:
+        from posbias.training.data import load_texts
+    except ImportError:
+        load_texts = None
+    if load_texts is not None:
+        return load_texts(corpus)
+    if corpus is None:
+        raise ValueError("no --corpus given and posbias.training provides no default corpus")
+    from posbias.study.grid import read_corpus_texts
+
+    return list(read_corpus_texts(corpus))
+
+
+def prepare_data(cfg: StudyConfig, log: Callable = print) -> tuple[str | None, str | None]:
+    """Split the corpus into a training part and a held-out part for perplexity.
+
+    Returns ``(training corpus path or None for the trainer's default, held-out text path or
+    None)``. With ``--heldout`` the corpus is used as is. Otherwise documents are taken from the
+    *end* of the corpus (the last one cut at a character boundary if needed) until about
+    ``HELDOUT_CHARS_PER_TOKEN x`` the perplexity token budget (at most 30% of the corpus) is
+    held out; both parts are written once to ``<out>/data/{train,heldout}.jsonl`` (reused on
+    resume) and every scheme trains on the same ``train.jsonl``. No perplexity contexts: no split.
+    """
+    if cfg.heldout:
+        return cfg.corpus, cfg.heldout
+    if not cfg.ppl_contexts:
+        return cfg.corpus, None
+    data = Path(cfg.out) / DATA_DIR
+    train_path, held_path = data / "train.jsonl", data / "heldout.jsonl"
+    if train_path.exists() and held_path.exists():
+        return str(train_path.resolve()), str(held_path.resolve())
+    texts = _load_texts(cfg.corpus)
+    total = sum(len(t) for t in texts)
+    want = (cfg.ppl_tokens or 4 * max(cfg.ppl_contexts)) * HELDOUT_CHARS_PER_TOKEN
+    if want > MAX_HELDOUT_FRACTION * total:
+        log(f"[study] corpus has {total} characters: holding out {MAX_HELDOUT_FRACTION:.0%} of it for perplexity "
+            f"instead of ~{want}; the longest perplexity contexts may get few windows")
+        want = int(MAX_HELDOUT_FRACTION * total)
+    train, held, got = list(texts), [], 0
+    while train and got < want:
+        doc = train.pop()
+        need = want - got
+        if len(doc) > need and len(doc) - need > 0:
+            train.append(doc[: len(doc) - need])
+            doc = doc[len(doc) - need:]
+        held.insert(0, doc)
+        got += len(doc)
+    if not train:
+        raise ValueError("corpus too small to hold out text for perplexity; pass --ppl-multipliers '' or --heldout")
+    atomic_write_text(train_path, "".join(json.dumps({"text": t}) + "\n" for t in train if t.strip()))
+    atomic_write_text(held_path, "".join(json.dumps({"text": t}) + "\n" for t in held if t.strip()))
+    log(f"[study] corpus split: {len(train)} documents for training, {got} characters held out for perplexity")
+    return str(train_path.resolve()), str(held_path.resolve())
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def _ppl_tokens(cfg: StudyConfig, tokenizer, heldout: str | None) -> list[int] | None:
+    if not cfg.ppl_contexts or not heldout:
+        return None
+    from posbias.study.grid import eval_tokens_from_corpus
+
+    return eval_tokens_from_corpus(tokenizer, heldout, cfg.ppl_tokens or 4 * max(cfg.ppl_contexts))
+
+
+def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instances: Callable | None = None,
+              progress: bool = True, log: Callable = print) -> dict:
+    """Train (or reuse) every scheme's model, evaluate it, write metrics, summary and plots.
+
+    Args:
+        train_fn: replaces ``posbias.training.train`` (``config -> saved model folder``).
+        make_instances: replaces ``posbias.tasks.make_instances`` (tests).
+    Returns: ``{"models": {scheme: path}, "metrics": [...], "summary": path}``.
+    """
+    out = Path(cfg.out)
+    if (out / "config.json").exists() and not cfg.resume:
+        raise ValueError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
+    config = cfg.to_dict()
+    prepare_run_dir(out, config, check_keys=CHECK_KEYS)
+    train_corpus, heldout = prepare_data(cfg, log=log)
+    models = ensure_models(cfg, train_fn=train_fn, corpus=train_corpus, log=log)
+
+    from posbias.study.grid import evaluate_model
+
+    for scheme in cfg.schemes:
+        log(f"[study] evaluating {scheme}")
+        model, tok = load_trained(models[scheme], cfg.device)
+        ppl_tokens = _ppl_tokens(cfg, tok, heldout)
+        evaluate_model(model, tok, name=scheme, out=out, lengths=cfg.lengths, depths=cfg.depths, n=cfg.n,
+                       seed=cfg.seed, modes=cfg.modes, niah=cfg.niah, niah_options=cfg.niah_options,
+                       ppl_tokens=ppl_tokens, ppl_contexts=cfg.ppl_contexts, batch_size=cfg.batch_size,
+                       token_budget=cfg.token_budget, extra={"scheme": scheme},
+                       make_instances=make_instances, progress=progress)
+        _model_views(cfg, scheme, model, tok, make_instances=make_instances, log=log)
+        del model
+    metrics = write_report(cfg)
+    return {"models": models, "metrics": metrics, "summary": str(out / SUMMARY_FILE)}
+
+
+def _model_views(cfg: StudyConfig, scheme: str, model, tokenizer, *, make_instances=None, log=print) -> None:
+    """GGD prior plot + table, and attention maps on one passkey instance at the training length."""
+    from posbias.study.priors import attention_maps, ggd_priors, plot_attention_maps, plot_priors, priors_table
+
+    plots = Path(cfg.out) / "plots"
+    name = model_dir_name(scheme)
+    priors = ggd_priors(model)
+    if priors:
+        plot_priors(priors, plots / f"priors_{name}.png", max_distance=max(cfg.lengths),
+                    title=f"learned GGD priors: {scheme}")
+        atomic_write_text(Path(cfg.out) / "priors" / f"{name}.md", priors_table(priors))
+        atomic_write_json(Path(cfg.out) / "priors" / f"{name}.json", priors)
+    try:
+        from posbias.evaluation.batching import encode
+        from posbias.evaluation.long_context import default_chat, grid_instances
+
+        inst = grid_instances(tokenizer, task="passkey", length=cfg.train_context, depths=[0.5], n=1,
+                              seed=cfg.seed, make_instances=make_instances)[0]
+        enc = encode(tokenizer, inst, default_chat(tokenizer))
+        ids = enc.prompt_ids + enc.answer_ids
+        attn = attention_maps(model, ids)
+        n_layers, n_heads = attn.shape[:2]
+        layers = sorted({0, n_layers // 2, n_layers - 1})
+        needle = _needle_token(tokenizer, enc.prompt_ids, inst.answers[0])
+        marks = {"needle": needle} if needle is not None else {}
+        plot_attention_maps(attn, plots / f"attention_{name}.png", layers=layers, heads=list(range(min(8, n_heads))),
+                            title=f"{scheme}: passkey at depth 0.5, {len(ids)} tokens", marks=marks)
+    except Exception as e:  # a view must never cost the study its results
+        log(f"[study] attention maps for {scheme} skipped: {type(e).__name__}: {e}")
+
+
+def _needle_token(tokenizer, prompt_ids: Sequence[int], key: str) -> int | None:
+    """Token index where the passkey first appears in the prompt (approximate, for plot marks)."""
+    text = ""
+    for i, t in enumerate(prompt_ids):
+        text += tokenizer.decode([t])
+        if key in text:
+            return i
+    return None
+
+
+# ----------------------------------------------------------------------------- report
+
+def write_report(cfg: StudyConfig) -> list[dict]:
+    """Aggregate the jsonl results into metrics.jsonl, summary.md and the PNGs; returns the metrics."""
+    from posbias.evaluation.long_context import accuracy_by_length, summarize_grid
+    from posbias.study.plots import plot_accuracy_vs_length, plot_heatmap, plot_perplexity_vs_length
+
+    out = Path(cfg.out)
+    plots = out / "plots"
+    schemes = cfg.schemes
+    lengths = cfg.lengths
+    metrics: list[dict] = []
+    sections = [f"# Length-extrapolation study\n\npreset `{cfg.preset}`, training context {cfg.train_context}, "
+                f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus `{cfg.corpus or 'trainer default'}`, "
+                f"n = {cfg.n} per cell, depths {cfg.depths}.\n"]
+    for task, fname in (("passkey", PASSKEY_FILE), ("niah", NIAH_FILE)):
+        recs = [r for r in read_jsonl(out / fname) if r.get("model") in schemes and int(r["length"]) in lengths]
+        if not recs:
+            continue
+        cells = summarize_grid(recs)
+        metrics += [{"kind": f"{task}_cell", **c} for c in cells]
+        for mode, label in (("tf", "teacher-forced"), ("gen", "generation")):
+            curves = accuracy_by_length(recs, mode=mode)
+            if not curves:
+                continue
+            for m, by in curves.items():
+                metrics += [{"kind": f"{task}_{mode}_by_length", "model": m, "length": L, "acc": a} for L, a in by.items()]
+            plot_accuracy_vs_length(curves, plots / f"{task}_{mode}_accuracy_vs_length.png",
+                                    title=f"{task} accuracy ({label})", train_context=cfg.train_context)
+            sections.append(_accuracy_table(f"{task}, {label} accuracy (%), mean over depths", curves, schemes,
+                                            lengths, cfg.train_context))
+        for m in schemes:
+            rows = [c for c in cells if c["model"] == m]
+            for value, label in (("tf_acc", "teacher-forced"), ("gen_acc", "generation")):
+                if any(r[value] is not None for r in rows):
+                    plot_heatmap(rows, plots / f"{task}_heatmap_{model_dir_name(m)}_{value.split('_')[0]}.png",
+                                 title=f"{m}: {task} ({label})", value=value, train_context=cfg.train_context)
+    ppl = [r for r in read_jsonl(out / PPL_FILE) if r.get("model") in schemes]
+    if ppl:
+        metrics += [{"kind": "perplexity", **{k: r[k] for k in ("model", "context", "mode", "ppl", "nll", "tokens")}}
+                    for r in ppl]
+        plot_perplexity_vs_length(ppl, plots / "perplexity_vs_length.png", train_context=cfg.train_context)
+        sections.append(_ppl_table(ppl, schemes))
+    priors_dir = out / "priors"
+    for m in schemes:
+        f = priors_dir / f"{model_dir_name(m)}.md"
+        if f.exists():
+            sections.append(f"## Learned GGD priors: {m}\n\nbeta = theta_beta, alpha = exp(-theta_alpha / theta_beta) "
+                            f"(bias = -|d/alpha|^beta); beta <= 0 marks a head without locality.\n\n{f.read_text()}")
+    figs = sorted(p.name for p in plots.glob("*.png")) if plots.exists() else []
+    if figs:
+        sections.append("## Figures\n\n" + "\n".join(f"- plots/{p}" for p in figs) + "\n")
+    atomic_write_text(out / METRICS_FILE, "".join(json.dumps(m) + "\n" for m in metrics))
+    atomic_write_text(out / SUMMARY_FILE, "\n".join(sections))
+    return metrics
+
+
+def _fmt_len(L: int, train_context: int) -> str:
+    x = L / train_context
+    return f"{L} ({x:g}x)"
+
+
+def _accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: Sequence[int], train_context: int) -> str:
+    head = "| scheme | " + " | ".join(_fmt_len(L, train_context) for L in lengths) + " |"
+    sep = "|---|" + "---|" * len(lengths)
+    rows = []
+    for m in schemes:
+        by = curves.get(m, {})
+        cells = [f"{100 * by[L]:.0f}" if L in by else "" for L in lengths]
+        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    return f"## {title}\n\n" + "\n".join([head, sep, *rows]) + "\n"
+
+
+def _ppl_table(rows: list[dict], schemes: Sequence[str]) -> str:
+    contexts = sorted({int(r["context"]) for r in rows})
+    parts = ["## Perplexity on held-out text (non-overlapping / sliding window, stride = context/2)\n"]
+    head = "| scheme | " + " | ".join(str(c) for c in contexts) + " |"
+    sep = "|---|" + "---|" * len(contexts)
+    lines = [head, sep]
+    for m in schemes:
+        cells = []
+        for c in contexts:
+            v = {r["mode"]: r["ppl"] for r in rows if r["model"] == m and int(r["context"]) == c}
+            cells.append(" / ".join(_fmt_ppl(v.get(k)) for k in ("non-overlapping", "sliding")))
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(parts + lines) + "\n"
+
+
+def _fmt_ppl(v) -> str:
+    if v is None:
+        return "-"
+    v = float(v)
+    if not math.isfinite(v):
+        return "inf"
+    return f"{v:.1f}" if v < 1e4 else f"{v:.1e}"

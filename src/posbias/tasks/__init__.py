@@ -1,0 +1,15 @@
+"""Seeded long-context task generators.
+
+    from posbias.tasks import make_instances, TASKS, apply_chat, prompt_tokens
+    make_instances("kv", n=20, depths=[0, 0.5, 1], seed=0, split="eval", num_keys=30)
+
+Tasks: ``kv``, ``kv-uuid``, ``mdqa``, ``passkey``, ``niah`` (see :data:`TASKS` for the options
+and their defaults).
+"""
+from posbias.tasks.base import Instance, depth_to_index
+from posbias.tasks.chat import apply_chat, prompt_tokens
+from posbias.tasks.kv import WORDS
+from posbias.tasks.registry import TASKS, TaskSpec, make_instances
+
+__all__ = ["Instance", "TASKS", "TaskSpec", "WORDS", "apply_chat", "depth_to_index", "make_instances",
+           "prompt_tokens"]

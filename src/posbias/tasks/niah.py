@@ -1,0 +1,150 @@
+"""RULER-style needle-in-a-haystack with controlled needle depth, fitted to a token length.
+
+Keys are ``word-word`` pairs from the built-in word list, values distinct 7-digit numbers. Each
+of the ``num_needles`` keys has ``num_values`` needles, kept adjacent (a "group"); the first
+``num_queries`` keys of the seeded order are asked, and their groups stay contiguous.
+
+* Only asked keys (``num_needles == num_queries``, e.g. the single needle): the gold block is
+  inserted after ``round(depth * U)`` of the ``U`` haystack units; ``num_items = U + 1`` and
+  ``gold_index`` is that unit position (as for passkey).
+* Distractor keys (``num_needles > num_queries``, e.g. 24 multi-key needles): the groups are
+  spread evenly through the haystack (group ``j`` after unit ``round(j * U / (K - 1))``), the
+  asked block sits at group index ``round(depth * (K - Q))``; ``num_items = K`` groups and
+  ``gold_index`` is the first asked group's index. Only the gold block moves between depths.
+
+Haystacks: ``noise`` (the grass-is-green filler), ``essay`` (Paul Graham sentences, needles at
+sentence boundaries), ``needle`` (distractor needles with other keys). The unit count is found by
+binary search with the tokenizer so ``apply_chat(prompt, answer_prefix)`` fits ``length`` tokens.
+"""
+from __future__ import annotations
+
+from posbias.tasks.base import Instance, check_int, derive_rng, instance_id, realised_depth
+from posbias.tasks.chat import apply_chat, prompt_tokens
+from posbias.tasks.fitting import fit_units
+from posbias.tasks.haystack import NOISE, essay_units
+from posbias.tasks.kv import WORDS, random_numbers
+
+HAYSTACKS = ("noise", "essay", "needle")
+NEEDLE = "One of the special magic numbers for {key} is: {value}."
+NIAH_INTRO = ("Some special magic numbers are hidden within the following text. Make sure to "
+              "memorize it. I will quiz you about the numbers afterwards.")
+
+
+def join_keys(keys: list[str]) -> str:
+    if len(keys) == 1:
+        return keys[0]
+    if len(keys) == 2:
+        return f"{keys[0]} and {keys[1]}"
+    return ", ".join(keys[:-1]) + ", and " + keys[-1]
+
+
+def question_and_prefix(keys: list[str], plural: bool) -> tuple[str, str]:
+    k = join_keys(keys)
+    if not plural:
+        return (f"What is the special magic number for {k} mentioned in the provided text?",
+                f"The special magic number for {k} mentioned in the provided text is")
+    return (f"What are all the special magic numbers for {k} mentioned in the provided text?",
+            f"The special magic numbers for {k} mentioned in the provided text are")
+
+
+def random_keys(rng, count: int) -> list[str]:
+    """``count`` distinct ``word-word`` keys (two different words)."""
+    w = len(WORDS)
+    space = w * (w - 1)
+    if count > space:
+        raise ValueError(f"cannot make {count} distinct needle keys (at most {space})")
+    out = []
+    for idx in rng.choice(space, size=count, replace=False):
+        a, b = divmod(int(idx), w - 1)
+        b += b >= a
+        out.append(f"{WORDS[a]}-{WORDS[b]}")
+    return out
+
+
+def layout(units: list[str], groups: list[list[str]], gold_start: int, num_gold: int,
+           depth: float, spread: bool) -> tuple[str, int, int]:
+    """Context text, gold_index and num_items. ``groups``: needle groups in order, gold block
+    first; it is moved to ``gold_start`` among the groups (spread) or inserted at the depth."""
+    U = len(units)
+    if not spread:
+        pos = int(round(depth * U))
+        block = [s for g in groups for s in g]
+        return " ".join(units[:pos] + block + units[pos:]), pos, U + 1
+    order = groups[num_gold:]
+    order[gold_start:gold_start] = groups[:num_gold]
+    K = len(order)
+    slots: dict[int, list[str]] = {}
+    for j, g in enumerate(order):
+        slots.setdefault(int(round(j * U / (K - 1))), []).extend(g)
+    pieces = []
+    for p in range(U + 1):
+        pieces.extend(slots.get(p, []))
+        if p < U:
+            pieces.append(units[p])
+    return " ".join(pieces), gold_start, K
+
+
+def make_niah(*, tokenizer=None, n, depths, seed, split, haystack="noise", num_needles=1,
+              num_values=1, num_queries=1, length=1024) -> list[Instance]:
+    task = "niah"
+    if haystack not in HAYSTACKS:
+        raise ValueError(f"haystack {haystack!r} is not one of {list(HAYSTACKS)}")
+    K = check_int("num_needles", num_needles)
+    V = check_int("num_values", num_values)
+    Q = check_int("num_queries", num_queries)
+    length = check_int("length", length)
+    if Q > K:
+        raise ValueError(f"num_queries={Q} is more than num_needles={K} (keys to ask among)")
+    spread = K > Q
+    plural = V > 1 or Q > 1
+    max_units = None
+    if haystack == "essay":
+        essay_units(1)  # clear error early when the essays are missing
+
+    out_samples = []
+    for i in range(n):
+        rng = derive_rng(task, split, seed, i)
+        # distractor needles of the "needle" haystack: at most one per token of the budget
+        num_distractors = min(length, 200_000) if haystack == "needle" else 0
+        keys = random_keys(rng, K + num_distractors)
+        values = random_numbers(rng, K * V + num_distractors, 7)
+        groups = [[NEEDLE.format(key=keys[k], value=values[k * V + v]) for v in range(V)] for k in range(K)]
+        gold_values = [values[k * V + v] for k in range(Q) for v in range(V)]
+        if haystack == "needle":
+            pool = [NEEDLE.format(key=keys[K + j], value=values[K * V + j]) for j in range(num_distractors)]
+            units_of = lambda u, pool=pool: pool[:u]  # noqa: E731
+            max_units = num_distractors
+        elif haystack == "essay":
+            units_of = essay_units
+        else:
+            units_of = lambda u: [NOISE] * u  # noqa: E731
+        question, prefix = question_and_prefix(keys[:Q], plural)
+
+        def build(u: int, depth: float, units_of=units_of, groups=groups, question=question):
+            gold_start = int(round(depth * (K - Q)))
+            ctx, gi, ni = layout(units_of(u), groups, gold_start, Q, depth, spread)
+            return f"{NIAH_INTRO}\n{ctx}\n{question}", gi, ni
+
+        def tokens(u: int, depth: float, build=build, prefix=prefix) -> int:
+            return prompt_tokens(tokenizer, apply_chat(tokenizer, build(u, depth)[0], prefix))
+
+        u = fit_units(lambda u: tokens(u, 0.5), length, max_units=max_units, what="the NIAH prompt")
+        while u > 0 and max(tokens(u, d) for d in depths) > length:
+            u -= 1
+        out_samples.append({"build": build, "units": u, "prefix": prefix, "answers": gold_values,
+                            "keys": keys[:Q]})
+    out = []
+    for depth in depths:
+        for i, s in enumerate(out_samples):
+            prompt, gi, ni = s["build"](s["units"], depth)
+            answers = sorted(s["answers"], key=prompt.index)  # order of appearance
+            out.append(Instance(
+                id=instance_id(task, split, seed, depth, i), task=task, prompt=prompt, answers=answers,
+                gold_index=gi, num_items=ni, depth=float(depth), metric="string_match_all",
+                answer_prefix=s["prefix"],
+                meta={"keys": s["keys"], "haystack": haystack, "haystack_units": s["units"],
+                      "num_needles": K, "num_values": V, "num_queries": Q, "length": length,
+                      "prompt_tokens": prompt_tokens(tokenizer, apply_chat(tokenizer, prompt, s["prefix"])),
+                      "realised_depth": realised_depth(gi, ni)},
+            ))
+    return out

@@ -1,0 +1,56 @@
+"""Passkey retrieval in the Landmark-attention format, fitted to a token length."""
+from __future__ import annotations
+
+from posbias.tasks.base import Instance, check_int, depth_to_index, derive_rng, instance_id, realised_depth
+from posbias.tasks.chat import apply_chat, prompt_tokens
+from posbias.tasks.fitting import fit_units
+from posbias.tasks.haystack import NOISE
+from posbias.tasks.kv import random_numbers
+
+PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
+                 "memorize it. I will quiz you about the important information there.")
+PASSKEY_QUESTION = "What is the pass key?"
+PASSKEY_PREFIX = "The pass key is"
+
+
+def passkey_prompt(key: str, units: int, position: int) -> str:
+    """Intro, ``units`` filler copies with the key sentence after ``position`` of them, question."""
+    hay = [NOISE] * units
+    hay.insert(position, f"The pass key is {key}. Remember it. {key} is the pass key.")
+    return f"{PASSKEY_INTRO}\n{' '.join(hay)}\n{PASSKEY_QUESTION}"
+
+
+def make_passkey(*, tokenizer=None, n, depths, seed, split, length=1024, digits=5) -> list[Instance]:
+    """Filler units ``F`` fitted per instance so that ``apply_chat(prompt, prefix)`` <= ``length``
+    tokens at every depth; the key goes after ``round(depth * F)`` units (``num_items = F + 1``).
+    The question ends with ``"What is the pass key?"`` and ``answer_prefix = "The pass key is"``
+    (raw concatenation gives the original ``"What is the pass key? The pass key is"``)."""
+    task = "passkey"
+    length = check_int("length", length)
+    digits = check_int("digits", digits, maximum=18)
+    keys = [random_numbers(derive_rng(task, split, seed, i), 1, digits)[0] for i in range(n)]
+
+    def tokens(key: str, units: int, depth: float) -> int:
+        pos = depth_to_index(depth, units + 1)
+        return prompt_tokens(tokenizer, apply_chat(tokenizer, passkey_prompt(key, units, pos), PASSKEY_PREFIX))
+
+    fitted = []
+    for key in keys:
+        units = fit_units(lambda u: tokens(key, u, 0.5), length, what="the passkey prompt")
+        while units > 0 and max(tokens(key, units, d) for d in depths) > length:
+            units -= 1
+        fitted.append(units)
+    out = []
+    for depth in depths:
+        for i, (key, units) in enumerate(zip(keys, fitted)):
+            pos = depth_to_index(depth, units + 1)
+            prompt = passkey_prompt(key, units, pos)
+            out.append(Instance(
+                id=instance_id(task, split, seed, depth, i), task=task, prompt=prompt, answers=[key],
+                gold_index=pos, num_items=units + 1, depth=float(depth), metric="passkey",
+                answer_prefix=PASSKEY_PREFIX,
+                meta={"filler_units": units, "length": length,
+                      "prompt_tokens": prompt_tokens(tokenizer, apply_chat(tokenizer, prompt, PASSKEY_PREFIX)),
+                      "realised_depth": realised_depth(pos, units + 1)},
+            ))
+    return out

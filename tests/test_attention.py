@@ -1,0 +1,132 @@
+import math
+
+import pytest
+import torch
+
+from posbias.attention import SSMax, attend, visible_keys
+from posbias.positional import GGDBias
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The CI box has 2 shared cores: multi-threaded BLAS on tiny matrices spins (30 ms per matmul)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+
+def _qkv(b=2, h=4, n=40, d=8, hkv=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hkv = hkv or h
+    return (torch.randn(b, h, n, d, generator=g), torch.randn(b, hkv, n, d, generator=g),
+            torch.randn(b, hkv, n, d, generator=g))
+
+
+def _docs(b=2, n=40):
+    d = torch.zeros(b, n, dtype=torch.long)
+    d[0, 13:] = 1
+    d[0, 30:] = 2
+    d[1, 25:] = 1
+    return d
+
+
+def _reference(q, k, v, bias, docs, ssmax):
+    """Naive per-(b, h, i) loop following the BAM order literally."""
+    b, h, n, d = q.shape
+    out = torch.zeros_like(q)
+    pos = torch.arange(n)
+    B = bias(pos, pos) if bias is not None else torch.zeros(h, n, n)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(n):
+                keys = [j for j in range(i + 1) if docs is None or docs[bi, j] == docs[bi, i]]
+                z = torch.stack([q[bi, hi, i] @ k[bi, hi, j] / math.sqrt(d) + B[hi, i, j] for j in keys])
+                if ssmax is not None:
+                    z = z * ssmax.s[hi] * math.log(len(keys))
+                p = torch.softmax(z, 0)
+                out[bi, hi, i] = sum(p[t] * v[bi, hi, j] for t, j in enumerate(keys))
+    return out
+
+
+def test_sdpa_matches_naive_reference():
+    q, k, v = _qkv(n=12, h=2)
+    g = GGDBias(2, theta_alpha=[-1.0, 0.2], theta_beta=[0.7, -0.5])
+    s = SSMax(2)
+    with torch.no_grad():
+        s.s.copy_(torch.tensor([0.8, 1.3]))
+        docs = _docs(n=12)
+        docs[0] = torch.tensor([0] * 5 + [1] * 7)
+        ref = _reference(q, k, v, g, docs, s)
+        for backend in ("sdpa", "eager", "chunked"):
+            out = attend(q, k, v, bias=g, doc_ids=docs, normaliser=s, backend=backend, chunk_size=5)
+            assert torch.allclose(out, ref, atol=1e-5), backend
+
+
+@pytest.mark.parametrize("use_bias,use_ssmax,use_docs", [(True, True, True), (True, False, False),
+                                                         (False, True, False), (False, False, True)])
+def test_chunked_equals_full(use_bias, use_ssmax, use_docs):
+    q, k, v = _qkv()
+    bias = GGDBias(4, theta_alpha=[-2.0, -1.0, 0.0, 0.5], theta_beta=[-1.0, 0.0, 1.0, 2.0]) if use_bias else None
+    norm = SSMax(4) if use_ssmax else None
+    docs = _docs() if use_docs else None
+    full = attend(q, k, v, bias=bias, normaliser=norm, doc_ids=docs, backend="sdpa")
+    for cs in (1, 7, 16, 64):
+        ch = attend(q, k, v, bias=bias, normaliser=norm, doc_ids=docs, chunk_size=cs)
+        assert torch.allclose(full, ch, atol=1e-5), cs
+
+
+def test_query_offset_kv_cache():
+    """Queries that are the last positions of the keys (decode with a KV cache) equal the full rows."""
+    q, k, v = _qkv()
+    g = GGDBias(4, "linear")
+    s = SSMax(4)
+    full = attend(q, k, v, bias=g, normaliser=s)
+    for backend in ("sdpa", "chunked"):
+        last = attend(q[:, :, -3:], k, v, bias=g, normaliser=s, backend=backend, chunk_size=2)
+        assert torch.allclose(last, full[:, :, -3:], atol=1e-5)
+
+
+def test_gradients_reach_prior_and_ssmax():
+    q, k, v = _qkv(n=16)
+    q.requires_grad_(True)
+    g = GGDBias(4, theta_alpha=0.1, theta_beta=[-1.0, 0.0, 1.0, 2.0])
+    s = SSMax(4)
+    for backend in ("sdpa", "chunked"):
+        g.zero_grad(), s.zero_grad()
+        attend(q, k, v, bias=g, normaliser=s, doc_ids=_docs(n=16), backend=backend, chunk_size=5).pow(2).sum().backward()
+        for p in (g.theta_alpha, g.theta_beta, s.s):
+            assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, backend
+
+
+def test_no_cross_document_attention():
+    q, k, v = _qkv()
+    docs = _docs()
+    g, s = GGDBias(4, "alibi"), SSMax(4)
+    out = attend(q, k, v, bias=g, normaliser=s, doc_ids=docs)
+    v2 = v.clone()
+    v2[0, :, :13] += 100.0  # change document 0 of sample 0 only
+    k2 = k.clone()
+    k2[0, :, :13] -= 5.0
+    out2 = attend(q, k2, v2, bias=g, normaliser=s, doc_ids=docs)
+    assert torch.allclose(out[0, :, 13:], out2[0, :, 13:], atol=1e-6)
+    assert not torch.allclose(out[0, :, :13], out2[0, :, :13])
+    assert torch.allclose(out[1], out2[1])
+
+
+def test_visible_keys_counts():
+    docs = _docs()
+    n = visible_keys(40, 40, doc_ids=docs)
+    assert n[0, 0].item() == 1 and n[0, 12].item() == 13 and n[0, 13].item() == 1 and n[0, 39].item() == 10
+    assert visible_keys(3, 10).tolist() == [[8, 9, 10]]
+
+
+def test_gqa_and_bad_inputs():
+    q, k, v = _qkv(h=4, hkv=2)
+    out = attend(q, k, v)
+    ref = attend(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), backend="eager")
+    assert torch.allclose(out, ref, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        attend(q, k, v, backend="magic")
+    with pytest.raises(ValueError, match="doc_ids has length"):
+        attend(q, k, v, doc_ids=torch.zeros(2, 3, dtype=torch.long))

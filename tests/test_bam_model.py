@@ -1,0 +1,126 @@
+import pytest
+import torch
+
+from posbias.bam import BamConfig, BamForCausalLM, build_model
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The CI box has 2 shared cores: multi-threaded BLAS on tiny matrices spins (30 ms per matmul)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+SCHEMES = ["rope", "sinusoidal", "nope", "alibi", "ggd"]
+
+
+def _tiny(pe="ggd", normaliser="ssmax", seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=97,
+               pe=pe, normaliser=normaliser, rope_theta=10000.0)
+    cfg.update(kw)
+    m = BamForCausalLM(BamConfig(**cfg)).eval()
+    with torch.no_grad():  # move priors / SSMax away from their init so a lost parameter shows
+        for p in m.prior_parameters():
+            p.add_(torch.rand_like(p) * 0.5)
+    return m
+
+
+@pytest.mark.parametrize("pe", SCHEMES)
+def test_save_load_roundtrip(tmp_path, pe):
+    from transformers import AutoModelForCausalLM
+
+    m = _tiny(pe)
+    x = torch.randint(0, 97, (2, 17))
+    m.save_pretrained(tmp_path)
+    m2 = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(m2) is BamForCausalLM and m2.config.pe == pe
+    assert torch.equal(m(x).logits, m2(x).logits)
+
+
+@pytest.mark.parametrize("pe,norm", [("ggd", "ssmax"), ("rope", "softmax"), ("sinusoidal", "ssmax"), ("alibi", "softmax")])
+def test_generate_matches_argmax_loop(pe, norm):
+    m = _tiny(pe, norm)
+    x = torch.randint(3, 97, (2, 6))
+    out = m.generate(x, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    seq = x
+    for _ in range(8):
+        nxt = m(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, nxt], 1)
+    assert torch.equal(out, seq)
+
+
+def test_cache_step_matches_full():
+    m = _tiny("ggd", "ssmax")
+    x = torch.randint(0, 97, (1, 12))
+    full = m(x, use_cache=False).logits
+    o = m(x[:, :7], use_cache=True)
+    step = m(x[:, 7:], cache=o.cache, use_cache=True).logits
+    assert torch.allclose(step, full[:, 7:], atol=1e-5)
+
+
+def test_unknown_scheme_and_bad_config():
+    with pytest.raises(ValueError, match="unknown positional scheme 'xpos'; known schemes: alibi, ggd"):
+        BamConfig(pe="xpos")
+    with pytest.raises(ValueError, match="unknown normaliser"):
+        BamConfig(normaliser="sparsemax")
+    with pytest.raises(ValueError, match="unknown preset"):
+        BamConfig.from_preset("huge")
+    with pytest.raises(ValueError, match="not divisible"):
+        BamConfig(hidden_size=30, num_attention_heads=4)
+
+
+@pytest.mark.parametrize("pe", ["ggd", "rope"])
+def test_chunked_long_equals_full(pe):
+    m = _tiny(pe, "ssmax")
+    x = torch.randint(0, 97, (1, 700))
+    full = m(x, attn_backend="sdpa").logits
+    keep = torch.tensor([0, 350, 699])
+    ch = m(x, attn_backend="chunked", chunk_size=128, logits_to_keep=keep).logits
+    assert ch.shape == (1, 3, 97)
+    assert torch.allclose(ch, full[:, keep], atol=1e-5)
+    assert torch.allclose(m(x, logits_to_keep=1).logits, full[:, -1:], atol=1e-5)
+
+
+@pytest.mark.parametrize("pe", ["ggd", "sinusoidal", "rope"])
+def test_packed_documents_equal_separate(pe):
+    m = _tiny(pe, "ssmax")
+    a, b = torch.randint(0, 97, (1, 9)), torch.randint(0, 97, (1, 6))
+    packed = torch.cat([a, b], 1)
+    docs = torch.tensor([[0] * 9 + [1] * 6])
+    lp = m(packed, doc_ids=docs).logits
+    # rope / ggd / alibi are relative; sinusoidal restarts positions per document
+    assert torch.allclose(lp[:, :9], m(a).logits, atol=1e-5)
+    assert torch.allclose(lp[:, 9:], m(b).logits, atol=1e-5)
+
+
+def test_loss_ignores_document_starts():
+    m = _tiny()
+    x = torch.randint(0, 97, (1, 10))
+    docs = torch.tensor([[0] * 5 + [1] * 5])
+    loss = m(x, doc_ids=docs, labels=x).loss
+    logits = m(x, doc_ids=docs).logits[0]
+    tgt = x[0, 1:].clone()
+    tgt[4] = -100
+    ref = torch.nn.functional.cross_entropy(logits[:-1], tgt, ignore_index=-100)
+    assert torch.allclose(loss, ref, atol=1e-6)
+
+
+def test_ggd_extra_parameter_count():
+    base = sum(p.numel() for p in _tiny("nope", "softmax").parameters())
+    assert sum(p.numel() for p in _tiny("ggd", "softmax").parameters()) - base == 2 * 4 * 2
+    assert sum(p.numel() for p in _tiny("ggd", "softmax", ggd_share_layers=True).parameters()) - base == 2 * 4
+    with torch.device("meta"):
+        m = build_model("120m", pe="ggd", vocab_size=1000)
+    assert sum(p.numel() for p in m.model.priors.parameters()) == 384
+    with torch.device("meta"):
+        m = build_model("120m", pe="ggd", normaliser="ssmax", vocab_size=1000)
+    assert sum(p.numel() for p in m.prior_parameters()) == 384 + 12 * 16
+
+
+def test_presets():
+    c = BamConfig.from_preset("1b", pe="rope")
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (24, 2048, 64)
+    c = BamConfig.from_preset("120m")
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (12, 768, 16)

@@ -1,0 +1,88 @@
+"""``posbias eval`` end to end on a tiny model folder: outputs, resume, and clear errors."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import make_tiny_model, make_tiny_tokenizer
+from posbias.cli.main import app
+from posbias.utils.io import read_jsonl
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny_model("llama", max_positions=4096).save_pretrained(path)
+    make_tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def _eval(folder, out, *extra):
+    return runner.invoke(app, ["eval", "--model", folder, "--task", "kv", "--num-keys", "6", "--n", "2",
+                               "--depths", "0,0.5,1", "--out", str(out), *extra])
+
+
+def test_eval_writes_outputs_and_resumes(tiny_folder, tmp_path):
+    res = _eval(tiny_folder, tmp_path / "run", "--mode", "both", "--max-new-tokens", "4")
+    assert res.exit_code == 0, res.output
+    files = {p.name for p in (tmp_path / "run").iterdir()}
+    assert {"config.json", "results.jsonl", "summary.json", "summary.md", "accuracy_by_depth.png"} <= files
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert "torch" in cfg["versions"] and cfg["config"]["task"] == "kv"
+    recs = read_jsonl(tmp_path / "run" / "results.jsonl")
+    assert len(recs) == 6 and all("tf_em" in r and "prediction" in r for r in recs)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [r["depth"] for r in summary["by_depth"]] == [0.0, 0.5, 1.0]
+    assert all(r["ci_low"] <= r["accuracy"] <= r["ci_high"] for r in summary["by_depth"])
+    # resume: nothing is scored twice, the results file is unchanged
+    before = (tmp_path / "run" / "results.jsonl").read_text()
+    assert _eval(tiny_folder, tmp_path / "run", "--mode", "both", "--max-new-tokens", "4").exit_code == 0
+    assert (tmp_path / "run" / "results.jsonl").read_text() == before
+
+
+def test_resume_after_kill_skips_finished_instances(tiny_folder, tmp_path):
+    out = tmp_path / "run"
+    assert _eval(tiny_folder, out).exit_code == 0
+    lines = (out / "results.jsonl").read_text().splitlines()
+    (out / "results.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])  # killed mid-write
+    assert _eval(tiny_folder, out).exit_code == 0
+    recs = read_jsonl(out / "results.jsonl")
+    assert sorted(r["id"] for r in recs) == sorted(json.loads(line)["id"] for line in lines)
+
+
+def test_resume_with_other_settings_is_refused(tiny_folder, tmp_path):
+    assert _eval(tiny_folder, tmp_path / "run").exit_code == 0
+    res = _eval(tiny_folder, tmp_path / "run", "--seed", "7")
+    assert res.exit_code == 2 and "other settings" in res.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "bogus"], "unknown task"),
+    (["--depths", "0,1.5"], "outside [0, 1]"),
+    (["--depths", "0,x"], "comma-separated numbers"),
+    (["--num-keys", "100000"], "num_keys"),
+])
+def test_bad_input_is_one_clear_line(tiny_folder, tmp_path, args, message):
+    base = ["eval", "--model", tiny_folder, "--n", "1", "--out", str(tmp_path / "bad")]
+    res = runner.invoke(app, base + args)
+    assert res.exit_code == 2
+    assert message in res.output and "Traceback" not in res.output
+
+
+def test_malformed_data_file_names_file_and_line(tiny_folder, tmp_path):
+    bad = tmp_path / "kv.jsonl"
+    bad.write_text('{"ordered_kv_records": [["a", "b"]], "key": "a", "value": "b"}\n{not json\n')
+    res = runner.invoke(app, ["eval", "--model", tiny_folder, "--task", "kv-uuid", "--path", str(bad), "--n", "1",
+                              "--out", str(tmp_path / "bad")])
+    assert res.exit_code == 2 and f"{bad}:2" in res.output
+
+
+def test_prompt_longer_than_model_is_refused_before_writing_results(tmp_path):
+    folder = tmp_path / "short"
+    make_tiny_model("llama", max_positions=64).save_pretrained(folder)
+    make_tiny_tokenizer().save_pretrained(folder)
+    res = _eval(str(folder), tmp_path / "run")
+    assert res.exit_code == 2 and "maximum of 64 positions" in res.output
+    assert not (tmp_path / "run" / "results.jsonl").exists()

@@ -1,0 +1,123 @@
+"""Ms-PoE: the head -> ratio mapping (incl. grouped-query attention) and the position-awareness order."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_tiny_model
+from posbias.methods import apply_method
+from posbias.methods.ms_poe import position_awareness, ratio_grid, ratios_from_scores
+
+
+def _attn_heads(model, layer, **inputs):
+    """Per-head attention output of ``layer`` (input of o_proj), shape (B, T, H, d)."""
+    attn = model.model.layers[layer].self_attn
+    got = {}
+    hook = attn.o_proj.register_forward_pre_hook(lambda m, a: got.__setitem__("x", a[0].detach().clone()))
+    try:
+        model(**inputs)
+    finally:
+        hook.remove()
+    x = got["x"]
+    return x.view(*x.shape[:2], model.config.num_attention_heads, -1)
+
+
+def _global_factor(model, factor):
+    """Reference: HF's own RoPE with every position divided by ``factor`` (whole model)."""
+    rot = model.model.rotary_emb
+    saved = rot.inv_freq.clone()
+    rot.inv_freq.copy_(saved / factor)
+    return saved
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_gqa_head_ratio_equals_global_factor_for_that_head(arch):
+    # 4 query heads share 2 key heads: heads 0,1 read key head 0; heads 2,3 read key head 1.
+    # Heads sharing a key head get different ratios, so keys must be rotated per query head.
+    model = make_tiny_model(arch, heads=4, kv_heads=2, layers=2, seed=5)
+    ratios = [1.3, 1.0, 2.0, 1.7]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 500, (2, 24), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    inputs = dict(input_ids=ids, attention_mask=mask, position_ids=pos)
+    with apply_method(model, "ms-poe", ratios=ratios, layers=[0]):
+        patched = _attn_heads(model, 0, **inputs)
+    valid = mask.bool()
+    for h, r in enumerate(ratios):
+        saved = _global_factor(model, r)
+        try:
+            ref = _attn_heads(model, 0, **inputs)
+        finally:
+            model.model.rotary_emb.inv_freq.copy_(saved)
+        torch.testing.assert_close(patched[:, :, h][valid], ref[:, :, h][valid], atol=1e-5, rtol=1e-5)
+    # sanity: the two heads sharing key head 0 really differ from the unscaled model where r != 1
+    plain = _attn_heads(model, 0, **inputs)
+    assert (patched[:, :, 0] - plain[:, :, 0])[valid].abs().max() > 1e-4
+    torch.testing.assert_close(patched[:, :, 1][valid], plain[:, :, 1][valid], atol=1e-5, rtol=1e-5)
+
+
+def test_unpatched_layers_are_untouched():
+    model = make_tiny_model("llama", layers=3)
+    ids = torch.randint(3, 500, (1, 20))
+    plain = [_attn_heads(model, i, input_ids=ids) for i in range(2)]
+    with apply_method(model, "ms-poe"):  # default: skip the first 2 layers
+        for i in range(2):
+            torch.testing.assert_close(_attn_heads(model, i, input_ids=ids), plain[i], atol=0, rtol=0)
+
+
+def test_ratio_grid_and_score_order():
+    grid = ratio_grid(4, 1.2, 1.8)
+    torch.testing.assert_close(grid, torch.tensor([1.2, 1.35, 1.5, 1.65]))
+    scores = torch.tensor([[0.1, 0.5, 0.3, 0.2], [0.4, 0.3, 0.2, 0.1]])
+    r = ratios_from_scores(scores, grid)
+    # most position-aware head gets the smallest ratio
+    torch.testing.assert_close(r, torch.tensor([[1.65, 1.2, 1.35, 1.5], [1.2, 1.35, 1.5, 1.65]]))
+
+
+def test_position_awareness_score():
+    # head 0 attends to one key only (sharp), head 1 uniformly
+    d = 4
+    k = torch.zeros(1, 2, 10, d)
+    k[0, 0, 3, 0] = 20.0
+    q = torch.zeros(1, 2, 1, d)
+    q[0, 0, 0, 0] = 1.0
+    s = position_awareness(q, k, None, scaling=1.0)
+    assert s[0, 0] == pytest.approx(0.1) and s[0, 1] == 0.0
+    # padding keys do not count
+    mask = torch.zeros(1, 1, 1, 10)
+    mask[..., :5] = torch.finfo(torch.float32).min
+    s = position_awareness(q, k, mask, scaling=1.0)
+    assert s[0, 0] == pytest.approx(0.0) and s[0, 1] == 0.0
+
+
+def test_score_order_is_a_per_row_permutation_and_consistent_with_fixed_ratios():
+    model = make_tiny_model("llama", layers=3, seed=2)
+    ids = torch.randint(3, 500, (2, 30))
+    mask = torch.ones_like(ids)
+    mask[0, :7] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with apply_method(model, "ms-poe", skip_layers=2) as h:
+        out = h.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        state = h.state["ms_poe"]
+        r = state.head_ratios(2)
+        grid = ratio_grid(4, 1.2, 1.8)
+        for row in r:
+            torch.testing.assert_close(row.sort().values, grid)
+    # row 1 alone, with its ratios fixed, reproduces the batched logits
+    with apply_method(model, "ms-poe", skip_layers=2, ratios=r[1].tolist()) as h:
+        alone = h.model(input_ids=ids[1:], attention_mask=mask[1:], position_ids=pos[1:]).logits
+    torch.testing.assert_close(alone[0], out[1], atol=1e-5, rtol=1e-5)
+
+
+def test_score_order_ratios_kept_during_cached_decoding():
+    model = make_tiny_model("llama", layers=3, seed=2)
+    ids = torch.randint(3, 500, (1, 25))
+    with apply_method(model, "ms-poe", skip_layers=0) as h:
+        out = h.model(input_ids=ids, use_cache=True)
+        before = {i: h.state["ms_poe"].head_ratios(i).clone() for i in range(3)}
+        nxt = out.logits[:, -1:].argmax(-1)
+        h.model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+        for i in range(3):
+            assert torch.equal(h.state["ms_poe"].head_ratios(i), before[i])

@@ -1,0 +1,209 @@
+"""Registry-level properties shared by every method: identity settings equal the unpatched model,
+cached incremental decoding equals full recompute, remove() restores the model exactly, bad options."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_tiny_model
+from posbias.methods import METHODS, apply_method, method_options, parse_options
+
+# options that make each method an exact no-op
+IDENTITY = {
+    "none": {},
+    "pi": {"factor": 1.0},
+    "ms-poe": {"r_min": 1.0, "r_max": 1.0, "skip_layers": 0},
+    "attention-buckets": {"multipliers": [1.0]},
+    "moice": {"multipliers": [1.0], "top_k": 1},
+}
+# non-trivial, static settings (Ms-PoE by head index: see test_methods_ms_poe for the score order)
+ACTIVE = {
+    "none": {},
+    "pi": {"factor": 1.5},
+    "ms-poe": {"order": "index", "skip_layers": 1},
+    "attention-buckets": {},
+    "moice": {"top_k": 2},
+}
+
+
+def _pi_available():
+    try:
+        import posbias.patching.rope_scaling  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _skip_missing(name):
+    if name == "pi" and not _pi_available():
+        pytest.skip("posbias.patching.rope_scaling not available yet")
+
+
+def left_padded_batch(seed=0, b=3, t=11, vocab=500):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (b, t), generator=g)
+    mask = torch.ones_like(ids)
+    for i in range(b):
+        mask[i, : i * 2] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, pos
+
+
+def greedy(model, ids, mask, pos, steps):
+    """Manual greedy loop with past_key_values (like the lead's scorer); returns per-step last logits."""
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    cache, logits, tokens = out.past_key_values, [out.logits[:, -1]], []
+    for _ in range(steps):
+        nxt = logits[-1].argmax(-1, keepdim=True)
+        tokens.append(nxt)
+        mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+        pos = pos[:, -1:] + 1
+        out = model(input_ids=nxt, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                    logits_to_keep=1)
+        cache = out.past_key_values
+        logits.append(out.logits[:, -1])
+    return logits, tokens
+
+
+def test_registry_lists_all_methods():
+    assert {"none", "pi", "lpes", "ms-poe", "attention-buckets", "moice"} <= set(METHODS)
+    assert "factor" in method_options("pi")
+    assert parse_options(["factor=1.5", "bases=1,2", "order=index"]) == {"factor": 1.5, "bases": [1.0, 2.0],
+                                                                        "order": "index"}
+
+
+@pytest.mark.parametrize("arch,impl", [("llama", "eager"), ("qwen3", "eager"), ("llama", "sdpa")])
+@pytest.mark.parametrize("name", list(IDENTITY))
+def test_identity_settings_equal_unpatched(arch, impl, name):
+    _skip_missing(name)
+    model = make_tiny_model(arch)
+    model.set_attn_implementation(impl)
+    ids, mask, pos = left_padded_batch()
+    ref = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    with apply_method(model, name, **IDENTITY[name]) as h:
+        out = h.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    valid = mask.bool()
+    torch.testing.assert_close(out[valid], ref[valid], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(ACTIVE))
+def test_cached_decoding_equals_full_recompute(name):
+    _skip_missing(name)
+    model = make_tiny_model("llama")  # GQA: 4 query heads, 2 kv heads
+    ids, mask, pos = left_padded_batch(seed=1)
+    with apply_method(model, name, **ACTIVE[name]) as h:
+        step_logits, tokens = greedy(h.model, ids, mask, pos, steps=4)
+        full_ids, full_mask = ids, mask
+        for i, tok in enumerate(tokens):
+            full_ids = torch.cat([full_ids, tok], 1)
+            full_mask = torch.cat([full_mask, torch.ones_like(tok)], 1)
+            full_pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
+            full = h.model(input_ids=full_ids, attention_mask=full_mask, position_ids=full_pos).logits[:, -1]
+            torch.testing.assert_close(step_logits[i + 1], full, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(ACTIVE))
+def test_teacher_forced_logits_to_keep_and_batching(name):
+    """logits_to_keep slices the same logits, and a row scored alone equals the row in a padded batch."""
+    _skip_missing(name)
+    model = make_tiny_model("qwen2", seed=3)
+    ids, mask, pos = left_padded_batch(seed=2)
+    with apply_method(model, name, **ACTIVE[name]) as h:
+        full = h.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        kept = h.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=3).logits
+        torch.testing.assert_close(kept, full[:, -3:], atol=1e-5, rtol=1e-5)
+        i = 2  # the most padded row
+        real = mask[i].bool()
+        alone = h.model(input_ids=ids[i:i + 1, real], attention_mask=mask[i:i + 1, real],
+                        position_ids=pos[i:i + 1, real]).logits
+        torch.testing.assert_close(alone[0], full[i, real], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(ACTIVE))
+def test_remove_restores_model_exactly(name):
+    _skip_missing(name)
+    model = make_tiny_model("mistral")
+    ids, mask, pos = left_padded_batch()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    impl = model.config._attn_implementation
+    ref = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    h = apply_method(model, name, **ACTIVE[name])
+    h.model(input_ids=ids, attention_mask=mask, position_ids=pos)
+    h.remove()
+    h.remove()  # idempotent
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert model.config._attn_implementation == impl
+    for layer in model.model.layers:
+        assert "forward" not in layer.self_attn.__dict__
+        assert layer.self_attn.config is model.config
+    assert "forward" not in model.model.rotary_emb.__dict__
+    assert torch.equal(model(input_ids=ids, attention_mask=mask, position_ids=pos).logits, ref)
+
+
+def test_unknown_method_lists_known_ones():
+    model = make_tiny_model("llama")
+    with pytest.raises(ValueError, match="known methods: .*attention-buckets.*ms-poe"):
+        apply_method(model, "no-such-method")
+
+
+def test_unknown_option_is_rejected():
+    model = make_tiny_model("llama")
+    with pytest.raises(ValueError, match="no option"):
+        apply_method(model, "ms-poe", ratio_min=1.0)
+
+
+@pytest.mark.parametrize("name,opts", [
+    ("ms-poe", {"r_min": 0.0}),
+    ("ms-poe", {"ratios": [1.0, -1.0, 1.0, 1.0]}),
+    ("ms-poe", {"ratios": [1.0, 2.0]}),
+    ("ms-poe", {"order": "random"}),
+    ("attention-buckets", {"bases": [10000.0, -5.0]}),
+    ("moice", {"top_k": 0}),
+    ("moice", {"routers": "/nonexistent/routers"}),
+    ("lpes", {}),
+    ("lpes", {"factors": "/nonexistent/factors.json"}),
+    ("pi", {"factor": 0}),
+])
+def test_bad_options_raise_value_error(name, opts):
+    model = make_tiny_model("llama")
+    with pytest.raises(ValueError):
+        apply_method(model, name, **opts)
+
+
+def test_aliases_and_string_options():
+    model = make_tiny_model("llama")
+    with apply_method(model, "ms_poe", ratios="1.0,1.2,1.4,1.6", layers="1,2") as h:
+        assert h.name == "ms-poe" and h.options["layers"] == [1, 2]
+    with apply_method(model, "buckets", multipliers="1,2") as h:
+        assert h.name == "attention-buckets" and len(h.options["bases"]) == 2
+
+
+@pytest.mark.parametrize("name", [n for n in ACTIVE if n != "none"])
+def test_active_settings_change_the_model(name):
+    _skip_missing(name)
+    model = make_tiny_model("llama")
+    ids, mask, pos = left_padded_batch(t=40)
+    ref = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    with apply_method(model, name, **ACTIVE[name]) as h:
+        out = h.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    assert (out - ref).abs().max() > 1e-5
+
+
+def test_lpes_applies_a_factors_file(tmp_path):
+    if not _pi_available():
+        pytest.skip("posbias.patching.rope_scaling not available yet")
+    from posbias.patching.rope_scaling import apply_layer_scaling, save_factors_file
+
+    model = make_tiny_model("llama", layers=3)
+    ids, mask, pos = left_padded_batch(t=30)
+    path = tmp_path / "factors.json"
+    save_factors_file(path, factors=[1.0, 1.4, 2.0])
+    inner = apply_layer_scaling(model, [1.0, 1.4, 2.0])
+    ref = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    inner.remove()
+    with apply_method(model, "lpes", factors=str(path)) as h:
+        out = h.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    torch.testing.assert_close(out, ref)

@@ -1,0 +1,241 @@
+"""Per-layer RoPE scaling (LPES patch) on tiny models of each supported architecture."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import ARCHS, make_tiny_model
+from posbias.patching.rope_scaling import (
+    FactorsFileError,
+    apply_factors_file,
+    apply_layer_scaling,
+    load_factors_file,
+    save_factors_file,
+)
+
+IDS = torch.tensor([[5, 17, 42, 99, 3, 250, 7, 8, 64, 11, 300, 21]])
+
+
+def logits(model, ids=IDS, **kw):
+    with torch.no_grad():
+        return model(input_ids=ids, **kw).logits
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_all_ones_is_bit_identical(arch):
+    model = make_tiny_model(arch)
+    ref = logits(model)
+    with apply_layer_scaling(model, [1.0, 1.0, 1.0]) as h:
+        assert not h._hooks
+        assert torch.equal(logits(model), ref)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("s", [0.7, 2.0])
+def test_uniform_factor_equals_hf_linear_rope(arch, s):
+    model = make_tiny_model(arch)
+    hf = make_tiny_model(arch, rope_parameters={"rope_type": "linear", "factor": s})
+    hf.load_state_dict(model.state_dict())
+    ids = torch.randint(3, 500, (2, 40), generator=torch.Generator().manual_seed(1))
+    ref = logits(hf, ids)
+    assert not torch.allclose(logits(model, ids), ref, atol=1e-5)
+    with apply_layer_scaling(model, [s] * 3):
+        torch.testing.assert_close(logits(model, ids), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_composes_with_existing_rope_type(arch):
+    """On a model already using linear scaling f, factor s gives linear scaling f * s."""
+    base = make_tiny_model(arch, rope_parameters={"rope_type": "linear", "factor": 2.0})
+    target = make_tiny_model(arch, rope_parameters={"rope_type": "linear", "factor": 3.0})
+    target.load_state_dict(base.state_dict())
+    with apply_layer_scaling(base, [1.5] * 3):
+        torch.testing.assert_close(logits(base), logits(target), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_per_layer_factor_only_changes_that_layer(arch):
+    model = make_tiny_model(arch)
+    with torch.no_grad():
+        ref = model(input_ids=IDS, output_hidden_states=True).hidden_states
+    with apply_layer_scaling(model, [1.0, 1.0, 1.7]):
+        with torch.no_grad():
+            hs = model(input_ids=IDS, output_hidden_states=True).hidden_states
+    # hidden_states[i] is the input of layer i: layers 0 and 1 untouched
+    for i in range(3):
+        assert torch.equal(hs[i], ref[i])
+    assert not torch.allclose(hs[3], ref[3])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_remove_restores_identical_logits(arch):
+    model = make_tiny_model(arch)
+    ref = logits(model)
+    h = apply_layer_scaling(model, [0.8, 1.3, 2.0])
+    assert not torch.allclose(logits(model), ref)
+    h.remove()
+    h.remove()  # idempotent
+    assert torch.equal(logits(model), ref)
+    assert not hasattr(model, "_posbias_scaling")
+
+
+def test_reapply_replaces_previous_scaling():
+    model = make_tiny_model("llama")
+    apply_layer_scaling(model, [2.0, 2.0, 2.0])
+    with apply_layer_scaling(model, [0.8, 1.0, 1.2]):
+        a = logits(model)
+    with apply_layer_scaling(model, [0.8, 1.0, 1.2]):
+        assert torch.equal(logits(model), a)
+    assert torch.equal(logits(model), logits(make_tiny_model("llama")))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generate_with_cache_matches_no_cache_argmax(arch):
+    model = make_tiny_model(arch)
+    with apply_layer_scaling(model, [0.7, 1.0, 1.6]):
+        out = model.generate(IDS, max_new_tokens=8, do_sample=False, use_cache=True, pad_token_id=0)
+        seq = IDS
+        for _ in range(8):
+            nxt = logits(model, seq)[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], dim=1)
+    assert torch.equal(out, seq)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_left_padded_batch_matches_single(arch):
+    model = make_tiny_model(arch)
+    a = torch.tensor([5, 17, 42, 99, 3, 250, 7, 8])
+    b = torch.tensor([64, 11, 300, 21, 9])
+    pad = 3
+    ids = torch.stack([a, torch.cat([torch.zeros(pad, dtype=torch.long), b])])
+    mask = torch.stack([torch.ones(8, dtype=torch.long), torch.cat([torch.zeros(pad), torch.ones(5)]).long()])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with apply_layer_scaling(model, [1.4, 0.6, 2.5]):
+        batch = logits(model, ids, attention_mask=mask, position_ids=pos)
+        la = logits(model, a[None])
+        lb = logits(model, b[None])
+        torch.testing.assert_close(batch[0], la[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(batch[1, pad:], lb[0], atol=1e-5, rtol=1e-5)
+        # batched generation with left padding: cached decoding keeps the per-row positions
+        gen = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        gb = model.generate(b[None], max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(gen[1, pad:], gb[0])
+
+
+def test_shared_factor_computed_once_per_forward():
+    model = make_tiny_model("llama", layers=4)
+    h = apply_layer_scaling(model, [1.5, 1.5, 2.0, 1.5])
+    calls = []
+    orig = torch.Tensor.cos
+
+    def counting(self):
+        calls.append(1)
+        return orig(self)
+
+    torch.Tensor.cos = counting
+    try:
+        logits(model)
+    finally:
+        torch.Tensor.cos = orig
+    h.remove()
+    assert len(calls) == 1 + 2  # the model's own rotary + one per distinct factor
+
+
+def test_validation_errors():
+    model = make_tiny_model("llama")
+    with pytest.raises(ValueError, match="2 factors .* 3 decoder layers"):
+        apply_layer_scaling(model, [1.0, 1.0])
+    with pytest.raises(ValueError, match="finite number > 0"):
+        apply_layer_scaling(model, [1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match="finite number > 0"):
+        apply_layer_scaling(model, [1.0, -2.0, 1.0])
+    with pytest.raises(ValueError, match="finite number > 0"):
+        apply_layer_scaling(model, [1.0, float("nan"), 1.0])
+    assert not hasattr(model, "_posbias_scaling")
+
+
+def test_model_without_rope_is_rejected():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=64, n_positions=32))
+    with pytest.raises(ValueError, match="no rotary position embeddings"):
+        apply_layer_scaling(gpt2, [1.0, 1.0])
+
+
+# -- factors files ----------------------------------------------------------------------------
+
+CURVE = {"type": "linear", "control_points": [[0.0, 1.0], [0.5, 1.2], [1.0, 0.8]]}
+
+
+def test_factors_file_roundtrip_and_apply(tmp_path):
+    path = tmp_path / "f.json"
+    save_factors_file(path, factors=[1.0, 1.2, 0.8], curve=CURVE, model="tiny", task="kv", score=0.5)
+    doc = load_factors_file(path)
+    assert doc["factors"] == [1.0, 1.2, 0.8] and doc["task"] == "kv" and doc["num_layers"] == 3
+    model = make_tiny_model("qwen2")
+    ref = make_tiny_model("qwen2")
+    with apply_layer_scaling(ref, [1.0, 1.2, 0.8]):
+        want = logits(ref)
+    h = apply_factors_file(model, path)
+    assert torch.equal(logits(model), want)
+    h.remove()
+
+
+def test_factors_file_reevaluates_curve_for_other_depth(tmp_path):
+    path = tmp_path / "f.json"
+    save_factors_file(path, factors=[1.0, 1.2, 0.8], curve=CURVE)
+    doc = load_factors_file(path, num_layers=5)
+    assert doc["factors"] == pytest.approx([1.0, 1.1, 1.2, 1.0, 0.8])
+    model = make_tiny_model("llama", layers=5)
+    h = apply_factors_file(model, path)
+    assert h.factors == pytest.approx((1.0, 1.1, 1.2, 1.0, 0.8))
+
+
+def test_factors_file_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(FactorsFileError, match="not valid JSON"):
+        load_factors_file(bad)
+    bad.write_text(json.dumps({"model": "x"}))
+    with pytest.raises(FactorsFileError, match="missing the list 'factors'"):
+        load_factors_file(bad)
+    bad.write_text(json.dumps({"factors": [1.0, -1.0]}))
+    with pytest.raises(FactorsFileError, match="finite number > 0"):
+        load_factors_file(bad)
+    bad.write_text(json.dumps({"factors": [1.0, 1.0], "num_layers": 3}))
+    with pytest.raises(FactorsFileError, match="num_layers is 3 but the file lists 2"):
+        load_factors_file(bad)
+    bad.write_text(json.dumps({"factors": [1.0, 1.0], "curve": {"type": "spline", "control_points": [[0, 1], [1, 1]]}}))
+    with pytest.raises(FactorsFileError, match="unknown curve type"):
+        load_factors_file(bad)
+    bad.write_text(json.dumps({"factors": [1.0, 1.0]}))
+    with pytest.raises(FactorsFileError, match="2 factors but the model has 3 .* no 'curve'"):
+        apply_factors_file(make_tiny_model("llama"), bad)
+    with pytest.raises(FactorsFileError, match="not found"):
+        load_factors_file(tmp_path / "missing.json")
+
+
+def test_saved_patched_model_reloads_with_scaling(tmp_path, tiny_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from posbias.models import load_model
+    from posbias.patching.rope_scaling import save_patched_model
+
+    src = tmp_path / "src"
+    base = make_tiny_model("llama")
+    base.save_pretrained(src)
+    tiny_tokenizer.save_pretrained(src)
+    fpath = tmp_path / "f.json"
+    save_factors_file(fpath, factors=[0.8, 1.0, 1.5], curve=None, model=str(src))
+    model, tok = load_model(str(src))
+    out = save_patched_model(model, tok, fpath, tmp_path / "patched")
+    assert (out / "posbias_factors.json").exists()
+    with apply_layer_scaling(base, [0.8, 1.0, 1.5]):
+        want = logits(base)
+    reloaded, _ = load_model(str(out))
+    assert reloaded._posbias_scaling.factors == (0.8, 1.0, 1.5)
+    torch.testing.assert_close(logits(reloaded), want, atol=1e-6, rtol=1e-6)
+    plain = AutoModelForCausalLM.from_pretrained(out).eval()  # weights still load, unpatched
+    torch.testing.assert_close(logits(plain), logits(base), atol=1e-5, rtol=1e-5)  # sdpa vs eager

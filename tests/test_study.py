@@ -1,0 +1,331 @@
+"""The extrapolation study: long-context grid, plots, GGD readout, attention capture, runner."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import make_tiny_model, make_tiny_tokenizer
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_ok(path) -> bool:
+    data = path.read_bytes()
+    return len(data) > 1000 and data.startswith(PNG)
+
+
+def tiny_bam(pe="ggd", normaliser="softmax", **kw):
+    from posbias.bam import build_model
+
+    torch.manual_seed(0)
+    cfg = dict(pe=pe, normaliser=normaliser, vocab_size=512, hidden_size=32, num_hidden_layers=2,
+               num_attention_heads=4, intermediate_size=64, max_position_embeddings=160,
+               pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg.update(kw)
+    return build_model("tiny", **cfg).eval()
+
+
+# ----------------------------------------------------------------------------- schemes / lengths
+
+def test_parse_schemes_and_lengths():
+    from posbias.study.grid import grid_lengths, parse_scheme, parse_schemes
+
+    assert parse_scheme("ggd+ssmax") == ("ggd", "ssmax")
+    assert parse_scheme("RoPE") == ("rope", "softmax")
+    assert parse_schemes("rope, ggd+ssmax,rope") == ["rope", "ggd+ssmax"]
+    for bad in ("xpos", "ggd+foo", "ggd+ssmax+x", ""):
+        with pytest.raises(ValueError):
+            parse_schemes(bad)
+    assert grid_lengths(512, [1, 2, 64]) == [512, 1024, 32768]
+    with pytest.raises(ValueError):
+        grid_lengths(512, [0])
+
+
+# ----------------------------------------------------------------------------- long-context grid
+
+def test_length_check_rejects_limited_model_but_not_bam():
+    from posbias.evaluation.long_context import LengthBeyondModelError, check_lengths
+
+    llama = make_tiny_model("llama", layers=1, max_positions=256)
+    check_lengths(llama, [128, 256])
+    with pytest.raises(LengthBeyondModelError, match="at most 256 positions.*512"):
+        check_lengths(llama, [128, 512])
+    check_lengths(llama, [512], allow_extrapolation=True)
+    check_lengths(tiny_bam(), [160, 100_000])  # BAM: any length
+
+
+def _stub_instances(task, *, tokenizer, n, depths, seed, split, length, **kw):
+    from posbias.tasks.base import Instance
+
+    out = []
+    for d in depths:
+        for i in range(n):
+            key = f"{(seed * 7 + i * 13) % 90000 + 10000}"
+            filler = "The grass is green. " * max(1, length // 8)
+            out.append(Instance(id=f"{task}_s{seed}_d{d}_i{i}", task=task, prompt=f"{filler} The pass key is {key}.",
+                                answers=[key], gold_index=0, num_items=1, depth=float(d), metric="passkey",
+                                answer_prefix=" The pass key is"))
+    return out
+
+
+def test_run_grid_records_resume_and_summary(tmp_path, monkeypatch, tiny_tokenizer):
+    import posbias.evaluation.long_context as lc
+
+    model = make_tiny_model("llama", layers=1, max_positions=512)
+    path = tmp_path / "grid.jsonl"
+    kw = dict(model_name="tiny", out_jsonl=path, lengths=[32, 64], depths=[0.0, 1.0], n=2,
+              make_instances=_stub_instances, progress=False)
+    recs = lc.run_grid(model, tiny_tokenizer, **kw)
+    assert len(recs) == 8 and len(path.read_text().splitlines()) == 8
+    r = recs[0]
+    assert {"model", "task", "length", "depth", "id", "tf_em", "tf_logprob", "n_tokens", "prediction",
+            "gen_score", "prompt_tokens"} <= set(r)
+    assert isinstance(r["tf_em"], bool) and r["n_tokens"] >= 1
+
+    # a kill after 5 lines: the rerun scores exactly the 3 missing instances
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:5]) + "\n" + lines[5][:20])  # torn last line
+    calls = []
+    real = lc._score_chunk
+    monkeypatch.setattr(lc, "_score_chunk", lambda m, t, chunk, **k: calls.append(len(chunk)) or real(m, t, chunk, **k))
+    recs2 = lc.run_grid(model, tiny_tokenizer, **kw)
+    assert sum(calls) == 3 and len(recs2) == 8
+    assert {lc.record_key(x) for x in recs2} == {lc.record_key(x) for x in recs}
+
+    rows = lc.summarize_grid(recs2)
+    assert [(x["length"], x["depth"], x["n"]) for x in rows] == [(32, 0.0, 2), (32, 1.0, 2), (64, 0.0, 2), (64, 1.0, 2)]
+    by_len = lc.accuracy_by_length(recs2, mode="tf")
+    assert set(by_len["tiny"]) == {32, 64}
+
+
+def test_run_grid_teacher_forced_matches_perfect_model(tmp_path, tiny_tokenizer):
+    """A model that always predicts the gold next token gets tf_em = True everywhere."""
+    from posbias.evaluation.long_context import run_grid
+
+    class Oracle(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.config = type("C", (), {"max_position_embeddings": 0})()
+            self.targets: dict = {}
+
+        def forward(self, input_ids, logits_to_keep=0, **kw):
+            B, T = input_ids.shape
+            logits = torch.zeros(B, T, 512)
+            # predict the next token of the row itself (teacher forcing sees the gold answer)
+            logits[:, :-1].scatter_(-1, input_ids[:, 1:, None], 10.0)
+            if logits_to_keep:
+                logits = logits[:, -logits_to_keep:]
+            return type("O", (), {"logits": logits})()
+
+    recs = run_grid(Oracle(), tiny_tokenizer, model_name="oracle", out_jsonl=tmp_path / "g.jsonl", lengths=[24],
+                    depths=[0.5], n=3, modes=["teacher_forced"], make_instances=_stub_instances, progress=False)
+    assert len(recs) == 3 and all(r["tf_em"] for r in recs) and "gen_score" not in recs[0]
+
+
+def test_run_grid_on_bam_beyond_training_length(tmp_path, tiny_tokenizer):
+    """A BAM model (max_position_embeddings = training context 160) runs the grid at 2x, both modes,
+    with the real passkey generator."""
+    from posbias.evaluation.long_context import run_grid
+
+    model = tiny_bam("ggd", "ssmax")
+    recs = run_grid(model, tiny_tokenizer, model_name="bam", out_jsonl=tmp_path / "g.jsonl", lengths=[160, 320],
+                    depths=[0.0, 1.0], n=1, progress=False)
+    assert len(recs) == 4
+    assert all(r["prompt_tokens"] <= r["length"] for r in recs)
+    assert max(r["prompt_tokens"] for r in recs) > 160
+    assert all(isinstance(r["prediction"], str) for r in recs)
+
+
+# ----------------------------------------------------------------------------- plots
+
+def test_plot_functions_write_pngs(tmp_path):
+    from posbias.study.plots import plot_accuracy_vs_length, plot_heatmap, plot_perplexity_vs_length
+
+    rows = [{"length": L, "depth": d, "tf_acc": (L + d) % 1.0 if L < 4096 else 0.0, "gen_acc": None}
+            for L in (512, 1024, 4096) for d in (0.0, 0.5, 1.0)]
+    assert _png_ok(plot_heatmap(rows, tmp_path / "h.png", title="ggd", train_context=512))
+    curves = {"rope": {512: 1.0, 1024: 0.2, 4096: 0.0}, "ggd+ssmax": {512: 1.0, 1024: 1.0, 4096: 0.9}}
+    assert _png_ok(plot_accuracy_vs_length(curves, tmp_path / "a.png", train_context=512))
+    ppl = [{"model": m, "context": c, "mode": mode, "ppl": p}
+           for m, base in (("rope", 20.0), ("ggd", 18.0)) for c in (512, 1024, 2048)
+           for mode, p in (("non-overlapping", base * c / 512), ("sliding", base if m == "ggd" else math.inf))]
+    assert _png_ok(plot_perplexity_vs_length(ppl, tmp_path / "p.png", train_context=512))
+
+
+# ----------------------------------------------------------------------------- GGD readout
+
+def test_ggd_alpha_beta_formula():
+    from posbias.study.priors import ggd_alpha_beta, ggd_bias
+
+    ta, tb = math.log(0.5), 1.5
+    alpha, beta = ggd_alpha_beta(ta, tb)
+    assert beta == tb and alpha == pytest.approx(math.exp(-ta / tb))
+    d = torch.tensor([1.0, 3.0, 10.0, 1000.0])
+    b = ggd_bias([ta], [tb], d, eps=0.0)[0]
+    assert torch.allclose(b, -(d.double() / alpha).abs() ** beta, rtol=1e-9)
+    assert ggd_bias([ta], [tb], torch.tensor([alpha]), eps=0.0).item() == pytest.approx(-1.0)
+    assert ggd_alpha_beta(0.3, 0.0) == (math.inf, 0.0)
+
+
+def test_ggd_priors_of_bam_model_and_plot(tmp_path):
+    from posbias.positional.ggd import GGDBias
+    from posbias.study.priors import ggd_bias, ggd_priors, plot_priors, priors_table
+
+    model = tiny_bam("ggd")
+    with torch.no_grad():
+        for li, prior in enumerate(model.model.priors):
+            prior.theta_alpha.copy_(torch.tensor([-1.0, 0.0, 0.5, -2.0]))
+            prior.theta_beta.copy_(torch.tensor([1.0, 0.0, -0.5, 0.7]) + li)
+    pr = ggd_priors(model)
+    assert len(pr) == 2 * 4 and {p["layer"] for p in pr} == {0, 1}
+    p = [x for x in pr if x["layer"] == 0 and x["head"] == 2][0]
+    assert p["beta"] == pytest.approx(-0.5) and p["alpha"] == pytest.approx(math.exp(1.0))  # exp(-0.5 / -0.5)
+    # the readout curve equals the module's own bias
+    mod = model.model.priors[0]
+    assert isinstance(mod, GGDBias)
+    k = torch.arange(0, 50)
+    own = mod(torch.tensor([49]), k)[:, 0, :].double()  # [H, 50], distance 49 - k
+    ours = ggd_bias(mod.theta_alpha.detach(), mod.theta_beta.detach(), (49 - k).double(), eps=mod.eps)
+    assert torch.allclose(own, ours, rtol=1e-4)
+    assert _png_ok(plot_priors(pr, tmp_path / "priors.png", max_distance=4096))
+    assert "yes" in priors_table(pr)  # beta <= 0 heads marked
+
+    shared = tiny_bam("ggd", ggd_share_layers=True)
+    assert {p["layer"] for p in ggd_priors(shared)} == {None}
+    assert ggd_priors(tiny_bam("rope")) == []
+
+
+# ----------------------------------------------------------------------------- attention maps
+
+def test_kernel_capture_matches_attend():
+    from posbias.attention import SSMax, attend
+    from posbias.positional.ggd import GGDBias
+    from posbias.study.priors import _KernelCapture
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 40, 8), torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
+    bias = GGDBias(4, "linear")
+    ssmax = SSMax(4, 1.0)
+    for backend, cs in (("sdpa", None), ("chunked", 16)):
+        ref = attend(q, k, v, bias=bias, normaliser=ssmax, backend=backend, chunk_size=cs)
+        cap = _KernelCapture()
+        with cap:
+            got = attend(q, k, v, bias=bias, normaliser=ssmax, backend=backend, chunk_size=cs)
+        assert torch.allclose(ref, got, atol=1e-5)
+        maps = cap.maps()
+        assert maps.shape == (1, 4, 40, 40)
+        assert torch.allclose(maps.sum(-1), torch.ones(1, 4, 40), atol=1e-5)
+        assert float(maps[0, :, 3, 4:].abs().max()) == 0.0  # causal
+
+
+def test_attention_maps_bam_and_hf_and_plot(tmp_path):
+    from posbias.study.priors import attention_maps, plot_attention_maps
+
+    ids = torch.randint(3, 500, (30,), generator=torch.Generator().manual_seed(0))
+    bam = tiny_bam("alibi", "ssmax")
+    a = attention_maps(bam, ids)
+    assert a.shape == (2, 4, 30, 30)
+    assert torch.allclose(a.sum(-1), torch.ones(2, 4, 30), atol=1e-5)
+    # the model's output is unchanged by the capture
+    with torch.no_grad():
+        ref = bam(input_ids=ids[None]).logits
+    from posbias.study.priors import _KernelCapture
+
+    with _KernelCapture(), torch.no_grad():
+        got = bam(input_ids=ids[None]).logits
+    assert torch.allclose(ref, got, atol=1e-4)
+    llama = make_tiny_model("llama", layers=2)
+    b = attention_maps(llama, ids)
+    assert b.shape == (2, 4, 30, 30)
+    assert _png_ok(plot_attention_maps(a, tmp_path / "attn.png", layers=[0, 1], heads=[0, 1, 2], marks={"needle": 10}))
+    assert _png_ok(plot_attention_maps(torch.softmax(torch.randn(1, 2, 300, 300), -1), tmp_path / "big.png",
+                                       max_tokens=64))
+
+
+# ----------------------------------------------------------------------------- runner end-to-end
+
+@pytest.fixture
+def fake_train(tmp_path, monkeypatch):
+    """``posbias.training.train`` stand-in: saves an untrained tiny BAM model of the asked scheme."""
+    import posbias.study.runner as runner
+
+    monkeypatch.setattr(runner, "_train_config_class", lambda: None)  # plain dict configs
+    calls = []
+
+    def train(config):
+        calls.append(config)
+        model = tiny_bam(config["pe"], config["normaliser"], max_position_embeddings=config["context"])
+        model.save_pretrained(config["out"])
+        make_tiny_tokenizer().save_pretrained(config["out"])
+        return config["out"]
+
+    return train, calls
+
+
+def _corpus(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    lines = [json.dumps({"text": f"Document {i}. The grass is green. The sky is blue. Here we go. " * 6}) for i in range(40)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_study_end_to_end_and_resume(tmp_path, fake_train):
+    from posbias.study.runner import StudyConfig, run_study
+
+    train, calls = fake_train
+    out = tmp_path / "study"
+    kw = dict(out=str(out), preset="tiny", schemes="rope,ggd+ssmax", train_steps=3, train_context=160,
+              multipliers=[1, 2], depths=[0, 1], n=1, seed=0, corpus=_corpus(tmp_path), ppl_multipliers=[1, 2],
+              ppl_tokens=700)
+    res = run_study(StudyConfig(**kw), train_fn=train, progress=False, log=lambda *a: None)
+    assert [c["pe"] for c in calls] == ["rope", "ggd"] and calls[1]["normaliser"] == "ssmax"
+    assert all(c["steps"] == 3 and c["context"] == 160 and c["seed"] == 0 and c["corpus"] == kw["corpus"]
+               for c in calls)
+    assert set(res["models"]) == {"rope", "ggd+ssmax"}
+    pk = (out / "passkey.jsonl").read_text().splitlines()
+    assert len(pk) == 2 * 2 * 2  # schemes x lengths x depths x n
+    ppl = [json.loads(x) for x in (out / "perplexity.jsonl").read_text().splitlines()]
+    assert {(r["model"], r["context"], r["mode"]) for r in ppl} == {
+        (m, c, mode) for m in ("rope", "ggd+ssmax") for c in (160, 320) for mode in ("non-overlapping", "sliding")}
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    kinds = {m["kind"] for m in metrics}
+    assert {"passkey_cell", "passkey_tf_by_length", "passkey_gen_by_length", "perplexity"} <= kinds
+    summary = (out / "summary.md").read_text()
+    assert "ggd+ssmax" in summary and "320 (2x)" in summary and "Learned GGD priors" in summary
+    plots = {p.name for p in (out / "plots").glob("*.png")}
+    assert {"passkey_tf_accuracy_vs_length.png", "passkey_gen_accuracy_vs_length.png", "perplexity_vs_length.png",
+            "passkey_heatmap_rope_tf.png", "passkey_heatmap_ggd_ssmax_gen.png", "priors_ggd_ssmax.png",
+            "attention_rope.png", "attention_ggd_ssmax.png"} <= plots
+    assert all(_png_ok(out / "plots" / p) for p in plots)
+
+    # without --resume an existing study is refused; with it nothing is retrained or rescored
+    with pytest.raises(ValueError, match="--resume"):
+        run_study(StudyConfig(**kw), train_fn=train, progress=False, log=lambda *a: None)
+    run_study(StudyConfig(**kw, resume=True), train_fn=train, progress=False, log=lambda *a: None)
+    assert len(calls) == 2
+    assert (out / "passkey.jsonl").read_text().splitlines() == pk
+    # a resume with other training settings is refused
+    with pytest.raises(ValueError, match="train_steps"):
+        run_study(StudyConfig(**{**kw, "train_steps": 4}, resume=True), train_fn=train, progress=False,
+                  log=lambda *a: None)
+
+
+def test_study_cli(tmp_path, fake_train, monkeypatch):
+    from typer.testing import CliRunner
+
+    import posbias.study.runner as runner
+    from posbias.cli.main import app
+
+    train, calls = fake_train
+    monkeypatch.setattr(runner, "default_train_fn", lambda: train)
+    out = tmp_path / "s"
+    args = ["study", "--out", str(out), "--schemes", "nope", "--train-steps", "2", "--train-context", "160",
+            "--multipliers", "1", "--depths", "0.5", "--n", "1", "--ppl-multipliers", "", "--modes", "teacher_forced"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "passkey, teacher-forced accuracy" in r.output and len(calls) == 1
+    r = CliRunner().invoke(app, args[:-2] + ["--schemes", "xpos"])
+    assert r.exit_code == 2 and "bad scheme" in r.output

