@@ -33,7 +33,7 @@ def prompt_ids(tok, length: int) -> torch.Tensor:
     return ids
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def time_method(callable_model, ids: torch.Tensor, decode_steps: int) -> tuple[float, float]:
     """(prefill seconds, seconds per decoded token) for one prompt, greedy, batch 1."""
     mask = torch.ones_like(ids)
@@ -118,15 +118,16 @@ def main(argv: list[str] | None = None) -> dict:
             summary[m][n] = {"prefill_s": pre, "decode_s_per_token": dec, "prefill_ratio": pre / base_pre,
                              "decode_ratio": dec / base_dec}
 
-    header = f"{'method':18s}" + "".join(f" | {n:>5d} prefill      decode/tok   " for n in lengths)
+    header = f"{'method':18s}" + "".join(f" | {f'{n} tok prefill':>14s} {'decode/token':>16s}" for n in lengths)
     print("\n" + header)
     print("-" * len(header))
     for m in methods:
         row = f"{m:18s}"
         for n in lengths:
             s = summary[m][n]
-            row += (f" | {s['prefill_s']:6.2f}s x{s['prefill_ratio']:4.2f}  "
-                    f"{s['decode_s_per_token'] * 1000:6.1f}ms x{s['decode_ratio']:4.2f}")
+            pre = f"{s['prefill_s']:.2f}s x{s['prefill_ratio']:.2f}"
+            dec = f"{s['decode_s_per_token'] * 1000:.1f}ms x{s['decode_ratio']:.2f}"
+            row += f" | {pre:>14s} {dec:>16s}"
         print(row)
     result = {"model": args.model, "lengths": lengths, "methods": methods, "options": options, "reps": args.reps,
               "decode_steps": args.decode, "threads": torch.get_num_threads(),

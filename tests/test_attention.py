@@ -6,6 +6,7 @@ import torch
 from posbias.attention import SSMax, attend, visible_keys
 from posbias.positional import GGDBias
 
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """The CI box has 2 shared cores: multi-threaded BLAS on tiny matrices spins (30 ms per matmul)."""
@@ -76,6 +77,16 @@ def test_chunked_equals_full(use_bias, use_ssmax, use_docs):
         assert torch.allclose(full, ch, atol=1e-5), cs
 
 
+def test_chunked_equals_full_with_key_padding():
+    q, k, v = _qkv()
+    km = torch.ones(2, 40, dtype=torch.bool)
+    km[1, :5] = False  # left padding of sample 1
+    g, s = GGDBias(4, "linear"), SSMax(4)
+    full = attend(q, k, v, bias=g, normaliser=s, key_mask=km, backend="sdpa")
+    ch = attend(q, k, v, bias=g, normaliser=s, key_mask=km, chunk_size=8)
+    assert torch.allclose(full[0], ch[0], atol=1e-5) and torch.allclose(full[1, :, 5:], ch[1, :, 5:], atol=1e-5)
+
+
 def test_query_offset_kv_cache():
     """Queries that are the last positions of the keys (decode with a KV cache) equal the full rows."""
     q, k, v = _qkv()
@@ -130,3 +141,28 @@ def test_gqa_and_bad_inputs():
         attend(q, k, v, backend="magic")
     with pytest.raises(ValueError, match="doc_ids has length"):
         attend(q, k, v, doc_ids=torch.zeros(2, 3, dtype=torch.long))
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_score_mod_semantics_on_cpu(monkeypatch):
+    """The FlexAttention path is CUDA-only in attend(); its score_mod / mask_mod are checked here with
+    the uncompiled (CPU, forward-only) flex_attention against the eager path."""
+    fa = pytest.importorskip("torch.nn.attention.flex_attention")
+    from posbias.attention import kernel
+
+    monkeypatch.setitem(kernel._FLEX_CACHE, "f", fa.flex_attention)
+    q, k, v = _qkv(d=16, hkv=2)
+    docs = _docs()
+    g = GGDBias(4, theta_alpha=[-2.0, -1.0, 0.0, 0.5], theta_beta=[-1.0, 0.0, 1.0, 2.0])
+    s = SSMax(4)
+    with torch.no_grad():
+        s.s.copy_(torch.tensor([0.5, 1.0, 1.5, 2.0]))
+    pos = torch.arange(40)
+    for bias, norm, dd in [(g, s, docs)]:
+        ref = attend(q, k, v, bias=bias, normaliser=norm, doc_ids=dd, backend="eager")
+        out = kernel._flex(q, k, v, pos, pos, dd, dd, None, bias, norm, True)
+        assert torch.allclose(out, ref, atol=1e-5)
+        # decode-style: the last 7 queries against all keys
+        out = kernel._flex(q[:, :, 33:], k, v, pos[33:], pos, None if dd is None else dd[:, 33:], dd, None,
+                           bias, norm, True)
+        assert torch.allclose(out, ref[:, :, 33:], atol=1e-5)

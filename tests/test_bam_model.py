@@ -3,6 +3,7 @@ import torch
 
 from posbias.bam import BamConfig, BamForCausalLM, build_model
 
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """The CI box has 2 shared cores: multi-threaded BLAS on tiny matrices spins (30 ms per matmul)."""
@@ -77,6 +78,9 @@ def test_chunked_long_equals_full(pe):
     x = torch.randint(0, 97, (1, 700))
     full = m(x, attn_backend="sdpa").logits
     keep = torch.tensor([0, 350, 699])
+    m.config.ffn_chunk_size = 100
+    for layer in m.model.layers:
+        layer.ffn_chunk = 100
     ch = m(x, attn_backend="chunked", chunk_size=128, logits_to_keep=keep).logits
     assert ch.shape == (1, 3, 97)
     assert torch.allclose(ch, full[:, keep], atol=1e-5)
@@ -124,3 +128,33 @@ def test_presets():
     assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (24, 2048, 64)
     c = BamConfig.from_preset("120m")
     assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (12, 768, 16)
+
+
+@pytest.mark.parametrize("pe", ["ggd", "sinusoidal"])
+def test_generate_left_padded_batch_matches_single(pe):
+    m = _tiny(pe, "ssmax", pad_token_id=0)
+    a, b = torch.randint(3, 97, (1, 7)), torch.randint(3, 97, (1, 4))
+    ids = torch.cat([a, torch.cat([torch.zeros(1, 3, dtype=torch.long), b], 1)])
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    out = m.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert torch.equal(out[0, 7:], m.generate(a, max_new_tokens=5, do_sample=False, pad_token_id=0)[0, 7:])
+    assert torch.equal(out[1, 7:], m.generate(b, max_new_tokens=5, do_sample=False, pad_token_id=0)[0, 4:])
+
+
+def test_untied_embeddings_roundtrip(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    m = _tiny("alibi", tie_word_embeddings=False)
+    assert m.lm_head.weight is not m.model.embed_tokens.weight
+    m.save_pretrained(tmp_path)
+    m2 = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert torch.equal(m2.lm_head.weight, m.lm_head.weight)
+    x = torch.randint(0, 97, (1, 9))
+    assert torch.equal(m(x).logits, m2(x).logits)
+
+
+def test_flex_backend_needs_cuda():
+    m = _tiny()
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        m(torch.randint(0, 97, (1, 5)), attn_backend="flex")

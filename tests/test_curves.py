@@ -52,6 +52,12 @@ def test_linear_and_step_exact_values():
     np.testing.assert_allclose(curve_factors("step", pts, 5), [1.0, 2.0, 2.0, 0.5, 0.5])
 
 
+@pytest.mark.parametrize("kind", ["bezier", "linear", "step"])
+def test_constant_curve_is_exactly_constant(kind):
+    pts = [[0.0, 1.0], [0.35, 1.0], [0.65, 1.0], [1.0, 1.0]]
+    assert curve_factors(kind, pts, 30).tolist() == [1.0] * 30
+
+
 def test_curve_applies_to_any_layer_count():
     for n in (1, 2, 12, 30, 64):
         f = curve_factors("bezier", PTS, n)

@@ -78,6 +78,8 @@ def test_train_save_load_roundtrip(tmp_path):
     assert load_routers(folder / "routers.safetensors").top_k == 2
     with apply_method(model, "moice", routers=str(folder)) as h2:
         torch.testing.assert_close(h2.model(**inputs).logits, out, atol=1e-6, rtol=1e-6)
+    with apply_method(model, "moice", routers=str(folder), top_k=1) as h3:  # explicit top_k overrides the file
+        assert h3.options["top_k"] == 1
 
 
 def test_missing_or_mismatched_router_files(tmp_path):

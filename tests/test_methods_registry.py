@@ -207,3 +207,20 @@ def test_lpes_applies_a_factors_file(tmp_path):
     with apply_method(model, "lpes", factors=str(path)) as h:
         out = h.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
     torch.testing.assert_close(out, ref)
+
+
+@pytest.mark.smollm2
+def test_smollm2_identity_settings_and_one_decode_step(smollm2):
+    model, tok = smollm2
+    ids = tok("The grass is green. The sky is blue. " * 12, return_tensors="pt")["input_ids"][:, :96]
+    mask = torch.ones_like(ids)
+    pos = torch.arange(ids.shape[1])[None]
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits[:, -4:]
+        for name in ("ms-poe", "attention-buckets", "moice"):
+            with apply_method(model, name, **IDENTITY[name]) as h:
+                out = h.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=4).logits
+            torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+        with apply_method(model, "ms-poe") as h:  # GQA 9 query / 3 key heads, score order
+            step_logits, _ = greedy(h.model, ids, mask, pos, steps=1)
+            assert torch.isfinite(step_logits[-1]).all()

@@ -123,3 +123,14 @@ def test_batching_and_logits_to_keep_do_not_change_result():
         ref = model(input_ids=ids[None, :16], labels=ids[None, :16]).loss.item()
     c = perplexity(model, ids[:16], context=16)
     assert c["nll"] == pytest.approx(ref, rel=1e-5)
+
+
+def test_loss_slicing_does_not_change_result(monkeypatch):
+    import posbias.evaluation.perplexity as P
+
+    model = make_tiny_model("llama", layers=1, hidden=32)
+    ids = torch.randint(3, 512, (40,), generator=torch.Generator().manual_seed(2))
+    a = perplexity(model, ids, context=20, mode="sliding", stride=7)
+    monkeypatch.setattr(P, "_LOSS_CHUNK", 3)
+    b = perplexity(model, ids, context=20, mode="sliding", stride=7)
+    assert a["tokens"] == b["tokens"] == 39 and a["nll"] == pytest.approx(b["nll"], rel=1e-6)

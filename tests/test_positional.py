@@ -6,6 +6,7 @@ import torch
 from posbias.positional import (SCHEMES, ALiBiBias, GGDBias, RotaryEmbedding, SinusoidalEmbedding, alibi_slopes,
                                 get_scheme)
 
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """The CI box has 2 shared cores: multi-threaded BLAS on tiny matrices spins (30 ms per matmul)."""
@@ -117,3 +118,11 @@ def test_sinusoidal_shape_and_values():
     assert pe.shape == (3, 6)
     assert pe[0, 0].item() == 0.0 and pe[0, 1].item() == 1.0
     assert pe[2, 0].item() == pytest.approx(math.sin(2.0))
+
+
+@pytest.mark.parametrize("cls", ["ggd", "alibi"])
+def test_toeplitz_block_equals_forward(cls):
+    m = GGDBias(4, theta_alpha=[-1.0, 0.0, 0.3, 1.0], theta_beta=[-1.0, 0.0, 1.0, 2.0]) if cls == "ggd" else ALiBiBias(4)
+    for q0, nq, k0, nk in [(0, 7, 0, 7), (30, 5, 0, 35), (3, 4, 10, 6), (0, 1, 0, 1)]:
+        ref = m(torch.arange(q0, q0 + nq), torch.arange(k0, k0 + nk))
+        assert torch.equal(m.block(q0, nq, k0, nk), ref)

@@ -124,7 +124,7 @@ def test_left_padded_batch_matches_single(arch):
     assert torch.equal(gen[1, pad:], gb[0])
 
 
-def test_shared_factor_computed_once_per_forward():
+def test_shared_factor_computed_once_and_tables_reused():
     model = make_tiny_model("llama", layers=4)
     h = apply_layer_scaling(model, [1.5, 1.5, 2.0, 1.5])
     calls = []
@@ -137,10 +137,34 @@ def test_shared_factor_computed_once_per_forward():
     torch.Tensor.cos = counting
     try:
         logits(model)
+        first = len(calls)
+        logits(model)
+        second = len(calls) - first
     finally:
         torch.Tensor.cos = orig
     h.remove()
-    assert len(calls) == 1 + 2  # the model's own rotary + one per distinct factor
+    assert first == 1 + 2  # the model's own rotary + one table per distinct factor
+    assert second == 1  # later forwards gather rows from the cached tables
+
+
+def test_table_rows_equal_direct_computation_and_grow():
+    model = make_tiny_model("qwen2")
+    h = apply_layer_scaling(model, [1.3, 0.7, 1.0])
+    like = torch.empty(0)
+    for pos in (torch.arange(10)[None], torch.tensor([[0, 0, 3, 4, 700]]), torch.arange(5000)[None]):
+        for f in (1.3, 0.7):
+            got = h.cos_sin(f, pos, like)
+            want = h._direct(h._scaled_inv_freq(f), pos, like)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert h._tables[1.3][1].shape[0] == 8192  # grown by doubling
+    neg = torch.tensor([[-1, 0, 1]])  # never gathered from a table (would wrap around)
+    torch.testing.assert_close(h.cos_sin(1.3, neg, like)[0], h._direct(h._scaled_inv_freq(1.3), neg, like)[0])
+    h.max_table_bytes = 0  # over budget: direct computation
+    h._tables.clear()
+    pos = torch.arange(20)[None]
+    assert torch.equal(h.cos_sin(0.7, pos, like)[0], h._direct(h._scaled_inv_freq(0.7), pos, like)[0])
+    assert not h._tables
+    h.remove()
 
 
 def test_validation_errors():
@@ -239,3 +263,49 @@ def test_saved_patched_model_reloads_with_scaling(tmp_path, tiny_tokenizer):
     torch.testing.assert_close(logits(reloaded), want, atol=1e-6, rtol=1e-6)
     plain = AutoModelForCausalLM.from_pretrained(out).eval()  # weights still load, unpatched
     torch.testing.assert_close(logits(plain), logits(base), atol=1e-5, rtol=1e-5)  # sdpa vs eager
+
+
+@pytest.mark.smollm2
+def test_smollm2_uniform_factor_equals_hf_linear(smollm2):
+    """On the real SmolLM2-135M: factor s on every layer == HF linear rope scaling s; ones == identity."""
+    from transformers import AutoModelForCausalLM
+
+    model, tok = smollm2
+    ids = tok("The grass is green. The sky is blue. " * 8, return_tensors="pt")["input_ids"]
+    ref = logits(model, ids)
+    n = model.config.num_hidden_layers
+    with apply_layer_scaling(model, [1.0] * n):
+        assert torch.equal(logits(model, ids), ref)
+    cfg = model.config.__class__.from_dict(model.config.to_dict())
+    cfg.rope_parameters = {**cfg.rope_parameters, "rope_type": "linear", "factor": 1.5}
+    hf = AutoModelForCausalLM.from_config(cfg).eval()
+    hf.load_state_dict(model.state_dict())
+    want = logits(hf, ids)
+    with apply_layer_scaling(model, [1.5] * n):
+        torch.testing.assert_close(logits(model, ids), want, atol=1e-4, rtol=1e-4)
+
+
+def test_consecutive_positions_use_a_view_of_the_table():
+    model = make_tiny_model("llama")
+    h = apply_layer_scaling(model, [1.3, 1.3, 1.3])
+    like = torch.empty(0)
+    pos = torch.arange(3, 40)[None]
+    cos, sin = h.cos_sin(1.3, pos, like)
+    assert h._span == (3, 40) and cos._base is h._tables[1.3][1]
+    want = h._direct(h._scaled_inv_freq(1.3), pos, like)
+    assert torch.equal(cos, want[0]) and torch.equal(sin, want[1]) and cos.shape == (1, 37, 8)
+    gap = torch.tensor([[0, 1, 2, 9]])
+    h.cos_sin(1.3, gap, like)
+    assert h._span is None
+    h.remove()
+
+
+def test_works_under_inference_mode():
+    model = make_tiny_model("mistral")
+    with torch.no_grad():
+        ref = logits(model)
+    with torch.inference_mode(), apply_layer_scaling(model, [0.9, 1.0, 1.4]) as h:
+        a = model(input_ids=IDS).logits
+        b = model(input_ids=IDS).logits
+        h2 = h.cos_sin(0.9, torch.arange(5)[None], a)
+    assert torch.equal(a, b) and not torch.allclose(a, ref) and h2[0].shape == (1, 5, 8)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import make_tiny_model, make_tiny_tokenizer
+from conftest import make_tiny_model
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -139,6 +139,75 @@ def test_run_grid_on_bam_beyond_training_length(tmp_path, tiny_tokenizer):
     assert all(isinstance(r["prediction"], str) for r in recs)
 
 
+def test_raw_prompt_matches_the_training_passkey_documents(tiny_tokenizer):
+    """The grid's raw (chat=False) passkey text ends like the trainer's passkey documents."""
+    from posbias.evaluation.batching import prompt_text
+    from posbias.tasks import make_instances
+
+    inst = make_instances("passkey", tokenizer=tiny_tokenizer, n=1, depths=[0.5], seed=0, length=200)[0]
+    assert prompt_text(tiny_tokenizer, inst, False).endswith("\nWhat is the pass key? The pass key is")
+
+
+@pytest.mark.parametrize("which", ["llama", "bam"])
+def test_shared_prefill_equals_two_pass_scorers(which, tiny_tokenizer):
+    """One prefill for both modes gives the lead scorers' results (teacher-forced em / logprob,
+    greedy text)."""
+    from posbias.evaluation.generation import greedy_generate
+    from posbias.evaluation.long_context import score_shared_prefill
+    from posbias.evaluation.teacher_forced import score_teacher_forced
+    from posbias.tasks import make_instances
+
+    model = make_tiny_model("llama", layers=2, max_positions=1024) if which == "llama" else \
+        tiny_bam("ggd", "ssmax", max_position_embeddings=1024)
+    insts = make_instances("passkey", tokenizer=tiny_tokenizer, n=2, depths=[0.0, 1.0], seed=3, length=200)
+    tf = score_teacher_forced(model, tiny_tokenizer, insts, batch_size=1, chat=True)
+    gen = greedy_generate(model, tiny_tokenizer, insts, max_new_tokens=7, batch_size=1, chat=True)
+    for inst, t, g in zip(insts, tf, gen):
+        r = score_shared_prefill(model, tiny_tokenizer, inst, chat=True, max_new_tokens=7)
+        assert r["tf_em"] == t["em"] and r["n_tokens"] == t["n_tokens"]
+        assert r["tf_logprob"] == pytest.approx(t["logprob"], abs=1e-3)
+        assert r["prediction"] == g
+
+
+def test_shared_prefill_em_for_a_model_that_knows_the_answer(tiny_tokenizer):
+    """A model that copies the gold digits scores tf_em = True and generates the key."""
+    from posbias.evaluation.batching import encode
+    from posbias.evaluation.long_context import score_shared_prefill
+    from posbias.tasks import make_instances
+
+    inst = make_instances("passkey", tokenizer=tiny_tokenizer, n=1, depths=[0.5], seed=0, length=200)[0]
+    enc = encode(tiny_tokenizer, inst, True)
+    full = enc.prompt_ids + enc.answer_ids + [tiny_tokenizer.eos_token_id]
+    P = len(enc.prompt_ids)
+
+    class Copy(torch.nn.Module):
+        """Predicts full[pos + 1] at every position (positions read from the cache length)."""
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.config = type("C", (), {"max_position_embeddings": 0})()
+
+        def forward(self, input_ids, cache=None, logits_to_keep=0, **kw):
+            from transformers.cache_utils import DynamicCache
+
+            cache = cache if cache is not None else DynamicCache()
+            past = cache.get_seq_length()
+            n = input_ids.shape[1]
+            kv = torch.zeros(1, 1, n, 2)
+            cache.update(kv, kv, 0)
+            logits = torch.zeros(1, n, 512)
+            for i in range(n):
+                logits[0, i, full[min(past + i + 1, len(full) - 1)]] = 5.0
+            if logits_to_keep:
+                logits = logits[:, -logits_to_keep:]
+            return type("O", (), {"logits": logits, "cache": cache})()
+
+    r = score_shared_prefill(Copy(), tiny_tokenizer, inst, chat=True, max_new_tokens=12)
+    assert r["tf_em"] and r["prompt_tokens"] == P
+    assert inst.answers[0] in r["prediction"]
+
+
 # ----------------------------------------------------------------------------- plots
 
 def test_plot_functions_write_pngs(tmp_path):
@@ -200,25 +269,28 @@ def test_ggd_priors_of_bam_model_and_plot(tmp_path):
 
 # ----------------------------------------------------------------------------- attention maps
 
-def test_kernel_capture_matches_attend():
+@torch.no_grad()
+def test_explicit_attention_matches_attend():
     from posbias.attention import SSMax, attend
     from posbias.positional.ggd import GGDBias
-    from posbias.study.priors import _KernelCapture
+    from posbias.study.priors import explicit_attention
 
     torch.manual_seed(0)
     q, k, v = torch.randn(1, 4, 40, 8), torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
     bias = GGDBias(4, "linear")
     ssmax = SSMax(4, 1.0)
-    for backend, cs in (("sdpa", None), ("chunked", 16)):
-        ref = attend(q, k, v, bias=bias, normaliser=ssmax, backend=backend, chunk_size=cs)
-        cap = _KernelCapture()
-        with cap:
-            got = attend(q, k, v, bias=bias, normaliser=ssmax, backend=backend, chunk_size=cs)
+    docs = torch.tensor([[0] * 15 + [1] * 25])
+    for kw in (dict(backend="sdpa"), dict(backend="chunked", chunk_size=16), dict(backend="chunked", doc_ids=docs)):
+        ref = attend(q, k, v, bias=bias, normaliser=ssmax, **kw)
+        got, p = explicit_attention(q, k, v, bias=bias, normaliser=ssmax, **kw)
         assert torch.allclose(ref, got, atol=1e-5)
-        maps = cap.maps()
-        assert maps.shape == (1, 4, 40, 40)
-        assert torch.allclose(maps.sum(-1), torch.ones(1, 4, 40), atol=1e-5)
-        assert float(maps[0, :, 3, 4:].abs().max()) == 0.0  # causal
+        assert p.shape == (1, 4, 40, 40)
+        assert torch.allclose(p.sum(-1), torch.ones(1, 4, 40), atol=1e-5)
+        assert float(p[0, :, 3, 4:].abs().max()) == 0.0  # causal
+    # queries = the last 5 of 40 keys (KV cache)
+    ref = attend(q[:, :, -5:], k, v, bias=bias, normaliser=ssmax)
+    got, _ = explicit_attention(q[:, :, -5:], k, v, bias=bias, normaliser=ssmax)
+    assert torch.allclose(ref, got, atol=1e-5)
 
 
 def test_attention_maps_bam_and_hf_and_plot(tmp_path):
@@ -232,9 +304,9 @@ def test_attention_maps_bam_and_hf_and_plot(tmp_path):
     # the model's output is unchanged by the capture
     with torch.no_grad():
         ref = bam(input_ids=ids[None]).logits
-    from posbias.study.priors import _KernelCapture
+    from posbias.study.priors import _AttendCapture
 
-    with _KernelCapture(), torch.no_grad():
+    with _AttendCapture(), torch.no_grad():
         got = bam(input_ids=ids[None]).logits
     assert torch.allclose(ref, got, atol=1e-4)
     llama = make_tiny_model("llama", layers=2)
@@ -248,7 +320,7 @@ def test_attention_maps_bam_and_hf_and_plot(tmp_path):
 # ----------------------------------------------------------------------------- runner end-to-end
 
 @pytest.fixture
-def fake_train(tmp_path, monkeypatch):
+def fake_train(tmp_path, monkeypatch, tiny_tokenizer):
     """``posbias.training.train`` stand-in: saves an untrained tiny BAM model of the asked scheme."""
     import posbias.study.runner as runner
 
@@ -259,7 +331,7 @@ def fake_train(tmp_path, monkeypatch):
         calls.append(config)
         model = tiny_bam(config["pe"], config["normaliser"], max_position_embeddings=config["context"])
         model.save_pretrained(config["out"])
-        make_tiny_tokenizer().save_pretrained(config["out"])
+        tiny_tokenizer.save_pretrained(config["out"])
         return config["out"]
 
     return train, calls
@@ -278,15 +350,22 @@ def test_study_end_to_end_and_resume(tmp_path, fake_train):
     train, calls = fake_train
     out = tmp_path / "study"
     kw = dict(out=str(out), preset="tiny", schemes="rope,ggd+ssmax", train_steps=3, train_context=160,
-              multipliers=[1, 2], depths=[0, 1], n=1, seed=0, corpus=_corpus(tmp_path), ppl_multipliers=[1, 2],
-              ppl_tokens=700)
+              multipliers=[1, 2], depths=[0.5], n=1, seed=0, corpus=_corpus(tmp_path), ppl_multipliers=[1, 2],
+              ppl_tokens=400)
     res = run_study(StudyConfig(**kw), train_fn=train, progress=False, log=lambda *a: None)
     assert [c["pe"] for c in calls] == ["rope", "ggd"] and calls[1]["normaliser"] == "ssmax"
-    assert all(c["steps"] == 3 and c["context"] == 160 and c["seed"] == 0 and c["corpus"] == kw["corpus"]
-               for c in calls)
+    # identical budget; every scheme trains on the corpus minus the held-out tail
+    train_file = out / "data" / "train.jsonl"
+    assert all(c["steps"] == 3 and c["context"] == 160 and c["seed"] == 0 and c["passkey_rate"] == 0.1
+               and c["corpus"] == [str(train_file.resolve())] for c in calls)
+    train_docs = [json.loads(x)["text"] for x in train_file.read_text().splitlines()]
+    held_docs = [json.loads(x)["text"] for x in (out / "data" / "heldout.jsonl").read_text().splitlines()]
+    original = [json.loads(x)["text"] for x in open(kw["corpus"]).read().splitlines()]
+    assert "".join(train_docs + held_docs) == "".join(original)
+    assert 400 * 6 <= sum(map(len, held_docs)) <= 0.3 * sum(map(len, original)) + 1
     assert set(res["models"]) == {"rope", "ggd+ssmax"}
     pk = (out / "passkey.jsonl").read_text().splitlines()
-    assert len(pk) == 2 * 2 * 2  # schemes x lengths x depths x n
+    assert len(pk) == 2 * 2 * 1  # schemes x lengths x depths x n
     ppl = [json.loads(x) for x in (out / "perplexity.jsonl").read_text().splitlines()]
     assert {(r["model"], r["context"], r["mode"]) for r in ppl} == {
         (m, c, mode) for m in ("rope", "ggd+ssmax") for c in (160, 320) for mode in ("non-overlapping", "sliding")}
@@ -307,10 +386,37 @@ def test_study_end_to_end_and_resume(tmp_path, fake_train):
     run_study(StudyConfig(**kw, resume=True), train_fn=train, progress=False, log=lambda *a: None)
     assert len(calls) == 2
     assert (out / "passkey.jsonl").read_text().splitlines() == pk
+    # a later run adds a length for one scheme only; the report still covers every model
+    run_study(StudyConfig(**{**kw, "schemes": "ggd+ssmax", "multipliers": [4]}, resume=True), train_fn=train,
+              progress=False, log=lambda *a: None)
+    assert len(calls) == 2 and len((out / "passkey.jsonl").read_text().splitlines()) == len(pk) + 1
+    summary = (out / "summary.md").read_text()
+    assert "| rope | 0 | 0 |  |" in summary and "640 (4x)" in summary
     # a resume with other training settings is refused
     with pytest.raises(ValueError, match="train_steps"):
         run_study(StudyConfig(**{**kw, "train_steps": 4}, resume=True), train_fn=train, progress=False,
                   log=lambda *a: None)
+
+
+def test_train_config_is_the_trainers(tmp_path):
+    """Schemes differ only in pe / ssmax; the config is posbias.training.TrainConfig."""
+    from posbias.study.runner import StudyConfig, train_config
+    from posbias.training import TrainConfig
+
+    cfg = StudyConfig(out=str(tmp_path / "s"), preset="tiny", train_steps=7, train_context=256, seed=3,
+                      corpus="c.jsonl", train_options={"batch_size": 2})
+    a = train_config(cfg, "rope", tmp_path / "m1")
+    b = train_config(cfg, "ggd+ssmax", tmp_path / "m2")
+    assert isinstance(a, TrainConfig) and (a.pe, a.ssmax, b.pe, b.ssmax) == ("rope", False, "ggd", True)
+    da, db = a.to_json(), b.to_json()
+    assert {k for k in da if da[k] != db[k]} == {"pe", "ssmax", "out"}
+    assert (a.steps, a.context, a.seed, a.corpus, a.batch_size, a.passkey_rate, a.resume) == \
+        (7, 256, 3, ["c.jsonl"], 2, 0.1, False)
+    (tmp_path / "m1").mkdir()
+    (tmp_path / "m1" / "checkpoint.pt").write_text("x")
+    assert train_config(cfg, "rope", tmp_path / "m1").resume  # a killed training run continues
+    with pytest.raises(ValueError, match="unknown training option"):
+        train_config(StudyConfig(out=str(tmp_path / "s"), train_options={"nope": 1}), "rope", tmp_path / "m3")
 
 
 def test_study_cli(tmp_path, fake_train, monkeypatch):
@@ -323,9 +429,13 @@ def test_study_cli(tmp_path, fake_train, monkeypatch):
     monkeypatch.setattr(runner, "default_train_fn", lambda: train)
     out = tmp_path / "s"
     args = ["study", "--out", str(out), "--schemes", "nope", "--train-steps", "2", "--train-context", "160",
-            "--multipliers", "1", "--depths", "0.5", "--n", "1", "--ppl-multipliers", "", "--modes", "teacher_forced"]
+            "--multipliers", "1", "--depths", "0.5", "--n", "1", "--ppl-multipliers", "", "--niah",
+            "--niah-opt", "num_needles=2", "--modes", "teacher_forced", "--multipliers", "2"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
-    assert "passkey, teacher-forced accuracy" in r.output and len(calls) == 1
+    assert "passkey, teacher-forced accuracy" in r.output and "niah, teacher-forced accuracy" in r.output
+    assert len(calls) == 1 and calls[0]["pe"] == "nope"
+    niah = [json.loads(x) for x in (out / "niah.jsonl").read_text().splitlines()]
+    assert len(niah) == 1 and niah[0]["metric"] == "string_match_all" and "gen_score" not in niah[0]
     r = CliRunner().invoke(app, args[:-2] + ["--schemes", "xpos"])
     assert r.exit_code == 2 and "bad scheme" in r.output

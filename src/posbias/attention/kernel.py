@@ -35,7 +35,8 @@ import torch.nn.functional as F
 CHUNK_THRESHOLD = 4096 * 4096  # q_len * k_len above which "auto" switches to the chunked path
 DEFAULT_CHUNK = 512
 BACKENDS = ("auto", "sdpa", "chunked", "eager", "flex")
-_NEG = torch.finfo(torch.float32).min
+_NEG = torch.finfo(torch.float32).min  # masked logits of the float32 paths (replaced, never added to)
+_MASK_ADD = -1e30  # additive SDPA mask: finite in bf16 too, far below any prior (|bias| <= ~1e26 x s log n)
 
 BiasFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -72,6 +73,15 @@ def visible_keys(q_len: int, k_len: int, *, doc_ids=None, key_mask=None, causal=
     return torch.cat(out, dim=-1)
 
 
+def _bias(bias, q_pos, k_pos, q0: int):
+    """[h, i, j] bias. Here queries are ``q0 + arange(i)`` and keys ``arange(j)`` (contiguous), so the
+    Toeplitz ``bias.block`` is used when the module offers it (no device sync: ``q0`` is a host int)."""
+    blk = getattr(bias, "block", None)
+    if blk is not None:
+        return blk(q0, len(q_pos), 0, len(k_pos), device=q_pos.device)
+    return bias(q_pos, k_pos)
+
+
 def _expand_kv(k, v, n_heads):
     if k.shape[1] != n_heads:
         if n_heads % k.shape[1]:
@@ -81,12 +91,12 @@ def _expand_kv(k, v, n_heads):
     return k, v
 
 
-def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal):
+def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0):
     """Exact float32 attention of a query block against all keys. q: [b, h, i, d] -> [b, h, i, d]."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     z = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [b, h, i, j]
     if bias is not None:
-        z = z + bias(q_pos, k_pos)[None]
+        z = z + _bias(bias, q_pos, k_pos, q0)[None]
     allowed = _allowed(q_pos, k_pos, q_doc, k_doc, key_mask, causal)
     if normaliser is not None:
         if allowed is None:
@@ -100,7 +110,7 @@ def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, caus
     return torch.matmul(p, v.float()).to(q.dtype)
 
 
-def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal):
+def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0):
     nq, nk = q.shape[2], k.shape[2]
     if bias is None and normaliser is None and q_doc is None and key_mask is None:
         if not causal:
@@ -108,7 +118,7 @@ def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causa
         if nq == nk:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     allowed = _allowed(q_pos, k_pos, q_doc, k_doc, key_mask, causal)
-    add = bias(q_pos, k_pos)[None] if bias is not None else None  # [1, h, i, j] float32
+    add = _bias(bias, q_pos, k_pos, q0)[None] if bias is not None else None  # [1, h, i, j] float32
     if normaliser is not None:
         if allowed is None:
             n = torch.full((1, nq), nk, device=q.device)
@@ -121,13 +131,13 @@ def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causa
     if add is None:
         if allowed is None:
             return F.scaled_dot_product_attention(q, k, v)
-        mask = torch.where(allowed, 0.0, _NEG)
+        mask = torch.where(allowed, 0.0, _MASK_ADD)
     else:
-        mask = add if allowed is None else torch.where(allowed, add, torch.tensor(_NEG, device=q.device))
+        mask = add if allowed is None else torch.where(allowed, add, torch.tensor(_MASK_ADD, device=q.device))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
 
 
-def _flex(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal):  # pragma: no cover (CUDA)
+def _flex(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0=None):  # pragma: no cover (CUDA)
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     b, h, nq, _ = q.shape
@@ -147,7 +157,7 @@ def _flex(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causa
             z = z + bias_f(hi, (qi + offset - ki).float())
         if mult is not None:
             z = z * mult[bi, hi, qi]
-        return z
+        return z.to(score.dtype)
 
     def mask_mod(bi, hi, qi, ki):
         ok = (ki <= qi + offset) if causal else (ki >= 0)
@@ -177,7 +187,7 @@ def flex_available(device: torch.device | str) -> bool:
     if torch.device(device).type != "cuda":
         return False
     try:
-        import torch.nn.attention.flex_attention  # noqa: F401
+        from torch.nn.attention import flex_attention  # noqa: F401
     except ImportError:
         return False
     return True
@@ -222,7 +232,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: BiasFn | 
         q_doc = doc_ids[:, nk - nq:]
     if key_mask is not None and key_mask.shape[-1] != nk:
         raise ValueError(f"key_mask has length {key_mask.shape[-1]}, expected the key length {nk}")
-    args = (q_pos, k_pos, q_doc, doc_ids, key_mask, bias, normaliser, causal)
+    args = (q_pos, k_pos, q_doc, doc_ids, key_mask, bias, normaliser, causal, nk - nq)
 
     if backend == "auto":
         backend = "chunked" if (chunk_size is not None or nq * nk > CHUNK_THRESHOLD) else "sdpa"
@@ -242,6 +252,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: BiasFn | 
     outs = []
     for s in range(0, nq, cs):
         e = min(nq, s + cs)
-        outs.append(_block(q[:, :, s:e], k, v, q_pos[s:e], k_pos,
-                           None if q_doc is None else q_doc[:, s:e], doc_ids, key_mask, bias, normaliser, causal))
+        # causal: keys after the chunk's last query are masked for every query of the chunk, and
+        # contribute exactly 0 after the softmax, so they are skipped (about half the work).
+        j = (nk - nq + e) if causal else nk
+        outs.append(_block(q[:, :, s:e], k[:, :, :j], v[:, :, :j], q_pos[s:e], k_pos[:j],
+                           None if q_doc is None else q_doc[:, s:e], None if doc_ids is None else doc_ids[:, :j],
+                           None if key_mask is None else key_mask[:, :j], bias, normaliser, causal,
+                           nk - nq + s))
     return torch.cat(outs, dim=2)

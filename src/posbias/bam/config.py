@@ -29,6 +29,8 @@ class BamConfig(PretrainedConfig):
         ggd_share_layers: one GGD prior for all layers instead of one per layer.
         attn_backend: ``auto`` / ``sdpa`` / ``chunked`` / ``eager`` / ``flex`` (see :func:`posbias.attention.attend`).
         attn_chunk_size: query chunk of the chunked path.
+        ffn_chunk_size: longer sequences run the feed-forward in pieces of this many tokens
+            (exact; bounds the [n, intermediate] activations at long inference lengths).
     """
 
     model_type = "posbias-bam"
@@ -40,7 +42,8 @@ class BamConfig(PretrainedConfig):
                  sinusoidal_base: float = 10000.0, ggd_init: str = "nope", ggd_theta_alpha=None,
                  ggd_theta_beta=None, ggd_eps: float = 1e-5, ggd_share_layers: bool = False,
                  ssmax_init: float = 1.0, rms_norm_eps: float = 1e-5, initializer_range: float = 0.02,
-                 attn_backend: str = "auto", attn_chunk_size: int = 512, max_position_embeddings: int = 512,
+                 attn_backend: str = "auto", attn_chunk_size: int = 512, ffn_chunk_size: int | None = 32768,
+                 max_position_embeddings: int = 512,
                  tie_word_embeddings: bool = True, use_cache: bool = True, pad_token_id: int | None = None,
                  bos_token_id: int | None = None, eos_token_id: int | None = None, **kwargs):
         get_scheme(pe)  # ValueError listing the known schemes
@@ -82,6 +85,7 @@ class BamConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.attn_backend = attn_backend
         self.attn_chunk_size = attn_chunk_size
+        self.ffn_chunk_size = ffn_chunk_size
         self.max_position_embeddings = max_position_embeddings  # training context (informative only)
         self.use_cache = use_cache
         super().__init__(tie_word_embeddings=tie_word_embeddings, pad_token_id=pad_token_id,

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from posbias.attention import SSMax, attend
@@ -90,9 +90,13 @@ class BamDecoderLayer(nn.Module):
         self.self_attn = BamAttention(config, layer_idx)
         self.post_attention_layernorm = BamRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = BamMLP(config)
+        self.ffn_chunk = config.ffn_chunk_size
 
     def forward(self, x, **kw):
         x = x + self.self_attn(self.input_layernorm(x), **kw)
+        n = x.shape[1]
+        if self.ffn_chunk and n > self.ffn_chunk:  # position-wise, so pieces are exact
+            return torch.cat([p + self.mlp(self.post_attention_layernorm(p)) for p in x.split(self.ffn_chunk, 1)], 1)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

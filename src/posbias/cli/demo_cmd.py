@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from posbias.cli.common import friendly_errors
+from posbias.cli.lpes_cmd import generation_line
 
 
 def demo_command(
@@ -30,19 +31,13 @@ def demo_command(
     loaded = load_model(model)
     typer.echo(f"[1/2] LPES search ({preset}) on {model}, task kv (30 word keys) -> {out_dir / 'search'}")
     result = run_search(model, "kv", out=out_dir / "search", preset=preset, seed=seed, resume=True, loaded=loaded,
-                        log=lambda rec: typer.echo(_generation_line(rec)))
+                        log=lambda rec: typer.echo(generation_line(rec)))
     typer.echo(f"[2/2] held-out accuracy by depth, before / after -> {out_dir / 'heldout'}")
     before_after(model=model, task="kv", factors_path=result.factors_path, out=out_dir / "heldout", n=n,
                  seed=seed, loaded=loaded)
     typer.echo((out_dir / "heldout" / "comparison.md").read_text())
     typer.echo(f"factors: {result.factors_path}\nplots: {out_dir / 'search'}/*.png, {out_dir / 'heldout'}/comparison.png")
     typer.echo(f"wall time: {time.time() - start:.0f} s")
-
-
-def _generation_line(rec: dict) -> str:
-    keys = ("generation", "best_accuracy", "mean_accuracy", "forward_passes", "pruned", "wall_s")
-    return "  " + "  ".join(f"{k}={rec[k]:.3f}" if isinstance(rec.get(k), float) else f"{k}={rec.get(k)}"
-                            for k in keys if k in rec)
 
 
 def register(app: typer.Typer) -> None:

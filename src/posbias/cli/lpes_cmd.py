@@ -31,11 +31,14 @@ def search_command(
     round_to_grid: bool = typer.Option(False, "--round-to-grid", help="snap per-layer factors to the grid"),
     prune: bool = typer.Option(True, "--prune/--no-prune", help="stop scoring individuals that cannot reach the elite"),
     chat: bool = typer.Option(False, "--chat/--no-chat", help="wrap prompts in the tokenizer's chat template"),
+    heldout_n: int = typer.Option(20, help="held-out (eval split) instances per depth for the before/after "
+                                           "table; 0 skips it"),
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
 ):
-    """Search per-layer RoPE factors (LPES GA over a curve) on the search split of a task."""
+    """Search per-layer RoPE factors (LPES GA over a curve) on the search split of a task, then
+    compare accuracy by depth before / after on held-out instances (out/heldout)."""
     from rich.console import Console
 
     from posbias.search.runner import run_search
@@ -43,23 +46,32 @@ def search_command(
     console = Console()
     overrides = {k: v for k, v in {"population": population, "generations": generations,
                                     "n_per_depth": n_per_depth, "batch_size": batch_size}.items() if v is not None}
-
-    def log(m: dict) -> None:
-        pd = " ".join(f"{d}:{a:.2f}" for d, a in m["best_per_depth"].items())
-        console.print(f"gen {m['generation']:>2}  best {m['best_accuracy']:.3f} ({pd})  mean {m['mean_accuracy']:.3f}"
-                      f"  scored {m['scored']} (pruned {m['pruned']}, memo {m['memo_hits']})"
-                      f"  fwd {m['forward_passes']}  {m['wall_s']:.0f}s")
-
+    topts = task_options(num_keys, num_docs, length, path, haystack, num_needles, opt)
     res = run_search(model, task, out=out, preset=preset, resume=resume, seed=seed, workers=workers, curve=curve,
                      control_points=control_points,
-                     task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
+                     task_options=topts,
                      weights=parse_floats(weights, "weights") if weights else None, chat=chat,
                      grid=parse_floats(grid, "grid") if grid else None, round_to_grid=round_to_grid,
-                     overrides=overrides, log=log, prune=prune)
+                     overrides=overrides, log=lambda m: console.print(generation_line(m)), prune=prune)
     base = f"{res.baseline_accuracy:.3f}" if res.baseline_accuracy is not None else "n/a"
     console.print(f"best fitness {res.accuracy:.3f} (unpatched {base}); factors: {res.factors_path}")
     console.print("factors: " + ", ".join(f"{f:.3f}" for f in res.factors))
+    if heldout_n > 0:
+        from posbias.search.heldout import before_after
+
+        console.print(f"held-out accuracy by depth, before / after ({heldout_n} per depth) -> {Path(out) / 'heldout'}")
+        before_after(model=model, task=task, factors_path=res.factors_path, out=Path(out) / "heldout", n=heldout_n,
+                     seed=seed, task_options=topts, chat=chat)
+        console.print((Path(out) / "heldout" / "comparison.md").read_text())
     return res
+
+
+def generation_line(m: dict) -> str:
+    """One line per GA generation: best / mean fitness, scoring work and wall time."""
+    pd = " ".join(f"{d}:{a:.2f}" for d, a in m["best_per_depth"].items())
+    return (f"gen {m['generation']:>2}  best {m['best_accuracy']:.3f} ({pd})  mean {m['mean_accuracy']:.3f}"
+            f"  scored {m['scored']} (pruned {m['pruned']}, memo {m['memo_hits']})"
+            f"  fwd {m['forward_passes']}  {m['wall_s']:.0f}s")
 
 
 def apply_command(

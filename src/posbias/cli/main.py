@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = [
     "posbias.cli.demo_cmd",
     "posbias.cli.study_cmd",
     "posbias.cli.methods_cmd",
+    "posbias.cli.train_cmd",
 ]
 
 for _name in SUBCOMMAND_MODULES:

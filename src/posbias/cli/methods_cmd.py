@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -39,8 +40,10 @@ def train_moice_command(
         raise ValueError("--lr must be > 0")
     lm, tok = load_model(model)
     texts = read_texts(data) if data else passkey_texts(max(steps, 1), length, tok, seed=seed)
-    handle = apply_method(lm, "moice", top_k=top_k, multipliers=parse_floats(multipliers, "multipliers"),
-                          hidden=hidden, seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = apply_method(lm, "moice", top_k=top_k, multipliers=parse_floats(multipliers, "multipliers"),
+                              hidden=hidden, seed=seed)
     log = lambda r: typer.echo(f"step {r['step']:4d}  loss {r['loss']:.4f}  lm {r['lm']:.4f}  aux {r['aux']:.4f}")  # noqa: E731
     history = train_routers(handle, tok, texts, steps=steps, lr=lr, aux_coef=aux_coef, max_tokens=max_tokens,
                             seed=seed, log=log)

@@ -23,6 +23,8 @@ def study_command(
     corpus: Optional[str] = typer.Option(None, help="training text: .txt/.md, .jsonl with a 'text' field, or a folder of them (default: the trainer's)"),
     heldout: Optional[str] = typer.Option(None, help="held-out text for perplexity (default: the tail of --corpus, "
                                           "split off before training)"),
+    passkey_rate: float = typer.Option(0.1, help="fraction of training blocks that are synthetic passkey documents "
+                                                 "(the same for every scheme; 0 = plain text only)"),
     resume: bool = typer.Option(False, "--resume", help="continue a study in --out (reuse models, skip finished cells)"),
     niah: bool = typer.Option(False, "--niah/--no-niah", help="also run RULER NIAH (string_match_all) on the grid"),
     niah_opt: Optional[list[str]] = typer.Option(None, "--niah-opt", help="NIAH option key=value, e.g. haystack=essay"),
@@ -40,7 +42,7 @@ def study_command(
     cfg = StudyConfig(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
         multipliers=parse_floats(multipliers, "multipliers"), depths=parse_floats(depths, "depths"), n=n,
-        seed=seed, corpus=corpus, heldout=heldout, niah=niah, niah_options=parse_key_values(niah_opt, "niah-opt"),
+        seed=seed, corpus=corpus, heldout=heldout, passkey_rate=passkey_rate, niah=niah, niah_options=parse_key_values(niah_opt, "niah-opt"),
         modes=[m.strip().replace("-", "_") for m in modes.split(",") if m.strip()],
         ppl_multipliers=parse_floats(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,
         batch_size=batch_size, token_budget=token_budget, device=device,

@@ -20,11 +20,11 @@ class ContextTooLongError(ValueError):
 
 def prompt_text(tokenizer, inst: Instance, chat: bool) -> str:
     """The text the model sees before its answer (chat template applied when ``chat``)."""
-    if chat:
-        from posbias.tasks import apply_chat
+    from posbias.tasks.chat import apply_chat, plain_prompt
 
+    if chat:
         return apply_chat(tokenizer, inst.prompt, inst.answer_prefix)
-    return inst.prompt + inst.answer_prefix
+    return plain_prompt(inst.prompt, inst.answer_prefix)
 
 
 def answer_text(prompt: str, answer: str) -> str:

@@ -13,8 +13,10 @@ split="eval", length=length, **task_kwargs)`` and scored two ways:
 
 Every instance's result is appended as one line to a jsonl file, keyed by
 ``(model, task, length, instance id)`` (an instance id names task, split, seed, depth and index); a rerun skips the keys already there, so a grid killed
-at any point resumes where it stopped. Long inputs are run at batch size 1 (the batch size is
-capped so that ``batch_size * length <= token_budget``).
+at any point resumes where it stopped. With both modes, each instance is prefilled once and
+both scores come from that prefill (:func:`score_shared_prefill`; tested equal to the two-pass
+scorers), at batch size 1; a single mode runs the batched scorers with the batch capped so that
+``batch_size * length <= token_budget``.
 
 Lengths beyond ``config.max_position_embeddings`` raise :class:`LengthBeyondModelError` unless the
 model extrapolates (BAM models: ``config.extrapolates`` or ``model_type == "posbias-bam"``) or
@@ -61,7 +63,7 @@ def check_lengths(model, lengths: Iterable[int], *, allow_extrapolation: bool | 
         raise LengthBeyondModelError(
             f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')}) holds at most {limit} positions, "
             f"but the grid asks for lengths {too_long}; drop those lengths, or pass allow_extrapolation=True "
-            "(--allow-extrapolation) to run past the configured limit anyway"
+            "to run past the configured limit anyway"
         )
 
 
@@ -89,19 +91,6 @@ def grid_instances(tokenizer, *, task: str, length: int, depths: Sequence[float]
                      split="eval", length=int(length), **(task_kwargs or {})))
 
 
-def default_chat(tokenizer) -> bool:
-    """Prompt formatting used by the grid when ``chat`` is not given.
-
-    A tokenizer without a chat template gets ``chat=True``, which in ``posbias.tasks.apply_chat``
-    means the raw prompt + ``" " + answer_prefix`` ("... What is the pass key? The pass key is"),
-    exactly the text the task generators fit to ``length``; a tokenizer with a chat template gets
-    ``chat=False`` (a pretrained-from-scratch model never saw a template).
-    """
-    from posbias.tasks.chat import has_chat_template
-
-    return not has_chat_template(tokenizer)
-
-
 def _answer_tokens(tokenizer, inst) -> int:
     text = ", ".join(str(a) for a in inst.answers)
     return len(tokenizer(" " + text, add_special_tokens=False)["input_ids"])
@@ -116,7 +105,8 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
              modes: Sequence[str] = MODES, batch_size: int = 4, token_budget: int = 8192,
              max_new_tokens: int | None = None, task_kwargs: dict | None = None,
              allow_extrapolation: bool | None = None, make_instances: Callable | None = None,
-             progress: bool = True, extra: dict | None = None, chat: bool | None = None) -> list[dict]:
+             progress: bool = True, extra: dict | None = None, chat: bool = False,
+             shared_prefill: bool = True) -> list[dict]:
     """Evaluate ``model`` on the ``lengths x depths`` grid; returns all records of this model/task.
 
     Args:
@@ -127,13 +117,18 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
         depths: relative needle depths in [0, 1].
         n: instances per cell.
         modes: subset of ``("teacher_forced", "generate")``.
-        batch_size: upper bound; the actual batch is ``min(batch_size, token_budget // length)``
-            (at least 1), so long inputs run one at a time.
+        batch_size: upper bound for the two-pass scorers; the actual batch is
+            ``min(batch_size, token_budget // length)`` (at least 1), so long inputs run one at a time.
         max_new_tokens: generation budget (default: answer tokens + 4, per cell).
         task_kwargs: extra arguments for the task generator (e.g. ``haystack="essay"``).
         make_instances: a replacement for ``posbias.tasks.make_instances`` (tests).
         extra: constant fields added to every record (e.g. the positional scheme).
-        chat: prompt formatting passed to the scorers (default: :func:`default_chat`).
+        chat: wrap prompts in the tokenizer's chat template (default False: the study's models are
+            trained from scratch; the raw text ``prompt + " " + answer_prefix`` is the format of
+            the trainer's synthetic passkey documents).
+        shared_prefill: with both modes, score each instance (batch size 1) for both from one
+            prefill (:func:`score_shared_prefill`, half the cost of the two-pass scorers, which
+            ``shared_prefill=False`` uses, batched).
 
     Each record: ``model, task, length, depth, id, prompt_tokens, answers`` plus
     ``tf_em, tf_logprob, n_tokens`` (teacher-forced) and ``prediction, gen_score`` (generation).
@@ -144,8 +139,7 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
     lengths = sorted({int(L) for L in lengths})
     check_lengths(model, lengths, allow_extrapolation=allow_extrapolation)
     _mark_extrapolating(model)
-    if chat is None:
-        chat = default_chat(tokenizer)
+    shared = shared_prefill and set(modes) == set(MODES)
     out_jsonl = Path(out_jsonl)
     existing = [r for r in read_jsonl(out_jsonl) if r.get("model") == model_name and r.get("task") == task]
     done = {record_key(r) for r in existing}
@@ -158,14 +152,14 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
     bar.update(min(total, len(done)))
     try:
         for length in lengths:
-            bs = max(1, min(batch_size, token_budget // max(1, length)))
+            bs = 1 if shared else max(1, min(batch_size, token_budget // max(1, length)))
             insts = grid_instances(tokenizer, task=task, length=length, depths=depths, n=n, seed=seed,
                                    make_instances=make_instances, task_kwargs=task_kwargs)
             todo = [i for i in insts if (model_name, task, length, i.id) not in done]
             for start in range(0, len(todo), bs):
                 chunk = todo[start:start + bs]
                 new = _score_chunk(model, tokenizer, chunk, modes=modes, batch_size=bs,
-                                   max_new_tokens=max_new_tokens, chat=chat)
+                                   max_new_tokens=max_new_tokens, chat=chat, shared_prefill=shared_prefill)
                 for inst, res in zip(chunk, new):
                     rec = {"model": model_name, "task": task, "length": length, "depth": float(inst.depth),
                            **(extra or {}), **res}
@@ -179,9 +173,16 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
 
 
 def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_size: int,
-                 max_new_tokens: int | None, chat: bool) -> list[dict]:
+                 max_new_tokens: int | None, chat: bool, shared_prefill: bool = True) -> list[dict]:
     from posbias.evaluation.metrics import score
 
+    if shared_prefill and len(chunk) == 1 and set(modes) == set(MODES):
+        inst = chunk[0]
+        budget = max_new_tokens or (_answer_tokens(tokenizer, inst) + 4)
+        res = score_shared_prefill(model, tokenizer, inst, chat=chat, max_new_tokens=budget)
+        if res is not None:
+            return [{"id": inst.id, "answers": list(inst.answers), "metric": inst.metric, **res,
+                     "gen_score": float(score(inst.metric, res["prediction"], inst.answers))}]
     out = [{"id": inst.id, "answers": list(inst.answers), "metric": inst.metric} for inst in chunk]
     if "teacher_forced" in modes:
         from posbias.evaluation.teacher_forced import score_teacher_forced
@@ -199,6 +200,82 @@ def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_s
         for o, inst, p in zip(out, chunk, preds):
             o.update(prediction=p, gen_score=float(score(inst.metric, p, inst.answers)))
     return out
+
+
+def _cache_of(out):
+    cache = getattr(out, "cache", None)
+    if cache is None:
+        cache = getattr(out, "past_key_values", None)
+    return cache
+
+
+def _cache_kwarg(model) -> str:
+    """``"cache"`` for models whose forward takes it (transformers >= 5.2x, BAM), else
+    ``"past_key_values"``."""
+    import inspect
+
+    try:
+        return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    except (TypeError, ValueError):  # pragma: no cover
+        return "past_key_values"
+
+
+def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: int) -> dict | None:
+    """Teacher-forced score *and* greedy completion of one instance from a single prompt prefill.
+
+    At long lengths the prefill is nearly all the cost, so this halves the grid's run time
+    against ``score_teacher_forced`` + ``greedy_generate`` (two prefills). The prompt is
+    prefilled once with a KV cache (``logits_to_keep=1``); the gold answer tokens are then fed
+    through the cache (teacher forcing: the argmax at every answer position must equal the gold
+    token, as in :func:`posbias.evaluation.teacher_forced.score_batch`); the cache is cropped
+    back to the prompt and greedy decoding continues from the prefill's logits (stopping at EOS,
+    as :func:`posbias.evaluation.generation.greedy_batch`). Same tokenisation (``encode``) as the
+    lead scorers. Returns ``None`` when the model's cache cannot be cropped (the caller then
+    falls back to the two-pass scorers).
+    """
+    import torch
+
+    from posbias.evaluation.batching import encode, model_max_positions
+
+    enc = encode(tokenizer, inst, chat, model_max_positions(model))
+    P, A = list(enc.prompt_ids), list(enc.answer_ids)
+    device = next(model.parameters()).device
+    eos = tokenizer.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+    ck = _cache_kwarg(model)
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([P], device=device), use_cache=True, logits_to_keep=1)
+        cache = _cache_of(out)
+        if cache is None or not hasattr(cache, "crop"):
+            return None
+        first = out.logits[0, -1].float()
+        rows = [first]
+        if len(A) > 1:
+            out2 = model(input_ids=torch.tensor([A[:-1]], device=device), use_cache=True,
+                         logits_to_keep=len(A) - 1, **{ck: cache})
+            rows += list(out2.logits[0].float())
+            cache = _cache_of(out2) or cache
+        logp = torch.log_softmax(torch.stack(rows[: len(A)]), dim=-1)
+        gold = torch.tensor(A, device=logp.device)
+        tf_em = bool(torch.equal(logp.argmax(-1), gold))
+        tf_logprob = float(logp.gather(-1, gold[:, None]).sum())
+        extra = cache.get_seq_length() - len(P)
+        if extra > 0:
+            cache.crop(-extra)  # negative: drop the last `extra` positions (all transformers versions)
+        generated: list[int] = []
+        nxt = int(first.argmax())
+        for step in range(max_new_tokens):
+            if nxt in eos_ids:
+                break
+            generated.append(nxt)
+            if step == max_new_tokens - 1:
+                break
+            o = model(input_ids=torch.tensor([[nxt]], device=device), use_cache=True, logits_to_keep=1,
+                      **{ck: cache})
+            cache = _cache_of(o) or cache
+            nxt = int(o.logits[0, -1].argmax())
+    return {"tf_em": tf_em, "tf_logprob": tf_logprob, "n_tokens": len(A), "prompt_tokens": len(P),
+            "prediction": tokenizer.decode(generated, skip_special_tokens=True)}
 
 
 def summarize_grid(records: Iterable[dict]) -> list[dict]:

@@ -31,6 +31,7 @@ from typing import Literal
 import torch
 
 Mode = Literal["non-overlapping", "sliding"]
+_LOSS_CHUNK = 2048  # positions per float32 log-softmax slice
 
 
 def _model_device(model) -> torch.device:
@@ -94,11 +95,13 @@ def _window_nll(model, batch: torch.Tensor, n_scored: int, use_keep: bool) -> to
         # before them; the last position's logits (predicting beyond the window) are dropped.
         kwargs["logits_to_keep"] = n_scored + 1
     logits = model(input_ids=batch, **kwargs).logits
-    logits = logits[:, -(n_scored + 1):-1, :].float()
+    logits = logits[:, -(n_scored + 1):-1, :]
     targets = batch[:, -n_scored:]
-    logp = torch.log_softmax(logits, dim=-1)
-    nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return nll.double().sum(dim=-1)
+    total = torch.zeros(batch.shape[0], dtype=torch.float64, device=logits.device)
+    for s in range(0, n_scored, _LOSS_CHUNK):  # float32 log-softmax a slice at a time (memory)
+        logp = torch.log_softmax(logits[:, s:s + _LOSS_CHUNK].float(), dim=-1)
+        total -= logp.gather(-1, targets[:, s:s + _LOSS_CHUNK].unsqueeze(-1)).squeeze(-1).double().sum(-1)
+    return total
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import warnings
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -158,11 +159,21 @@ class MoICE:
 
 @register_method("moice", "MoICE: per-head/token router over RoPE bases (options routers=PATH, top_k, "
                            "multipliers/bases, hidden, layers, seed)", aliases=("mixture-of-in-context-experts",))
-def apply_moice(model, routers: str | None = None, top_k: int = 3, multipliers: Sequence[float] | None = None,
+def apply_moice(model, routers: str | None = None, top_k: int | None = None, multipliers: Sequence[float] | None = None,
                 bases: Sequence[float] | None = None, hidden: int | None = None,
                 layers: Sequence[int] | None = None, seed: int = 0) -> MethodHandle:
     """Apply MoICE; with ``routers=PATH`` the saved routers (and their bases / top_k) are used,
-    otherwise freshly initialised (untrained) routers are created (for training or tests)."""
+    otherwise freshly initialised (untrained) routers are created (for training or tests).
+
+    ``top_k`` defaults to the saved value (routers file) or 3; given explicitly it overrides the saved one.
+    """
+    if top_k is not None:
+        try:
+            top_k = int(top_k)
+        except (TypeError, ValueError):
+            raise ValueError(f"moice: top_k must be an integer, got {top_k!r}") from None
+        if top_k < 1:
+            raise ValueError(f"moice: top_k must be >= 1, got {top_k}")
     n_layers = len(get_decoder_layers(model))
     head_dim = int(getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads)
     theta = A.rope_theta(model)
@@ -171,16 +182,18 @@ def apply_moice(model, routers: str | None = None, top_k: int = 3, multipliers: 
         if mods.head_dim != head_dim or max(mods.layers, default=-1) >= n_layers:
             raise ValueError(f"moice: routers at {routers} were trained for head_dim {mods.head_dim} and layers "
                              f"{mods.layers}; this model has head_dim {head_dim} and {n_layers} layers")
+        if top_k is not None:
+            mods.top_k = min(top_k, len(mods.multipliers))
     else:
+        warnings.warn("moice: no routers=PATH given, using freshly initialised (untrained) routers; "
+                      "train them with `posbias train-moice`", stacklevel=3)
         if bases is not None:
             mult = [x / theta for x in as_list(bases, float, "moice: bases")]
         else:
             mult = as_list(multipliers, float, "moice: multipliers") or list(DEFAULT_MULTIPLIERS)
         if not mult or any(not m > 0 for m in mult):
             raise ValueError(f"moice: need at least one expert base and all > 0, got {mult}")
-        top_k = int(top_k)
-        if top_k < 1:
-            raise ValueError(f"moice: top_k must be >= 1, got {top_k}")
+        top_k = 3 if top_k is None else top_k
         if layers is None:
             layers = list(range(n_layers))
         layers = sorted(set(as_list(layers, int, "moice: layers")))

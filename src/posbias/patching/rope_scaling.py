@@ -86,8 +86,16 @@ def validate_factors(factors: Sequence[float], num_layers: int) -> tuple[float, 
     return out
 
 
+def _version(t: torch.Tensor) -> int:
+    """In-place modification counter (inference tensors have none and cannot be modified in place
+    outside inference mode: 0)."""
+    return 0 if t.is_inference() else t._version
+
+
 class ScalingHandle:
     """Active per-layer scaling on a model; ``remove()`` (or leaving the ``with`` block) undoes it."""
+
+    max_table_bytes: int = 512 * 2**20  # memory for the cached cos/sin tables of all factors
 
     def __init__(self, model, factors: tuple[float, ...], rotary: torch.nn.Module):
         self.model = model
@@ -95,44 +103,90 @@ class ScalingHandle:
         self._rotary = rotary
         self._hooks: list[Any] = []
         # per-factor scaled inv_freq, valid for one rotary inv_freq tensor (identity + version)
-        self._inv_key: tuple | None = None
+        self._inv_ref: torch.Tensor | None = None
+        self._inv_ver = -1
+        self._inv_key: int | None = None
         self._inv: dict[float, torch.Tensor] = {}
         # per-forward (cos, sin) cache, keyed on the position_ids tensor of that forward
         self._pos_ref: torch.Tensor | None = None
         self._pos_key: tuple | None = None
         self._cs: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._need, self._span = -1, None
+        # per-factor cos/sin tables over positions 0..P-1 (see cos_sin)
+        self._tables: dict[float, tuple] = {}
+        self._distinct = {f for f in factors if f != 1.0}
         self.removed = False
 
     # -- computation -------------------------------------------------------------------------
     def _scaled_inv_freq(self, factor: float) -> torch.Tensor:
         base = self._rotary.inv_freq
-        key = (id(base), base._version, base.device)
-        if key != self._inv_key:
-            self._inv_key, self._inv = key, {}
+        if base is not self._inv_ref or _version(base) != self._inv_ver:  # dynamic rope replaces it
+            self._inv_ref, self._inv_ver, self._inv = base, _version(base), {}
+            self._inv_key = (self._inv_key or 0) + 1  # a new generation: stale tables are rebuilt
         inv = self._inv.get(factor)
         if inv is None:
             inv = base.float() / factor
             self._inv[factor] = inv
         return inv
 
+    def _direct(self, inv: torch.Tensor, positions: torch.Tensor, like: torch.Tensor):
+        scaling = float(getattr(self._rotary, "attention_scaling", 1.0))
+        with torch.autocast(device_type=like.device.type, enabled=False):
+            freqs = positions[..., None].float() * inv.to(like.device)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return (emb.cos() * scaling).to(like.dtype), (emb.sin() * scaling).to(like.dtype)
+
+    def _table(self, factor: float, inv: torch.Tensor, need: int, like: torch.Tensor):
+        """Cached ``(cos, sin)`` rows for positions ``0..size-1`` (``size >= need``), or None when
+        they would exceed :attr:`max_table_bytes` together with the other factors' tables."""
+        # tables made in inference mode are inference tensors: not reused outside it (autograd)
+        key = (self._inv_key, like.dtype, like.device, torch.is_inference_mode_enabled())
+        tab = self._tables.get(factor)
+        if tab is not None and tab[0] == key and tab[1].shape[0] >= need:
+            return tab[1], tab[2]
+        size = max(256, 1 << (need - 1).bit_length())
+        per = size * inv.numel() * 2 * 2 * torch.empty((), dtype=like.dtype).element_size()
+        if per * max(len(self._distinct), 1) > self.max_table_bytes:
+            return None
+        cos, sin = self._direct(inv, torch.arange(size, device=like.device), like)
+        self._tables[factor] = (key, cos, sin)
+        return cos, sin
+
     def cos_sin(self, factor: float, position_ids: torch.Tensor, like: torch.Tensor):
-        """``(cos, sin)`` for positions ``position_ids / factor``, in ``like``'s dtype/device."""
+        """``(cos, sin)`` for positions ``position_ids / factor``, in ``like``'s dtype/device.
+
+        Rows come from a per-factor table of positions ``0..P-1`` (built once, grown by doubling):
+        the same float operations on the same integer positions as a direct computation, so the
+        values are identical, but a forward pass costs a slice (consecutive positions of one row:
+        prefill without padding, each decoding step) or a gather (e.g. left-padded batches) instead
+        of ``cos``/``sin`` of every position. Non-integer or negative positions are computed directly.
+        """
         inv = self._scaled_inv_freq(factor)  # refreshes _inv_key when the rotary inv_freq changed
-        key = (position_ids._version, like.dtype, like.device, self._inv_key)
+        key = (_version(position_ids), like.dtype, like.device, self._inv_key)
         if position_ids is not self._pos_ref or key != self._pos_key:
+            need, span = -1, None
+            if not position_ids.is_floating_point() and position_ids.numel():
+                lo, hi = (int(v) for v in torch.aminmax(position_ids))
+                need = hi + 1 if lo >= 0 else -1
+                n = position_ids.shape[-1]
+                if (need > 0 and position_ids.dim() == 2 and position_ids.shape[0] == 1 and hi - lo + 1 == n
+                        and torch.equal(position_ids[0], torch.arange(lo, hi + 1, device=position_ids.device))):
+                    span = (lo, hi + 1)  # consecutive positions: a view of the table, no copy
             self._pos_ref, self._pos_key, self._cs = position_ids, key, {}
+            self._need, self._span = need, span
         hit = self._cs.get(factor)
         if hit is not None:
             return hit
-        inv = inv.to(like.device)
-        scaling = float(getattr(self._rotary, "attention_scaling", 1.0))
-        with torch.autocast(device_type=like.device.type, enabled=False):
-            freqs = position_ids[..., None].float() * inv
-            emb = torch.cat((freqs, freqs), dim=-1)
-            cos = (emb.cos() * scaling).to(like.dtype)
-            sin = (emb.sin() * scaling).to(like.dtype)
-        self._cs[factor] = (cos, sin)
-        return cos, sin
+        tab = self._table(factor, inv, self._need, like) if self._need > 0 else None
+        if tab is not None and self._span is not None:
+            a, b = self._span
+            out = (tab[0][None, a:b], tab[1][None, a:b])
+        elif tab is not None:
+            out = (tab[0][position_ids], tab[1][position_ids])
+        else:
+            out = self._direct(inv, position_ids, like)
+        self._cs[factor] = out
+        return out
 
     def _make_hook(self, layer_idx: int, factor: float):
         def hook(module, args, kwargs):
@@ -172,7 +226,7 @@ class ScalingHandle:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        self._cs, self._inv, self._pos_ref = {}, {}, None
+        self._cs, self._inv, self._pos_ref, self._inv_ref, self._tables = {}, {}, None, None, {}
         if getattr(self.model, "_posbias_scaling", None) is self:
             del self.model._posbias_scaling
         self.removed = True

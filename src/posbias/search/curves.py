@@ -132,6 +132,9 @@ def curve_factors(kind: str, control_points, num_layers: int,
         out = p[np.searchsorted(mids, xs, side="right"), 1]
     else:
         raise ValueError(f"unknown curve kind {kind!r}; choose one of {', '.join(CURVE_KINDS)}")
+    # drop float noise (a Bézier through y = 1 everywhere gives 0.9999999999999999): a factor of
+    # exactly 1 leaves its layer untouched, so the identity curve must give exactly 1.0
+    out = np.round(np.asarray(out, dtype=float), 12)
     if round_to_grid is not None:
         out = snap_to_grid(out, round_to_grid)
     return np.asarray(out, dtype=float)

@@ -7,6 +7,7 @@ writes the run folder:
 * ``config.json`` (settings + versions), ``checkpoint.json`` (GA state incl. rng state, the memo of
   every scored genome, replaced atomically after each generation), ``metrics.jsonl`` (one line per
   generation: best / mean fitness, forward passes, wall time, memo hits, pruned individuals),
+  ``mean_accuracy`` counts a pruned individual at its lower bound (remaining instances wrong);
 * ``best_factors.json`` (a factors file, see :mod:`posbias.patching.rope_scaling`), rewritten after
   every generation, ``factors.png`` and ``fitness.png``.
 
@@ -50,7 +51,11 @@ class SerialEvaluator:
         self.fitness = fitness
 
     def evaluate(self, jobs: list[tuple[list[float], float | None, FitnessResult | None]]) -> list[FitnessResult]:
-        return [self.fitness.score(f, threshold=t, partial=p) for f, t, p in jobs]
+        from tqdm.auto import tqdm
+
+        # a progress bar over the generation's individuals (hidden when stderr is not a terminal)
+        return [self.fitness.score(f, threshold=t, partial=p)
+                for f, t, p in tqdm(jobs, desc="individuals", unit="ind", leave=False, disable=None)]
 
     def close(self) -> None:
         pass

@@ -16,10 +16,10 @@ penalising local context: the bias grows towards 0 with distance); those heads a
 :func:`plot_priors`.
 
 Attention maps. :func:`attention_maps` runs one forward pass and collects per-layer attention
-probabilities. For BAM models (built on ``posbias.attention.kernel``) the kernel's backends are
-temporarily replaced by an explicit computation (same math as its exact path: scaled q k^T +
-prior, x SSMax factor, masks, float32 softmax) that records the probabilities; for Hugging Face
-models ``output_attentions=True`` is used (needs eager attention).
+probabilities. For BAM models (built on :func:`posbias.attention.attend`) ``attend`` is
+temporarily replaced by :func:`explicit_attention` (its documented math written out: scaled
+q k^T + prior, x SSMax factor, masks, float32 softmax) which records the probabilities; for
+Hugging Face models ``output_attentions=True`` is used (needs eager attention).
 """
 from __future__ import annotations
 
@@ -89,7 +89,8 @@ def plot_priors(priors: Sequence[Mapping], path: str | Path, *, max_distance: in
     """One panel per layer: each head's bias against distance (log x), with its (alpha, beta).
 
     Heads with ``beta <= 0`` (no preference for nearby tokens) are drawn dashed and marked ``*``.
-    The y axis is the bias itself, clipped to [-100, 0] (-100 already means "never attended").
+    The y axis is the bias itself (symlog), clipped to [-100, 0] (-100 already means "never
+    attended").
     """
     if not priors:
         raise ValueError("no GGD priors to plot (the model has no GGD layers)")
@@ -110,7 +111,8 @@ def plot_priors(priors: Sequence[Mapping], path: str | Path, *, max_distance: in
             label = f"h{p['head']}{'*' if flat else ''} a={a_txt} b={p['beta']:.2f}"
             ax.plot(d.numpy(), b.clamp(min=-100).numpy(), ls="--" if flat else "-", lw=1.2, label=label)
         ax.set_xscale("log")
-        ax.set_ylim(-102, 2)
+        ax.set_yscale("symlog", linthresh=1.0)  # small biases stay visible next to -100
+        ax.set_ylim(-110, 0.5)
         ax.set_title(f"layer {layer}" if layer is not None else "shared prior", fontsize=9)
         ax.set_xlabel("distance |i - j| (tokens)")
         ax.set_ylabel("bias")
@@ -136,77 +138,87 @@ def priors_table(priors: Iterable[Mapping]) -> str:
 
 # ----------------------------------------------------------------------------- attention maps
 
-class _KernelCapture:
-    """Context manager: while active, ``posbias.attention.kernel`` computes attention explicitly
-    (the math of its exact ``_block`` path, whatever backend was asked for) and records the
-    probabilities. ``attend`` looks ``_block``/``_sdpa``/``_flex`` up in its module at call time,
-    so this works however a model imported ``attend``.
+_NEG = torch.finfo(torch.float32).min
 
-    One full forward (no KV cache) calls the kernel once per layer, in layer order, in one or
-    more query chunks; a chunk whose first query position is 0 starts a new layer.
-    """
+
+def explicit_attention(q, k, v, *, bias=None, doc_ids=None, normaliser=None, causal: bool = True,
+                       key_mask=None, **_ignored):
+    """``(out, probs)`` of :func:`posbias.attention.attend`'s math, written out in float32:
+    ``z = q k^T / sqrt(d) + bias``, ``z *= s_h log n_i`` (SSMax), causal / document / padding
+    mask, softmax. q: [b, h, i, d] (the last i of the j keys); k, v: [b, h_kv, j, d]."""
+    b, h, nq, d = q.shape
+    nk = k.shape[2]
+    if k.shape[1] != h:
+        k, v = k.repeat_interleave(h // k.shape[1], dim=1), v.repeat_interleave(h // k.shape[1], dim=1)
+    q_pos = torch.arange(nk - nq, nk, device=q.device)
+    k_pos = torch.arange(nk, device=q.device)
+    z = torch.matmul(q.float(), k.float().transpose(-1, -2)) / math.sqrt(d)
+    if bias is not None:
+        z = z + bias(q_pos, k_pos).float()[None]
+    allowed = torch.ones(1, 1, nq, nk, dtype=torch.bool, device=q.device)
+    if causal:
+        allowed = allowed & (k_pos[None, :] <= q_pos[:, None])[None, None]
+    if doc_ids is not None:
+        allowed = allowed & (doc_ids[:, nk - nq:, None] == doc_ids[:, None, :])[:, None]
+    if key_mask is not None:
+        allowed = allowed & key_mask.bool()[:, None, None, :]
+    if normaliser is not None:
+        z = z * normaliser.multiplier(allowed.sum(-1)[:, 0])
+    p = torch.softmax(z.masked_fill(~allowed, _NEG), dim=-1)
+    return torch.matmul(p, v.float()).to(q.dtype), p
+
+
+class _AttendCapture:
+    """Context manager: every module-level reference to ``posbias.attention.attend`` (e.g. in
+    ``posbias.bam.model``) is replaced by :func:`explicit_attention`, which records the
+    probabilities. Relies only on ``attend``'s documented signature. One full forward (no KV
+    cache) calls ``attend`` once per layer, in layer order."""
 
     def __init__(self):
-        self.layers: list[list[torch.Tensor]] = []
-        self._saved: dict = {}
+        self.layers: list[torch.Tensor] = []
+        self._patched: list = []
 
-    def _record(self, q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal):
-        from posbias.attention import kernel
-
-        k, v = kernel._expand_kv(k, v, q.shape[1])
-        z = torch.matmul(q.float(), k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
-        if bias is not None:
-            z = z + bias(q_pos, k_pos)[None]
-        allowed = kernel._allowed(q_pos, k_pos, q_doc, k_doc, key_mask, causal)
-        if normaliser is not None:
-            n = torch.full((1, q.shape[2]), k.shape[2], device=q.device) if allowed is None else allowed.sum(-1)[:, 0]
-            z = z * normaliser.multiplier(n)
-        if allowed is not None:
-            z = z.masked_fill(~allowed, kernel._NEG)
-        p = torch.softmax(z, dim=-1)
-        if int(q_pos[0]) == 0 or not self.layers:
-            self.layers.append([])
-        self.layers[-1].append(p[0].detach().float().cpu())
-        return torch.matmul(p, v.float()).to(q.dtype)
+    def _attend(self, q, k, v, **kw):
+        out, p = explicit_attention(q, k, v, **kw)
+        self.layers.append(p[0].detach().float().cpu())
+        return out
 
     def __enter__(self):
+        import sys
+
         try:
             from posbias.attention import kernel
         except ImportError:
             return self
-        for name in ("_block", "_sdpa", "_flex"):
-            if hasattr(kernel, name):
-                self._saved[name] = getattr(kernel, name)
-                setattr(kernel, name, self._record)
+        original = kernel.attend
+        for mod in list(sys.modules.values()):
+            if mod is not None and mod is not kernel and getattr(mod, "attend", None) is original:
+                self._patched.append((mod, original))
+                mod.attend = self._attend
         return self
 
     def __exit__(self, *exc):
-        if self._saved:
-            from posbias.attention import kernel
-
-            for name, fn in self._saved.items():
-                setattr(kernel, name, fn)
+        for mod, fn in self._patched:
+            mod.attend = fn
         return False
 
     def maps(self) -> torch.Tensor | None:
-        if not self.layers:
-            return None
-        return torch.stack([torch.cat(chunks, dim=1) for chunks in self.layers])
+        return torch.stack(self.layers) if self.layers else None
 
 
 @torch.no_grad()
 def attention_maps(model, input_ids) -> torch.Tensor:
     """Attention probabilities of one sequence: float32 ``[layers, heads, T, T]`` (CPU).
 
-    For models built on ``posbias.attention`` (BAM) the kernel is swapped for an explicit one
-    that records probabilities (prior, SSMax and masks included); for Hugging Face models the
-    ``output_attentions=True`` maps are used (eager attention).
+    For models built on ``posbias.attention.attend`` (BAM) ``attend`` is swapped for
+    :func:`explicit_attention`, which records probabilities (prior, SSMax and masks included);
+    for Hugging Face models the ``output_attentions=True`` maps are used (eager attention).
     """
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     if ids.dim() == 1:
         ids = ids[None]
     ids = ids[:1].to(next(model.parameters()).device)
-    cap = _KernelCapture()
+    cap = _AttendCapture()
     with cap:
         out = model(input_ids=ids, use_cache=False)
     maps = cap.maps()

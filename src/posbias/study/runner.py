@@ -4,11 +4,18 @@ on an identical budget, then evaluate each from 1x to Kx its training length.
 What it does, into ``--out``:
 
 1. ``models/<scheme>/`` - one model per scheme, trained by :func:`posbias.training.train` with
-   the same preset, data, seed, steps and context (only ``pe`` / normaliser differ); a finished
-   model is never retrained (``models.json`` maps scheme -> model folder).
+   the same preset, data, seed, steps and context (only ``pe`` / ``ssmax`` differ); a finished
+   model is never retrained (``models.json`` maps scheme -> model folder) and a training run
+   killed midway resumes from its checkpoint. The training text is the corpus minus a held-out
+   tail (``data/train.jsonl``, ``data/heldout.jsonl``), with ``--passkey-rate`` (default 0.1) of
+   the training blocks being synthetic passkey documents at the training length, so every scheme
+   learns the retrieval format within its training context and the grid measures only how that
+   skill extrapolates. ``--passkey-rate 0`` trains on plain text only.
 2. ``passkey.jsonl`` (``niah.jsonl``) - passkey retrieval over lengths x depths, scored
-   teacher-forced (argmax over the 5 digits, as the BAM reference) and by greedy generation
-   (metric ``passkey``); one line per (model, length, instance), so a killed run resumes.
+   teacher-forced (the argmax at every answer-token position must equal the gold token, as in
+   the BAM reference: the 5 digits, plus the leading-space token where the tokenizer splits it
+   off, as SmolLM2's does) and by greedy generation (metric ``passkey``); one line per (model,
+   length, instance), so a killed run resumes.
 3. ``perplexity.jsonl`` - perplexity on held-out corpus text at 1x..Kx the training length, both
    non-overlapping and sliding-window (the sliding figure alone hides a model that only looks
    locally).
@@ -17,19 +24,38 @@ What it does, into ``--out``:
    ``plots/``: heatmaps per scheme, accuracy against length, perplexity against length, the
    learned GGD priors and attention maps on one passkey instance.
 
-Commands. On this 2-core CPU machine (tiny preset; see the study docstring for runtimes)::
+Runtime on a 2-core CPU (tiny preset: 4 layers x 128, SmolLM2 tokenizer, 49K vocabulary;
+measured while the machine was shared, load ~7, so an idle machine is perhaps 2-3x faster):
 
-    posbias study --preset tiny --out runs/study --train-steps 2000 --n 2 \\
-        --multipliers 1,2,4,8,16,32,64 --resume
+* training: 20-25 s per step at the trainer's default batch (8 x 512 tokens, ~200 tokens/s),
+  so the trainer's default 1000 steps take ~6 h per scheme;
+* evaluation: one prefill of ggd+ssmax takes 3 s at 2K tokens and 28 s at 8K (quadratic: ~7.5
+  min at 32K); rope 2 s / 13 s (~3.5 min at 32K). The default grid (7 lengths up to 64 x 512
+  = 32K, 5 depths, n = 5, one shared prefill per instance) is ~4 h per GGD scheme, ~2 h per
+  RoPE-like scheme.
+
+So the default study is a GPU job. A CPU smoke run that finishes in about 2 hours (7 schemes,
+~13 min training + ~2-3 min evaluation each; models this small and short-trained will not solve
+the passkey task, the run checks the pipeline)::
+
+    posbias study --preset tiny --out runs/study-cpu --train-steps 150 --train-context 256 \\
+        --train-opt batch_size=4 --multipliers 1,2,4,8,16 --depths 0,0.5,1 --n 2 \\
+        --ppl-multipliers 1,2,4 --resume
 
 On a GPU node, the paper-like setting (120M model, 512-token training context, a real corpus
-as ``.txt`` / ``.jsonl`` with a ``"text"`` field / a folder of them)::
+as ``.txt`` / ``.jsonl`` with a ``"text"`` field / a folder of them; the trainer reads it into
+memory)::
 
-    posbias study --preset 120m --corpus /data/fineweb-edu-sample.jsonl --out runs/study-120m \\
-        --train-steps 20000 --train-context 512 \\
+    posbias study --preset 120m --corpus /data/corpus.jsonl --out runs/study-120m \\
+        --train-steps 20000 --train-context 512 --train-opt batch_size=64 \\
         --schemes rope,sinusoidal,nope,alibi,ggd,ggd+ssmax,rope+ssmax \\
-        --multipliers 1,2,4,8,16,32,64,128,256,512,1000 --depths 0,0.25,0.5,0.75,1 --n 20 \\
-        --niah --resume
+        --multipliers 1,2,4,8,16,32,64,128 --depths 0,0.25,0.5,0.75,1 --n 10 --niah --resume
+
+(The paper's budget is 589,824 tokens per step: ``--train-opt batch_size=64 --train-opt
+grad_accum=18``.) The 1000x point (512K tokens) costs far more than the rest of the grid; run
+it afterwards for the schemes that are still alive at 128x, e.g. ``--schemes ggd+ssmax
+--multipliers 256,512,1000 --resume`` on the same ``--out`` (same training settings: the
+models are reused and the new cells appended).
 
 (``benchmarks/extrapolation.py`` takes the same arguments.) Rerunning the same command resumes:
 trained models are reused and finished grid cells skipped; ``config.json`` refuses a rerun whose
@@ -53,7 +79,8 @@ from posbias.utils.io import atomic_write_json, atomic_write_text, prepare_run_d
 MODELS_FILE = "models.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.md"
-CHECK_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "n", "depths", "train_options",
+CHECK_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "passkey_rate", "n", "depths",
+              "train_options",
               "ppl_multipliers", "ppl_tokens")
 DATA_DIR = "data"
 HELDOUT_CHARS_PER_TOKEN = 6  # generous: English BPE averages ~4-5 characters per token
@@ -75,6 +102,7 @@ class StudyConfig:
     seed: int = 0
     corpus: str | None = None
     heldout: str | None = None
+    passkey_rate: float | None = 0.1
     niah: bool = False
     niah_options: dict = field(default_factory=dict)
     modes: list[str] = field(default_factory=lambda: ["teacher_forced", "generate"])
@@ -122,15 +150,18 @@ def default_train_fn() -> Callable:
 
 
 def train_config(cfg: StudyConfig, scheme: str, out_dir: Path, corpus: str | None = None) -> Any:
-    """The training config of ``scheme``: identical for every scheme except ``pe``/normaliser.
+    """The training config of ``scheme``: identical for every scheme except ``pe`` / ``ssmax``.
 
-    Built for ``posbias.training``'s config class when it has one (fields matched by name),
-    else as a plain dict.
+    A :class:`posbias.training.TrainConfig` (fields matched by name; a plain dict when the
+    trainer has no config class). ``resume`` is set when ``out_dir`` already exists, so a study
+    killed mid-training continues from the trainer's last checkpoint.
     """
     pe, normaliser = parse_scheme(scheme)
+    corpus = corpus if corpus is not None else cfg.corpus
     values = {"pe": pe, "normaliser": normaliser, "ssmax": normaliser == "ssmax", "preset": cfg.preset,
-              "steps": cfg.train_steps, "context": cfg.train_context, "seq_len": cfg.train_context,
-              "seed": cfg.seed, "corpus": corpus if corpus is not None else cfg.corpus, "out": str(out_dir),
+              "steps": cfg.train_steps, "context": cfg.train_context, "seed": cfg.seed,
+              "corpus": [corpus] if corpus is not None else None, "passkey_rate": cfg.passkey_rate,
+              "device": cfg.device, "out": str(out_dir), "resume": out_dir.exists() and any(out_dir.iterdir()),
               **cfg.train_options}
     values = {k: v for k, v in values.items() if v is not None}
     cls = _train_config_class()
@@ -138,6 +169,9 @@ def train_config(cfg: StudyConfig, scheme: str, out_dir: Path, corpus: str | Non
         return values
     names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else \
         set(inspect.signature(cls).parameters)
+    unknown = sorted(set(cfg.train_options) - names)
+    if unknown:
+        raise ValueError(f"unknown training option(s) {unknown}; known: {', '.join(sorted(names))}")
     return cls(**{k: v for k, v in values.items() if k in names})
 
 
@@ -313,6 +347,8 @@ def _model_views(cfg: StudyConfig, scheme: str, model, tokenizer, *, make_instan
     plots = Path(cfg.out) / "plots"
     name = model_dir_name(scheme)
     priors = ggd_priors(model)
+    if (plots / f"attention_{name}.png").exists() and (not priors or (plots / f"priors_{name}.png").exists()):
+        return  # done by an earlier invocation (the model has not changed since)
     if priors:
         plot_priors(priors, plots / f"priors_{name}.png", max_distance=max(cfg.lengths),
                     title=f"learned GGD priors: {scheme}")
@@ -320,11 +356,11 @@ def _model_views(cfg: StudyConfig, scheme: str, model, tokenizer, *, make_instan
         atomic_write_json(Path(cfg.out) / "priors" / f"{name}.json", priors)
     try:
         from posbias.evaluation.batching import encode
-        from posbias.evaluation.long_context import default_chat, grid_instances
+        from posbias.evaluation.long_context import grid_instances
 
         inst = grid_instances(tokenizer, task="passkey", length=cfg.train_context, depths=[0.5], n=1,
                               seed=cfg.seed, make_instances=make_instances)[0]
-        enc = encode(tokenizer, inst, default_chat(tokenizer))
+        enc = encode(tokenizer, inst, False)
         ids = enc.prompt_ids + enc.answer_ids
         attn = attention_maps(model, ids)
         n_layers, n_heads = attn.shape[:2]
@@ -356,8 +392,14 @@ def write_report(cfg: StudyConfig) -> list[dict]:
 
     out = Path(cfg.out)
     plots = out / "plots"
-    schemes = cfg.schemes
-    lengths = cfg.lengths
+    # every model of the study folder, not only this invocation's (a later run may add lengths
+    # for a few schemes only); this invocation's schemes first, in their order
+    schemes = list(cfg.schemes)
+    models_file = out / MODELS_FILE
+    if models_file.exists():
+        schemes += [m for m in json.loads(models_file.read_text()) if m not in schemes]
+    lengths = sorted({int(r["length"]) for f in (PASSKEY_FILE, NIAH_FILE) for r in read_jsonl(out / f)}
+                     | set(cfg.lengths))
     metrics: list[dict] = []
     sections = [f"# Length-extrapolation study\n\npreset `{cfg.preset}`, training context {cfg.train_context}, "
                 f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus `{cfg.corpus or 'trainer default'}`, "

@@ -23,6 +23,11 @@ def apply_chat(tokenizer: Any, prompt: str, answer_prefix: str = "") -> str:
         if not isinstance(text, str):  # some versions return a list for batched input
             text = text[0]
         return text + answer_prefix
+    return plain_prompt(prompt, answer_prefix)
+
+
+def plain_prompt(prompt: str, answer_prefix: str = "") -> str:
+    """The raw prompt followed by ``" " + answer_prefix`` when a prefix is given (no chat template)."""
     return prompt + (" " + answer_prefix if answer_prefix else "")
 
 

@@ -159,7 +159,7 @@ class PackedDataset:
         enc = lambda s: self.tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
         filler = enc(PASSKEY_FILLER)
         probe = enc("The pass key is 12345. Remember it. 12345 is the pass key. ") + \
-            enc("What is the pass key? The pass key is 12345.")
+            enc(" What is the pass key? The pass key is 12345.")
         if len(probe) + len(filler) > self.context:
             raise ValueError(f"context {self.context} is too short for passkey documents "
                              f"(need about {len(probe) + len(filler)} tokens)")
@@ -170,7 +170,7 @@ class PackedDataset:
         enc, filler = self._passkey_parts
         key = str(int(rng.integers(10000, 100000)))
         needle = enc(f"The pass key is {key}. Remember it. {key} is the pass key. ")
-        question = enc(f"What is the pass key? The pass key is {key}.")
+        question = enc(f" What is the pass key? The pass key is {key}.")
         n_fill = self.context - len(needle) - len(question)
         reps = n_fill // len(filler) + 1
         fill = (filler * reps)[:n_fill]

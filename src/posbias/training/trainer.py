@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import math
 import random
 import time
@@ -270,7 +271,7 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
         start = int(ck["step"])
         if info.is_main:  # drop metrics logged after the checkpoint (they will be redone)
             kept = [r for r in read_jsonl(out / "metrics.jsonl") if r.get("step", 0) <= start]
-            atomic_write_text(out / "metrics.jsonl", "".join(__import__("json").dumps(r) + "\n" for r in kept))
+            atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
     elif cfg.resume and info.is_main:
         warnings.warn(f"--resume: no checkpoint in {out}, starting from step 0")
 

@@ -1,0 +1,60 @@
+"""``posbias train``: pre-train a BAM decoder (positional scheme x normaliser) from scratch.
+
+Runs under ``torchrun --nproc_per_node N`` for data parallelism (one process per GPU / CPU rank).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from posbias.cli.common import friendly_errors, parse_key_values
+
+
+def train_command(
+    out: Path = typer.Option(..., help="run folder (config.json, metrics.jsonl, checkpoint.pt, final/)"),
+    pe: str = typer.Option("ggd", help="positional scheme: rope, sinusoidal, nope, alibi, ggd"),
+    ssmax: bool = typer.Option(False, "--ssmax/--softmax", help="Scalable-Softmax instead of softmax"),
+    preset: str = typer.Option("tiny", help="model size: tiny, small, 120m, 1b"),
+    steps: int = typer.Option(1000, help="optimizer steps"),
+    context: int = typer.Option(512, help="training context length in tokens"),
+    batch_size: int = typer.Option(8, help="sequences per step and process"),
+    grad_accum: int = typer.Option(1, help="gradient accumulation micro-steps"),
+    lr: float = typer.Option(1e-3, help="peak learning rate"),
+    prior_lr: Optional[float] = typer.Option(None, help="learning rate of GGD priors / SSMax scales (default --lr)"),
+    warmup: int = typer.Option(100, help="linear warmup steps"),
+    min_lr_ratio: float = typer.Option(0.1, help="cosine decays to this fraction of --lr"),
+    weight_decay: float = typer.Option(0.1, help="weight decay on 2-D weights"),
+    grad_clip: float = typer.Option(1.0, help="gradient norm clip"),
+    optimizer: str = typer.Option("adamw", help="adamw or radam"),
+    seed: int = typer.Option(0),
+    corpus: Optional[list[str]] = typer.Option(None, help="text files / folders (.txt, .md, .jsonl with 'text'); "
+                                                           "repeatable; default: the Paul Graham essays"),
+    tokenizer: Optional[str] = typer.Option(None, help="HF tokenizer folder or name (default SmolLM2's)"),
+    passkey_rate: float = typer.Option(0.0, help="fraction of blocks replaced by synthetic passkey documents"),
+    checkpoint_every: int = typer.Option(200, help="checkpoint every N steps"),
+    log_every: int = typer.Option(10, help="log metrics every N steps"),
+    resume: bool = typer.Option(False, help="continue from out/checkpoint.pt"),
+    precision: str = typer.Option("auto", help="auto (bf16 on CUDA), bf16 or fp32"),
+    device: str = typer.Option("auto", help="auto, cpu, cuda"),
+    model_opt: Optional[list[str]] = typer.Option(None, "--model-opt",
+                                                  help="BamConfig override key=value (repeatable), e.g. "
+                                                       "ggd_init=alibi, num_hidden_layers=2"),
+):
+    """Pre-train a BAM decoder; the final model is saved with save_pretrained under OUT/final."""
+    from posbias.training import TrainConfig, train
+
+    cfg = TrainConfig(
+        out=str(out), pe=pe, ssmax=ssmax, preset=preset, model_overrides=parse_key_values(model_opt, "model-opt"),
+        steps=steps, context=context, batch_size=batch_size, grad_accum=grad_accum, lr=lr, prior_lr=prior_lr,
+        warmup_steps=warmup, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, grad_clip=grad_clip,
+        optimizer=optimizer, seed=seed, corpus=list(corpus) if corpus else None, tokenizer=tokenizer,
+        passkey_rate=passkey_rate, checkpoint_every=checkpoint_every, log_every=log_every, resume=resume,
+        precision=precision, device=device)
+    path = train(cfg)
+    typer.echo(str(path))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(friendly_errors(train_command))

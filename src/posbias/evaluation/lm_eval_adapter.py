@@ -1,0 +1,204 @@
+"""lm-evaluation-harness adapter: evaluate a (patched) model offline on local task files.
+
+    from posbias.evaluation.lm_eval_adapter import PosbiasLM
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    lm = PosbiasLM(model, tokenizer, method="ms-poe", method_options={"r_min": 1.2}, batch_size=8)
+    res = lm_eval.simple_evaluate(model=lm, tasks=["my_task"], task_manager=TaskManager(include_path="tasks/"))
+    lm.close()  # removes a method the adapter applied itself
+
+Requests are scored through ``handle.model`` with the same call the posbias scorers use
+(left-padded batches, explicit ``position_ids = cumsum(mask) - 1``, ``logits_to_keep``; greedy
+generation is a manual loop with ``past_key_values``), so every method in
+:mod:`posbias.methods` works, including wrappers such as Attention Buckets.
+
+``lm_eval`` is an optional dependency (``pip install lm-eval``); importing this module without it
+raises ImportError with that hint.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from lm_eval.api.model import TemplateLM
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("posbias.evaluation.lm_eval_adapter needs lm-evaluation-harness: pip install lm-eval") from e
+
+
+class PosbiasLM(TemplateLM):
+    """An ``lm_eval`` model wrapping ``(model, tokenizer)`` and an optional posbias method.
+
+    Args:
+        model: a Hugging Face causal LM.
+        tokenizer: its tokenizer.
+        method: ``None`` / ``"none"``, a method name (applied here and removed by :meth:`close`), or a
+            :class:`posbias.methods.MethodHandle` already applied by the caller.
+        method_options: options for a method given by name.
+        batch_size: requests per forward pass.
+        max_length: context window (default the model's ``max_position_embeddings``).
+        max_gen_toks: default generation budget for ``generate_until``.
+    """
+
+    def __init__(self, model, tokenizer, method=None, method_options: dict | None = None, batch_size: int = 8,
+                 max_length: int | None = None, max_gen_toks: int = 64):
+        super().__init__()
+        from posbias.methods import MethodHandle, apply_method
+
+        self.tokenizer = tokenizer
+        self.base_model = model
+        self._owns_handle = False
+        if isinstance(method, MethodHandle):
+            self.handle = method
+        else:
+            self.handle = apply_method(model, method or "none", **(method_options or {}))
+            self._owns_handle = True
+        self.batch_size = max(1, int(batch_size))
+        self.max_length = int(max_length or getattr(model.config, "max_position_embeddings", 2048) or 2048)
+        self.max_gen_toks = int(max_gen_toks)
+        self._device = next(model.parameters()).device
+
+    # -- lm_eval plumbing ---------------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        eos = self.tokenizer.eos_token_id
+        return int(eos if eos is not None else self.tokenizer.pad_token_id)
+
+    @property
+    def prefix_token_id(self) -> int:
+        bos = self.tokenizer.bos_token_id
+        return int(bos if bos is not None else self.eot_token_id)
+
+    @property
+    def device(self):
+        return self._device
+
+    @property
+    def tokenizer_name(self) -> str:
+        return getattr(self.tokenizer, "name_or_path", "posbias").replace("/", "__")
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return self.tokenizer(string, add_special_tokens=bool(add_special_tokens))["input_ids"]
+
+    def tok_decode(self, tokens) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def close(self) -> None:
+        """Remove the method if this adapter applied it."""
+        if self._owns_handle:
+            self.handle.remove()
+
+    # -- scoring ------------------------------------------------------------------------------
+    def _pad_id(self) -> int:
+        pid = self.tokenizer.pad_token_id
+        return int(pid if pid is not None else self.eot_token_id)
+
+    def _left_pad(self, seqs: list[list[int]]):
+        t = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), t), self._pad_id(), dtype=torch.long)
+        mask = torch.zeros((len(seqs), t), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, t - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, t - len(s):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        return ids.to(self.device), mask.to(self.device), pos.to(self.device)
+
+    @torch.no_grad()
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        results: list[tuple[float, bool] | None] = [None] * len(requests)
+        items = []
+        for i, (key, ctx, cont) in enumerate(requests):
+            if not cont:
+                results[i] = (0.0, True)
+                continue
+            whole = (list(ctx) + list(cont))[-(self.max_length + 1):]
+            inp = whole[:-1]
+            n_cont = min(len(cont), len(inp))
+            items.append((i, key, inp, list(cont)[-n_cont:]))
+        items.sort(key=lambda x: -len(x[2]))  # similar lengths together; results restored by index
+        for start in range(0, len(items), self.batch_size):
+            chunk = items[start:start + self.batch_size]
+            ids, mask, pos = self._left_pad([c[2] for c in chunk])
+            keep = max(len(c[3]) for c in chunk)
+            out = self.handle.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep)
+            logp = F.log_softmax(out.logits.float(), dim=-1)  # (B, keep, V): the last `keep` positions
+            for row, (i, key, _inp, cont) in enumerate(chunk):
+                lp = logp[row, keep - len(cont):]
+                target = torch.tensor(cont, device=lp.device)
+                total = float(lp.gather(-1, target[:, None]).sum())
+                greedy = bool((lp.argmax(-1) == target).all())
+                results[i] = (total, greedy)
+                self.cache_hook.add_partial("loglikelihood", key, (total, greedy))
+        return results  # type: ignore[return-value]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        out = []
+        for req in requests:
+            (string,) = req.args
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length, context_len=1)]
+            scores = self._loglikelihood_tokens([(None, ctx, cont) for ctx, cont in windows])
+            total = sum(s for s, _ in scores)
+            out.append(total)
+            self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
+        return out
+
+    @torch.no_grad()
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        results: list[str] = [""] * len(requests)
+        order = sorted(range(len(requests)), key=lambda i: -len(requests[i].args[0]))
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            ctxs = [requests[i].args[0] for i in idx]
+            gen_kwargs: dict[str, Any] = dict(requests[idx[0]].args[1] or {})
+            until = gen_kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+            texts = self._greedy(ctxs, max_new, until)
+            for i, text in zip(idx, texts):
+                results[i] = text
+                self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        return results
+
+    def _greedy(self, contexts: list[str], max_new: int, until: list[str]) -> list[str]:
+        budget = max(1, self.max_length - max_new)
+        seqs = [self.tok_encode(c)[-budget:] or [self.prefix_token_id] for c in contexts]
+        ids, mask, pos = self._left_pad(seqs)
+        out = self.handle.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                                logits_to_keep=1)
+        cache = out.past_key_values
+        gen = [[] for _ in seqs]
+        done = [False] * len(seqs)
+        eos = self.eot_token_id
+        for _ in range(max_new):
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            for r, t in enumerate(nxt[:, 0].tolist()):
+                if done[r]:
+                    continue
+                if t == eos:
+                    done[r] = True
+                    continue
+                gen[r].append(t)
+                if until and any(u in self.tok_decode(gen[r]) for u in until):
+                    done[r] = True
+            if all(done):
+                break
+            mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+            pos = pos[:, -1:] + 1
+            out = self.handle.model(input_ids=nxt, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                                    use_cache=True, logits_to_keep=1)
+            cache = out.past_key_values
+        texts = []
+        for g in gen:
+            text = self.tok_decode(g)
+            for u in until:
+                if u and u in text:
+                    text = text.split(u)[0]
+            texts.append(text)
+        return texts

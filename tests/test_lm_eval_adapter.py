@@ -1,0 +1,83 @@
+"""lm-evaluation-harness adapter on a tiny local multiple-choice task (skipped without lm_eval)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("lm_eval")
+
+from conftest import make_tiny_model  # noqa: E402
+from posbias.evaluation.lm_eval_adapter import PosbiasLM  # noqa: E402
+
+
+class _Req:
+    def __init__(self, *args):
+        self.args = args
+
+
+def _direct_loglik(model, tok, ctx, cont):
+    c = tok(ctx)["input_ids"]
+    w = tok(ctx + cont)["input_ids"]
+    ids = torch.tensor([w])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+    return sum(float(lp[i - 1, w[i]]) for i in range(len(c), len(w)))
+
+
+def test_loglikelihood_batched_matches_direct(tiny_tokenizer):
+    model = make_tiny_model("llama")
+    lm = PosbiasLM(model, tiny_tokenizer, batch_size=3)
+    pairs = [("The sky is", " blue."), ("The pass key is 12345. Remember it. The pass key is", " 12345."),
+             ("Question: who wrote the document? Answer:", " Document Title"), ("The grass", " is green.")]
+    got = lm.loglikelihood([_Req(c, x) for c, x in pairs], disable_tqdm=True)
+    for (c, x), (ll, greedy) in zip(pairs, got):
+        assert ll == pytest.approx(_direct_loglik(model, tiny_tokenizer, c, x), abs=1e-4)
+        assert isinstance(greedy, bool)
+    # a no-op method gives the same scores; the adapter removes what it applied
+    lm2 = PosbiasLM(model, tiny_tokenizer, method="ms-poe", method_options={"r_min": 1.0, "r_max": 1.0}, batch_size=2)
+    got2 = lm2.loglikelihood([_Req(c, x) for c, x in pairs], disable_tqdm=True)
+    lm2.close()
+    assert [g[0] for g in got2] == pytest.approx([g[0] for g in got], abs=1e-4)
+    assert "forward" not in model.model.layers[-1].self_attn.__dict__
+    gens = lm.generate_until([_Req("The sky is", {"until": ["."], "max_gen_toks": 5}),
+                              _Req("The grass is green. The sun", {"max_gen_toks": 3})])
+    assert len(gens) == 2 and all(isinstance(g, str) and "." not in g for g in gens[:1])
+    assert lm.loglikelihood_rolling([_Req("The sky is blue. The sun is yellow.")])[0] < 0
+
+
+def test_simple_evaluate_on_local_multiple_choice_task(tmp_path, tiny_tokenizer, monkeypatch):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    data = tmp_path / "tiny_mc.jsonl"
+    docs = [{"question": "The sky is", "choices": ["blue", "green", "yellow"], "label": 0},
+            {"question": "The grass is", "choices": ["blue", "green", "yellow"], "label": 1},
+            {"question": "The sun is", "choices": ["blue", "green", "yellow"], "label": 2}]
+    data.write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    (tmp_path / "tiny_mc.yaml").write_text(
+        "task: posbias_tiny_mc\n"
+        "dataset_path: json\n"
+        "dataset_kwargs:\n"
+        f"  data_files:\n    test: {data}\n"
+        "test_split: test\n"
+        "output_type: multiple_choice\n"
+        "doc_to_text: \"{{question}}\"\n"
+        "doc_to_choice: \"{{choices}}\"\n"
+        "doc_to_target: label\n"
+        "metric_list:\n  - metric: acc\n"
+    )
+    model = make_tiny_model("qwen2")
+    lm = PosbiasLM(model, tiny_tokenizer, method="attention-buckets", batch_size=4)
+    try:
+        res = lm_eval.simple_evaluate(model=lm, tasks=["posbias_tiny_mc"],
+                                      task_manager=TaskManager(include_path=str(tmp_path)),
+                                      bootstrap_iters=0, log_samples=False)
+    finally:
+        lm.close()
+    acc = res["results"]["posbias_tiny_mc"]["acc,none"]
+    assert 0.0 <= acc <= 1.0

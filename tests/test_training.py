@@ -1,0 +1,256 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from posbias.training import PackedDataset, TrainConfig, load_texts, lr_lambda, train
+from posbias.training.trainer import _load_checkpoint, make_optimizer
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The CI box has 2 shared cores: multi-threaded BLAS on tiny matrices spins (30 ms per matmul)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+SENTENCES = ["The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
+             "There and back again.", "The pass key is 12345.", "Remember it.", "Question: who wrote the document?"]
+TINY_MODEL = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64)
+
+
+def _write_corpus(folder: Path, n_docs: int = 12, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for d in range(n_docs // 2):
+        (folder / f"doc{d}.txt").write_text(" ".join(rng.choice(SENTENCES, 30)))
+    with open(folder / "more.jsonl", "w") as f:
+        for _ in range(n_docs - n_docs // 2):
+            f.write(json.dumps({"text": " ".join(rng.choice(SENTENCES, 30))}) + "\n")
+    return folder
+
+
+def _cfg(tmp_path, **kw) -> TrainConfig:
+    base = dict(out=str(tmp_path / "run"), steps=6, context=32, batch_size=2, model_overrides=dict(TINY_MODEL),
+                warmup_steps=2, log_every=2, checkpoint_every=3, corpus=[str(tmp_path / "corpus")], progress=False,
+                pe="ggd", ssmax=True)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    return _write_corpus(tmp_path / "corpus")
+
+
+def test_load_texts_files_folders_and_errors(tmp_path, corpus):
+    texts = load_texts([corpus])
+    assert len(texts) == 12
+    assert len(load_texts(corpus / "more.jsonl")) == 6
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty corpus"):
+        load_texts([tmp_path / "empty"])
+    with pytest.raises(FileNotFoundError, match="corpus path not found"):
+        load_texts([tmp_path / "nope"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"title": 1}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        load_texts([bad])
+
+
+def test_builtin_paul_graham_corpus():
+    texts = load_texts("paul-graham")
+    assert len(texts) > 20 and sum(len(t) for t in texts) > 100_000
+
+
+def test_packing_doc_ids_and_determinism(tiny_tokenizer, corpus):
+    texts = load_texts([corpus])
+    ds = PackedDataset(texts, tiny_tokenizer, 32, seed=1)
+    ids, docs = ds.block(0)
+    assert ids.shape == docs.shape == (32,)
+    # every document ends with EOS, and the doc id changes right after an EOS
+    eos = tiny_tokenizer.eos_token_id
+    change = (ds.doc_ids[1:] != ds.doc_ids[:-1]).nonzero()[0]
+    assert (ds.tokens[change] == eos).all()
+    again = PackedDataset(texts, tiny_tokenizer, 32, seed=1)
+    for k in (0, 5, len(ds) + 3):
+        assert torch.equal(ds.block(k)[0], again.block(k)[0])
+    epoch0 = torch.stack([ds.block(k)[0] for k in range(len(ds))])
+    epoch1 = torch.stack([ds.block(len(ds) + k)[0] for k in range(len(ds))])
+    assert not torch.equal(epoch0, epoch1) and torch.equal(epoch0.sort(0).values, epoch0.sort(0).values)
+    with pytest.raises(ValueError, match="context length must be positive"):
+        PackedDataset(texts, tiny_tokenizer, 0)
+    with pytest.raises(ValueError, match="corpus too small"):
+        PackedDataset(["hi"], tiny_tokenizer, 32)
+
+
+def test_passkey_mixing(tiny_tokenizer, corpus):
+    ds = PackedDataset(load_texts([corpus]), tiny_tokenizer, 96, passkey_rate=0.5)
+    n_pk = 0
+    for k in range(40):
+        ids, docs = ds.block(k)
+        assert ids.shape == (96,)
+        if docs[0] < 0:
+            n_pk += 1
+            text = tiny_tokenizer.decode(ids)
+            key = text.split("The pass key is ")[1][:5]
+            assert key.isdigit() and text.endswith(f"The pass key is {key}.")
+    assert 8 <= n_pk <= 32
+
+
+def test_lr_schedule():
+    f = lambda s: lr_lambda(s, steps=100, warmup=10, min_ratio=0.1)  # noqa: E731
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0) and f(100) == pytest.approx(0.1)
+    assert f(55) == pytest.approx(0.55)
+
+
+def test_no_weight_decay_on_priors_and_norms(tmp_path, tiny_tokenizer):
+    from posbias.bam import build_model
+
+    m = build_model("tiny", vocab_size=512, pe="ggd", normaliser="ssmax", **TINY_MODEL)
+    opt = make_optimizer(m, _cfg(tmp_path))
+    groups = {g["name"]: g for g in opt.param_groups}
+    assert groups["decay"]["weight_decay"] == 0.1 and all(p.dim() == 2 for p in groups["decay"]["params"])
+    assert groups["prior"]["weight_decay"] == 0.0 and len(groups["prior"]["params"]) == 2 * 2 + 2
+    assert groups["no_decay"]["weight_decay"] == 0.0
+
+
+def _weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_train_outputs_and_resume_is_exact(tmp_path, tiny_tokenizer, corpus):
+    from transformers import AutoModelForCausalLM
+
+    full = train(_cfg(tmp_path, out=str(tmp_path / "full")), tokenizer=tiny_tokenizer)
+    assert full == tmp_path / "full" / "final"
+    run = tmp_path / "full"
+    assert (run / "config.json").exists() and (run / "checkpoint.pt").exists()
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [2, 4, 6]
+    assert all(np.isfinite(m["loss"]) and m["tokens_per_s"] > 0 for m in metrics)
+    assert "theta_beta_mean" in metrics[0] and "ssmax_s_mean" in metrics[0]
+    model = AutoModelForCausalLM.from_pretrained(full)
+    assert model.config.pe == "ggd" and model.config.normaliser == "ssmax"
+
+    part = _cfg(tmp_path, out=str(tmp_path / "part"), stop_after=3)
+    assert train(part, tokenizer=tiny_tokenizer) == tmp_path / "part"
+    assert not (tmp_path / "part" / "final").exists()
+    with pytest.raises(ValueError, match="already holds a checkpoint"):
+        train(_cfg(tmp_path, out=str(tmp_path / "part")), tokenizer=tiny_tokenizer)
+    resumed = train(_cfg(tmp_path, out=str(tmp_path / "part"), resume=True), tokenizer=tiny_tokenizer)
+    a, b = _weights(full), _weights(resumed)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    steps = [json.loads(line)["step"] for line in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2, 3, 4, 6]
+
+    # resuming with other settings is refused
+    with pytest.raises(ValueError, match="other settings"):
+        train(_cfg(tmp_path, out=str(tmp_path / "part"), resume=True, pe="rope"), tokenizer=tiny_tokenizer)
+
+
+def test_checkpoint_from_another_model_config(tmp_path, tiny_tokenizer, corpus):
+    train(_cfg(tmp_path, steps=2, checkpoint_every=1, stop_after=1), tokenizer=tiny_tokenizer)
+    ck = tmp_path / "run" / "checkpoint.pt"
+    with pytest.raises(ValueError, match="another model config.*num_hidden_layers"):
+        _load_checkpoint(ck, model_config={**torch.load(ck, weights_only=False)["model_config"],
+                                           "num_hidden_layers": 3})
+    ck.write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="cannot read checkpoint"):
+        train(_cfg(tmp_path, steps=2, resume=True), tokenizer=tiny_tokenizer)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(pe="xpos"), "unknown positional scheme"),
+    (dict(context=0), "context must be positive"),
+    (dict(optimizer="sgd"), "unknown optimizer"),
+    (dict(model_overrides=dict(TINY_MODEL, vocab_size=100)), r"tokenizer has \d+ tokens but the model vocabulary is 100"),
+])
+def test_bad_input_errors(tmp_path, tiny_tokenizer, corpus, kw, match):
+    with pytest.raises(ValueError, match=match):
+        train(_cfg(tmp_path, **kw), tokenizer=tiny_tokenizer)
+
+
+def test_empty_corpus_error(tmp_path, tiny_tokenizer):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("   \n")
+    with pytest.raises(ValueError, match="empty corpus"):
+        train(_cfg(tmp_path), tokenizer=tiny_tokenizer)
+
+
+def test_cli_train(tmp_path, tiny_tokenizer, corpus):
+    import typer
+    from typer.testing import CliRunner
+
+    from posbias.cli import train_cmd
+
+    app = typer.Typer()
+    train_cmd.register(app)
+    app.command("noop")(lambda: None)  # keep typer in multi-command mode
+    tok_dir = tmp_path / "tok"
+    tiny_tokenizer.save_pretrained(tok_dir)
+    args = ["train", "--out", str(tmp_path / "cli"), "--pe", "alibi", "--ssmax", "--steps", "2", "--context", "32",
+            "--batch-size", "2", "--tokenizer", str(tok_dir), "--corpus", str(corpus), "--warmup", "1",
+            "--optimizer", "radam", "--model-opt", "num_hidden_layers=1", "--model-opt", "hidden_size=32",
+            "--model-opt", "intermediate_size=64"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "cli" / "final" / "model.safetensors").exists()
+    res = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "cli2"), "--pe", "xpos"] + args[5:])
+    assert res.exit_code == 2 and "unknown positional scheme" in res.output
+
+
+DDP_SCRIPT = """
+import sys, json, hashlib, torch
+sys.path.insert(0, {tests!r})
+from conftest import make_tiny_tokenizer
+from posbias.training import TrainConfig, train
+
+sums = []
+def cb(step, model, info):
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    sums.append(hashlib.sha1(flat.numpy().tobytes()).hexdigest())
+    if step == 2:
+        open({out!r} + f"/rank{{info.rank}}.json", "w").write(json.dumps({{"world": info.world_size, "sums": sums}}))
+
+train(TrainConfig(out={out!r} + "/run", steps=2, context=32, batch_size=2, warmup_steps=1, log_every=1,
+                  checkpoint_every=2, corpus=[{corpus!r}], progress=False, pe="ggd", ssmax=True,
+                  model_overrides={model!r}), tokenizer=make_tiny_tokenizer(), callback=cb)
+"""
+
+
+def test_ddp_two_cpu_processes_stay_in_sync(tmp_path, corpus):
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT.format(tests=str(Path(__file__).parent), out=str(tmp_path), corpus=str(corpus),
+                                        model=TINY_MODEL))
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:  # kill torchrun and its workers, never leave them running
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    r0 = json.loads((tmp_path / "rank0.json").read_text())
+    r1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert r0["world"] == r1["world"] == 2
+    assert r0["sums"] == r1["sums"] and len(r0["sums"]) == 2
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["tokens"] == 2 * 2 * 32 * 2  # steps x batch x context x world
