@@ -8,6 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+# Tiny models run fastest single-threaded (thread start-up dominates their matrix products, and
+# oversubscribed cores make it much worse).
+torch.set_num_threads(1)
+
 TINY_VOCAB = 512
 ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 

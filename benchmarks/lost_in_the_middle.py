@@ -1,0 +1,77 @@
+"""The lost-in-the-middle sweep of SmolLM2-135M behind the README table.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/lost_in_the_middle.py --out runs/lim \
+        --mdqa-path ../shared/data/lost-in-the-middle/nq-open-oracle.jsonl.gz
+
+Each setting is one resumable ``posbias eval`` run folder under ``--out``; the combined table
+(accuracy by depth, n, 95% Wilson intervals, wall time) is printed and written to
+``--out/table.md``. Settings whose folder is already complete are only summarised.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+# name -> (task, task options, instances per depth, batch size)
+SETTINGS = {
+    "kv15": ("kv", {"num_keys": 15}, 10, 4),
+    "kv30": ("kv", {"num_keys": 30}, 20, 4),
+    "kv60": ("kv", {"num_keys": 60}, 10, 4),
+    "niah24": ("niah", {"num_needles": 24, "length": 860}, 20, 4),
+    "mdqa10": ("mdqa", {"num_docs": 10}, 20, 2),
+    "passkey1k": ("passkey", {"length": 1024}, 10, 2),
+}
+DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--out", default="runs/lim")
+    ap.add_argument("--mdqa-path", default=None, help="nq-open-oracle.jsonl.gz (mdqa is skipped without it)")
+    ap.add_argument("--only", default=None, help="comma-separated subset of: " + ",".join(SETTINGS))
+    args = ap.parse_args()
+
+    from posbias.evaluation.session import run_eval
+    from posbias.models import load_model
+
+    loaded = load_model(args.model)
+    names = args.only.split(",") if args.only else list(SETTINGS)
+    for name in names:
+        task, opts, n, bs = SETTINGS[name]
+        if task == "mdqa":
+            if not args.mdqa_path:
+                continue
+            opts = {**opts, "path": args.mdqa_path}
+        start = time.time()
+        run_eval(model=args.model, task=task, depths=DEPTHS, n=n, out=Path(args.out) / name, batch_size=bs,
+                 task_options=opts, loaded=loaded)
+        print(f"{name}: {time.time() - start:.0f} s")
+    table = summary_table(Path(args.out), names)
+    (Path(args.out) / "table.md").write_text(table + "\n")
+    print(table)
+
+
+def summary_table(root: Path, names: list[str]) -> str:
+    """One row per setting: accuracy % [95% CI] at each depth, n per depth, mean prompt tokens."""
+    lines = ["| setting | tokens | n/depth | " + " | ".join(f"depth {d:g}" for d in DEPTHS) + " |",
+             "|---|---:|---:|" + "---:|" * len(DEPTHS)]
+    for name in names:
+        path = root / name / "summary.json"
+        if not path.exists():
+            continue
+        summary = json.loads(path.read_text())
+        results = [json.loads(x) for x in (root / name / "results.jsonl").read_text().splitlines() if x.strip()]
+        tokens = sum(r.get("prompt_tokens", 0) for r in results) / max(1, len(results))
+        cells = {r["depth"]: r for r in summary["by_depth"]}
+        row = [f"{100 * c['accuracy']:.0f} [{100 * c['ci_low']:.0f}, {100 * c['ci_high']:.0f}]"
+               if (c := cells.get(d)) else "-" for d in DEPTHS]
+        n = summary["by_depth"][0]["n"] if summary["by_depth"] else 0
+        lines.append(f"| {name} | {tokens:.0f} | {n} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
