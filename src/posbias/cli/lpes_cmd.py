@@ -15,7 +15,7 @@ DEFAULT_MODEL = "smollm2-135m"
 def search_command(
     model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
     task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
-    preset: str = typer.Option("quick", help="quick (~5 min on 2 CPU cores) | standard (~1 h) | paper (GPU)"),
+    preset: str = typer.Option("quick", help="quick (~5 min on 2 CPU cores) | standard (~25 min) | paper (GPU)"),
     out: str = typer.Option(..., help="run folder"),
     resume: bool = typer.Option(False, "--resume", help="continue a killed search in --out"),
     seed: int = typer.Option(0),

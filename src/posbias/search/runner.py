@@ -31,11 +31,12 @@ __all__ = ["PRESETS", "GAResult", "SearchResult", "run_ga", "run_search", "Seria
            "plot_factors", "plot_fitness"]
 
 # Sized for 2 CPU cores with SmolLM2-135M (~0.9 s per 380-token forward: kv, 30 keys).
-# quick: <= 6 + 4 + 4 = 14 individuals x 24 instances (~5 min); standard: <= 66 x 60 (~1 h);
+# quick: <= 6 + 4 + 4 = 14 individuals x 24 instances (~5 min); standard: <= 8 + 4 x 6 = 32
+# individuals x 36 instances (~25 min, less with memoisation and pruning);
 # paper: the paper's 200 search instances and ~12 generations (a GPU).
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"population": 6, "elite": 2, "generations": 3, "n_per_depth": 8, "batch_size": 4},
-    "standard": {"population": 10, "elite": 2, "generations": 8, "n_per_depth": 20, "batch_size": 4},
+    "standard": {"population": 8, "elite": 2, "generations": 5, "n_per_depth": 12, "batch_size": 4},
     "paper": {"population": 24, "elite": 4, "generations": 12, "n_per_depth": 67, "batch_size": 16},
 }
 CHECKPOINT = "checkpoint.json"
