@@ -4,13 +4,6 @@ import torch
 from posbias.bam import BamConfig, BamForCausalLM, build_model
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The CI box has 2 shared cores: multi-threaded BLAS on tiny matrices spins (30 ms per matmul)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 SCHEMES = ["rope", "sinusoidal", "nope", "alibi", "ggd"]

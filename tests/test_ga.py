@@ -157,6 +157,23 @@ def test_pool_workers_match_serial():
     assert _strip(par.history) == _strip(serial.history)
 
 
+def test_ray_actors_match_serial():
+    """Ray actors (the cross-node backend) give the serial search's result."""
+    ray = pytest.importorskip("ray")
+    from posbias.search.runner import RayEvaluator
+
+    cfg = GAConfig(**CFG)
+    serial = run_ga(SerialEvaluator(SyntheticFitness(bump_objective)), cfg, num_layers=12, generations=2, seed=5)
+    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
+    try:
+        ev = RayEvaluator(functools.partial(SyntheticFitness, bump_objective), workers=2)
+        par = run_ga(ev, cfg, num_layers=12, generations=2, seed=5)
+        ev.close()
+    finally:
+        ray.shutdown()
+    assert _strip(par.history) == _strip(serial.history)
+
+
 # -- teacher-forced fitness with a stubbed scorer -------------------------------------------------
 
 @dataclass

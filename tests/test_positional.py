@@ -7,13 +7,6 @@ from posbias.positional import (SCHEMES, ALiBiBias, GGDBias, RotaryEmbedding, Si
                                 get_scheme)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The CI box has 2 shared cores: multi-threaded BLAS on tiny matrices spins (30 ms per matmul)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 

@@ -12,13 +12,6 @@ from posbias.training import PackedDataset, TrainConfig, load_texts, lr_lambda, 
 from posbias.training.trainer import _load_checkpoint, make_optimizer
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The CI box has 2 shared cores: multi-threaded BLAS on tiny matrices spins (30 ms per matmul)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 SENTENCES = ["The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",

