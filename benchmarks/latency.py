@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from posbias.evaluation.generation import cache_of
+
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 DEFAULT_OPTIONS = {"pi": {"factor": 1.5}, "ms-poe": {}, "attention-buckets": {}, "moice": {}, "none": {}}
 
@@ -41,15 +43,15 @@ def time_method(callable_model, ids: torch.Tensor, decode_steps: int) -> tuple[f
     t0 = time.perf_counter()
     out = callable_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
     t1 = time.perf_counter()
-    cache = out.past_key_values
+    cache = cache_of(out)
     nxt = out.logits[:, -1].argmax(-1, keepdim=True)
     t2 = time.perf_counter()
     for _ in range(decode_steps):
         mask = torch.cat([mask, torch.ones_like(nxt)], 1)
         pos = pos[:, -1:] + 1
-        out = callable_model(input_ids=nxt, attention_mask=mask, position_ids=pos, past_key_values=cache,
+        out = callable_model(input_ids=nxt, attention_mask=mask, position_ids=pos, cache=cache,
                              use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
+        cache = cache_of(out)
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
     t3 = time.perf_counter()
     return t1 - t0, (t3 - t2) / max(decode_steps, 1)

@@ -12,9 +12,15 @@ from posbias.tasks.base import Instance
 
 
 @torch.no_grad()
-def greedy_batch(model, prompts: list[list[int]], pad_id: int, eos_ids: set[int], max_new_tokens: int) -> list[list[int]]:
-    """Greedy-decode up to ``max_new_tokens`` for each prompt; returns the new token ids per row."""
+def greedy_batch(model, prompts: list[list[int]], pad_id: int, eos_ids: set[int], max_new_tokens: int,
+                 stop=None, device=None) -> list[list[int]]:
+    """Greedy-decode up to ``max_new_tokens`` for each prompt; returns the new token ids per row.
+
+    A row ends at an EOS token or when ``stop(row_tokens)`` returns True (e.g. a stop string).
+    """
     ids, mask, pos = left_pad(prompts, pad_id)
+    if device is not None:
+        ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
     generated = [[] for _ in prompts]
     done = torch.zeros(len(prompts), dtype=torch.bool)
@@ -27,11 +33,12 @@ def greedy_batch(model, prompts: list[list[int]], pad_id: int, eos_ids: set[int]
                     done[b] = True
                 else:
                     generated[b].append(t)
+                    done[b] = bool(stop is not None and stop(generated[b]))
         if bool(done.all()):
             break
-        mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype)], dim=1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=next_pos,
-                    cache=_cache_of(out), use_cache=True, logits_to_keep=1)
+                    cache=cache_of(out), use_cache=True, logits_to_keep=1)
         next_pos = next_pos + 1
     return generated
 
@@ -67,7 +74,7 @@ def greedy_token_ids(model, tokenizer, instances: Sequence[Instance], *, max_new
     return [greedy_batch(model, [e.prompt_ids], pad_id, set(), max_new_tokens)[0] for e in encoded]
 
 
-def _cache_of(out):
+def cache_of(out):
     """The KV cache of a model output (transformers >= 5.24 names it ``cache``)."""
     cache = getattr(out, "cache", None)
     return cache if cache is not None else getattr(out, "past_key_values", None)

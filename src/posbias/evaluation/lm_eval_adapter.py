@@ -23,6 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from posbias.evaluation.batching import left_pad
+from posbias.evaluation.generation import greedy_batch
+
 try:
     from lm_eval.api.model import TemplateLM
 except ImportError as e:  # pragma: no cover - depends on the environment
@@ -97,13 +100,7 @@ class PosbiasLM(TemplateLM):
         return int(pid if pid is not None else self.eot_token_id)
 
     def _left_pad(self, seqs: list[list[int]]):
-        t = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), t), self._pad_id(), dtype=torch.long)
-        mask = torch.zeros((len(seqs), t), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, t - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[i, t - len(s):] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, pos = left_pad(seqs, self._pad_id())
         return ids.to(self.device), mask.to(self.device), pos.to(self.device)
 
     @torch.no_grad()
@@ -169,31 +166,9 @@ class PosbiasLM(TemplateLM):
     def _greedy(self, contexts: list[str], max_new: int, until: list[str]) -> list[str]:
         budget = max(1, self.max_length - max_new)
         seqs = [self.tok_encode(c)[-budget:] or [self.prefix_token_id] for c in contexts]
-        ids, mask, pos = self._left_pad(seqs)
-        out = self.handle.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                                logits_to_keep=1)
-        cache = out.past_key_values
-        gen = [[] for _ in seqs]
-        done = [False] * len(seqs)
-        eos = self.eot_token_id
-        for _ in range(max_new):
-            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-            for r, t in enumerate(nxt[:, 0].tolist()):
-                if done[r]:
-                    continue
-                if t == eos:
-                    done[r] = True
-                    continue
-                gen[r].append(t)
-                if until and any(u in self.tok_decode(gen[r]) for u in until):
-                    done[r] = True
-            if all(done):
-                break
-            mask = torch.cat([mask, torch.ones_like(nxt)], 1)
-            pos = pos[:, -1:] + 1
-            out = self.handle.model(input_ids=nxt, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                                    use_cache=True, logits_to_keep=1)
-            cache = out.past_key_values
+        stop = (lambda toks: any(u and u in self.tok_decode(toks) for u in until)) if until else None
+        gen = greedy_batch(self.handle.model, seqs, self._pad_id(), {self.eot_token_id}, max_new, stop=stop,
+                           device=self.device)
         texts = []
         for g in gen:
             text = self.tok_decode(g)

@@ -28,6 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from posbias.evaluation.generation import cache_of
 from posbias.utils.io import append_jsonl, read_jsonl
 
 MODES = ("teacher_forced", "generate")
@@ -202,13 +203,6 @@ def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_s
     return out
 
 
-def _cache_of(out):
-    cache = getattr(out, "cache", None)
-    if cache is None:
-        cache = getattr(out, "past_key_values", None)
-    return cache
-
-
 def _cache_kwarg(model) -> str:
     """``"cache"`` for models whose forward takes it (transformers >= 5.2x, BAM), else
     ``"past_key_values"``."""
@@ -245,7 +239,7 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
     ck = _cache_kwarg(model)
     with torch.no_grad():
         out = model(input_ids=torch.tensor([P], device=device), use_cache=True, logits_to_keep=1)
-        cache = _cache_of(out)
+        cache = cache_of(out)
         if cache is None or not hasattr(cache, "crop"):
             return None
         first = out.logits[0, -1].float()
@@ -254,7 +248,7 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
             out2 = model(input_ids=torch.tensor([A[:-1]], device=device), use_cache=True,
                          logits_to_keep=len(A) - 1, **{ck: cache})
             rows += list(out2.logits[0].float())
-            cache = _cache_of(out2) or cache
+            cache = cache_of(out2) or cache
         logp = torch.log_softmax(torch.stack(rows[: len(A)]), dim=-1)
         gold = torch.tensor(A, device=logp.device)
         tf_em = bool(torch.equal(logp.argmax(-1), gold))
@@ -272,7 +266,7 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
                 break
             o = model(input_ids=torch.tensor([[nxt]], device=device), use_cache=True, logits_to_keep=1,
                       **{ck: cache})
-            cache = _cache_of(o) or cache
+            cache = cache_of(o) or cache
             nxt = int(o.logits[0, -1].argmax())
     return {"tf_em": tf_em, "tf_logprob": tf_logprob, "n_tokens": len(A), "prompt_tokens": len(P),
             "prediction": tokenizer.decode(generated, skip_special_tokens=True)}
