@@ -151,3 +151,12 @@ def test_flex_backend_needs_cuda():
     m = _tiny()
     with pytest.raises(RuntimeError, match="needs a CUDA device"):
         m(torch.randint(0, 97, (1, 5)), attn_backend="flex")
+
+
+def test_scorers_accept_inputs_beyond_the_training_context():
+    """BAM models have no position table: the evaluators must not cap them at the training length."""
+    from posbias.bam import BamConfig, BamForCausalLM
+    from posbias.evaluation.batching import model_max_positions
+
+    model = BamForCausalLM(BamConfig.from_preset("tiny", pe="ggd", vocab_size=64, max_position_embeddings=16))
+    assert model_max_positions(model) == 0

@@ -87,6 +87,9 @@ class BamConfig(PretrainedConfig):
         self.attn_chunk_size = attn_chunk_size
         self.ffn_chunk_size = ffn_chunk_size
         self.max_position_embeddings = max_position_embeddings  # training context (informative only)
+        # No position table: every scheme computes its positions on the fly, so any input length runs
+        # (the evaluators read this flag instead of refusing inputs beyond max_position_embeddings).
+        self.extrapolates = True
         self.use_cache = use_cache
         super().__init__(tie_word_embeddings=tie_word_embeddings, pad_token_id=pad_token_id,
                          bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)
