@@ -7,6 +7,8 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from posbias.utils.options import parse_key_values  # noqa: F401  (re-exported for the CLI modules)
+
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError, RuntimeError, OSError)
 
 
@@ -35,26 +37,6 @@ def parse_floats(text: str, name: str) -> list[float]:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--{name} must be comma-separated numbers, got {text!r}") from None
-
-
-def parse_key_values(items: Optional[list[str]], name: str) -> dict[str, Any]:
-    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (ints / floats converted)."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ValueError(f"--{name} expects key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        out[key.strip().replace("-", "_")] = _convert(value.strip())
-    return out
-
-
-def _convert(value: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return value
 
 
 def task_options(num_keys, num_docs, length, path, haystack, num_needles, extra) -> dict[str, Any]:

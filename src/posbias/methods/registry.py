@@ -107,33 +107,11 @@ def apply_method(model, name: str, **options) -> MethodHandle:
 
 
 def parse_options(pairs: list[str] | None) -> dict[str, Any]:
-    """``["factor=1.5", "bases=10000,13000", "order=index"]`` -> typed dict (for CLIs).
+    """``["factor=1.5", "bases=10000,13000", "order=index"]`` -> typed dict (for CLIs); see
+    :func:`posbias.utils.options.parse_key_values`."""
+    from posbias.utils.options import parse_key_values
 
-    Values are parsed as int, float, bool, a comma list of numbers, or kept as strings.
-    """
-    out: dict[str, Any] = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise ValueError(f"method option {pair!r} is not KEY=VALUE")
-        k, v = pair.split("=", 1)
-        out[k.strip().replace("-", "_")] = _parse_value(v.strip())
-    return out
-
-
-def _parse_value(v: str):
-    if v.lower() in ("true", "false"):
-        return v.lower() == "true"
-    if "," in v:
-        try:
-            return [float(x) for x in v.split(",") if x.strip()]
-        except ValueError:
-            return v
-    for cast in (int, float):
-        try:
-            return cast(v)
-        except ValueError:
-            pass
-    return v
+    return parse_key_values(pairs, "method-opt")
 
 
 def as_list(value, cast=float, name: str = "option") -> list | None:
