@@ -1,5 +1,5 @@
 # Two commands do all setup on a fresh machine: `make demo` and `make test`.
-PY ?= python3.11
+PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.posbias-installed
