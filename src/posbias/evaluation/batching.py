@@ -82,6 +82,17 @@ def length_sorted_batches(encoded: Sequence[Encoded], batch_size: int) -> Iterat
         yield order[start:start + batch_size]
 
 
+def pad_id_of(tokenizer) -> int:
+    """The tokenizer's pad id (0 when it has none; padded positions are masked anyway)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+def eos_ids_of(tokenizer) -> set[int]:
+    """The tokenizer's end-of-sequence id(s) as a set (empty when it has none)."""
+    eos = tokenizer.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos]) - {None}
+
+
 def model_max_positions(model) -> int:
     """``max_position_embeddings`` of a model, or 0 when it has no limit (e.g. NoPE / BAM models)."""
     cfg = getattr(model, "config", None)

@@ -7,7 +7,8 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from posbias.evaluation.batching import encode, left_pad, length_sorted_batches, model_max_positions
+from posbias.evaluation.batching import (encode, eos_ids_of, left_pad, length_sorted_batches,
+                                        model_max_positions, pad_id_of)
 from posbias.tasks.base import Instance
 
 
@@ -52,9 +53,8 @@ def greedy_generate(model, tokenizer, instances: Sequence[Instance], *, max_new_
         for e in encoded:
             if len(e.prompt_ids) + max_new_tokens > limit:
                 raise ValueError(f"instance {e.inst.id}: prompt + {max_new_tokens} new tokens exceeds {limit} positions")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    eos = tokenizer.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+    pad_id = pad_id_of(tokenizer)
+    eos_ids = eos_ids_of(tokenizer)
     texts: dict[str, str] = {}
     bar = tqdm(total=len(encoded), desc="generate", unit="inst", disable=not progress, leave=False)
     for batch in length_sorted_batches(encoded, batch_size):
@@ -70,7 +70,7 @@ def greedy_token_ids(model, tokenizer, instances: Sequence[Instance], *, max_new
                      chat: bool = False) -> list[list[int]]:
     """Raw greedy token ids (no EOS stop), for equivalence tests with teacher forcing."""
     encoded = [encode(tokenizer, inst, chat) for inst in instances]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = pad_id_of(tokenizer)
     return [greedy_batch(model, [e.prompt_ids], pad_id, set(), max_new_tokens)[0] for e in encoded]
 
 

@@ -203,17 +203,6 @@ def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_s
     return out
 
 
-def _cache_kwarg(model) -> str:
-    """``"cache"`` for models whose forward takes it (transformers >= 5.2x, BAM), else
-    ``"past_key_values"``."""
-    import inspect
-
-    try:
-        return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    except (TypeError, ValueError):  # pragma: no cover
-        return "past_key_values"
-
-
 def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: int) -> dict | None:
     """Teacher-forced score *and* greedy completion of one instance from a single prompt prefill.
 
@@ -229,14 +218,12 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
     """
     import torch
 
-    from posbias.evaluation.batching import encode, model_max_positions
+    from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions
 
     enc = encode(tokenizer, inst, chat, model_max_positions(model))
     P, A = list(enc.prompt_ids), list(enc.answer_ids)
     device = next(model.parameters()).device
-    eos = tokenizer.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
-    ck = _cache_kwarg(model)
+    eos_ids = eos_ids_of(tokenizer)
     with torch.no_grad():
         out = model(input_ids=torch.tensor([P], device=device), use_cache=True, logits_to_keep=1)
         cache = cache_of(out)
@@ -246,7 +233,7 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
         rows = [first]
         if len(A) > 1:
             out2 = model(input_ids=torch.tensor([A[:-1]], device=device), use_cache=True,
-                         logits_to_keep=len(A) - 1, **{ck: cache})
+                         logits_to_keep=len(A) - 1, cache=cache)
             rows += list(out2.logits[0].float())
             cache = cache_of(out2) or cache
         logp = torch.log_softmax(torch.stack(rows[: len(A)]), dim=-1)
@@ -265,7 +252,7 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
             if step == max_new_tokens - 1:
                 break
             o = model(input_ids=torch.tensor([[nxt]], device=device), use_cache=True, logits_to_keep=1,
-                      **{ck: cache})
+                      cache=cache)
             cache = cache_of(o) or cache
             nxt = int(o.logits[0, -1].argmax())
     return {"tf_em": tf_em, "tf_logprob": tf_logprob, "n_tokens": len(A), "prompt_tokens": len(P),

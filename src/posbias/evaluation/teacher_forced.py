@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from posbias.evaluation.batching import encode, left_pad, length_sorted_batches, model_max_positions
+from posbias.evaluation.batching import encode, left_pad, length_sorted_batches, model_max_positions, pad_id_of
 from posbias.tasks.base import Instance
 
 
@@ -51,7 +51,7 @@ def score_teacher_forced(model, tokenizer, instances: Sequence[Instance], *, bat
     """
     limit = model_max_positions(model)
     encoded = [encode(tokenizer, inst, chat, limit) for inst in instances]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = pad_id_of(tokenizer)
     by_id: dict[str, dict] = {}
     bar = tqdm(total=len(encoded), desc="teacher-forced", unit="inst", disable=not progress, leave=False)
     for batch in length_sorted_batches(encoded, batch_size):

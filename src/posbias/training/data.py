@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Iterable, Sequence
 
