@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import math
 
 import pytest
@@ -439,3 +440,61 @@ def test_study_cli(tmp_path, fake_train, monkeypatch):
     assert len(niah) == 1 and niah[0]["metric"] == "string_match_all" and "gen_score" not in niah[0]
     r = CliRunner().invoke(app, args[:-2] + ["--schemes", "xpos"])
     assert r.exit_code == 2 and "bad scheme" in r.output
+
+
+def test_study_bpe_tokenizer_is_trained_once_and_shared(tmp_path, fake_train):
+    from posbias.study.runner import StudyConfig, prepare_tokenizer, train_config
+
+    train, calls = fake_train
+    out = tmp_path / "study"
+    cfg = StudyConfig(out=str(out), schemes="rope,alibi", train_steps=2, train_context=160, multipliers=[1],
+                      depths=[0.5], n=1, corpus=_corpus(tmp_path), ppl_multipliers=[], tokenizer="bpe:320")
+    path = prepare_tokenizer(cfg, cfg.corpus, log=lambda *a: None)
+    assert path == str((out / "tokenizer").resolve()) and (out / "tokenizer" / "tokenizer.json").exists()
+    a, b = train_config(cfg, "rope", out / "m1"), train_config(cfg, "alibi", out / "m2")
+    assert a["tokenizer"] == b["tokenizer"] == path  # every scheme gets the same trained vocabulary
+    assert prepare_tokenizer(StudyConfig(out=str(tmp_path / "x"), tokenizer=None), None) is None
+
+
+def _picklable_fake_train(config):
+    """Module-level stand-in trainer (spawned worker processes must be able to import it)."""
+    import os
+
+    from conftest import make_tiny_tokenizer
+
+    model = tiny_bam(config["pe"], config["normaliser"], max_position_embeddings=config["context"])
+    model.save_pretrained(config["out"])
+    make_tiny_tokenizer().save_pretrained(config["out"])
+    (Path(config["out"]) / "pid").write_text(str(os.getpid()))
+    return config["out"]
+
+
+def test_study_trains_schemes_in_parallel_workers(tmp_path, monkeypatch):
+    import os
+
+    import posbias.study.runner as runner
+    from posbias.study.runner import StudyConfig, ensure_models
+
+    monkeypatch.setattr(runner, "_train_config_class", lambda: None)
+    cfg = StudyConfig(out=str(tmp_path / "s"), schemes="rope,alibi,nope", train_steps=2, train_context=160,
+                      train_workers=2)
+    models = ensure_models(cfg, train_fn=_picklable_fake_train, log=lambda *a: None)
+    assert set(models) == {"rope", "alibi", "nope"}
+    saved = json.loads((tmp_path / "s" / "models.json").read_text())
+    assert set(saved) == set(models) and all((tmp_path / "s" / p / "config.json").exists() for p in saved.values())
+    pids = {(Path(p) / "pid").read_text() for p in models.values()}
+    assert str(os.getpid()) not in pids  # trained in worker processes
+    with pytest.raises(ValueError, match="train_workers"):
+        StudyConfig(out=str(tmp_path / "t"), train_workers=0)
+
+
+def test_training_table_reads_trainer_metrics(tmp_path):
+    from posbias.study.runner import _training_table
+
+    folder = tmp_path / "models" / "ggd_ssmax"
+    folder.mkdir(parents=True)
+    recs = [{"step": 10 * i, "loss": 5.0 - 0.1 * i, "tokens": 2048 * 10 * i, "elapsed_s": 6.0 * i} for i in range(1, 21)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    table = _training_table(tmp_path, ["rope", "ggd+ssmax"])
+    assert "| ggd+ssmax | 200 | 0.41M | 3.050 | 2.0 |" in table  # mean loss of the last 2 of 20 logs
+    assert "| rope |" not in table and _training_table(tmp_path, ["rope"]) == ""

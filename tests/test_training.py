@@ -85,17 +85,29 @@ def test_packing_doc_ids_and_determinism(tiny_tokenizer, corpus):
 
 
 def test_passkey_mixing(tiny_tokenizer, corpus):
-    ds = PackedDataset(load_texts([corpus]), tiny_tokenizer, 96, passkey_rate=0.5)
+    from posbias.evaluation.batching import prompt_text
+    from posbias.tasks import make_instances
+
+    ds = PackedDataset(load_texts([corpus]), tiny_tokenizer, 320, passkey_rate=0.5)
+    eval_text = prompt_text(tiny_tokenizer, make_instances("passkey", tokenizer=tiny_tokenizer, n=1, depths=[0.5],
+                                                           seed=0, split="eval", length=320)[0], False)
     n_pk = 0
     for k in range(40):
         ids, docs = ds.block(k)
-        assert ids.shape == (96,)
+        assert ids.shape == docs.shape == (320,)
         if docs[0] < 0:
             n_pk += 1
-            text = tiny_tokenizer.decode(ids)
+            n = int((docs == docs[0]).sum())
+            assert n > 160 and len(set(docs[n:].tolist())) == 320 - n  # padding: one document per token
+            assert ids[n - 1] == tiny_tokenizer.eos_token_id
+            text = tiny_tokenizer.decode(ids[: n - 1])
             key = text.split("The pass key is ")[1][:5]
             assert key.isdigit() and text.endswith(f"The pass key is {key}.")
+            # the same wording as the evaluation prompt, answer included
+            assert text.startswith(eval_text.split("\n")[0]) and text.endswith(f"What is the pass key? The pass key is {key}.")
     assert 8 <= n_pk <= 32
+    with pytest.raises(ValueError, match="too short for passkey"):
+        PackedDataset(load_texts([corpus]), tiny_tokenizer, 40, passkey_rate=0.5)
 
 
 def test_lr_schedule():

@@ -34,6 +34,11 @@ def study_command(
     batch_size: int = typer.Option(4, help="max batch; capped so batch x length <= --token-budget"),
     token_budget: int = typer.Option(8192),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    train_workers: int = typer.Option(1, help="schemes trained at once, each in its own process with an equal "
+                                              "share of the CPU threads (CPU studies: one per core)"),
+    tokenizer: Optional[str] = typer.Option(None, help="tokenizer of every model: a Hugging Face folder, or bpe:<N> = a "
+                                            "byte-level BPE of N tokens trained once on the training split "
+                                            "(default: SmolLM2's 49K vocabulary)"),
     train_opt: Optional[list[str]] = typer.Option(None, "--train-opt", help="extra training option key=value (same for all schemes)"),
 ):
     """Train each positional scheme on one budget and evaluate it from 1x to Kx its training length."""
@@ -46,7 +51,7 @@ def study_command(
         modes=[m.strip().replace("-", "_") for m in modes.split(",") if m.strip()],
         ppl_multipliers=parse_floats(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,
         batch_size=batch_size, token_budget=token_budget, device=device,
-        train_options=parse_key_values(train_opt, "train-opt"), resume=resume,
+        train_options=parse_key_values(train_opt, "train-opt"), tokenizer=tokenizer, train_workers=train_workers, resume=resume,
     )
     result = run_study(cfg)
     typer.echo(open(result["summary"], encoding="utf-8").read())

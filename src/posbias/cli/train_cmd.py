@@ -31,7 +31,8 @@ def train_command(
     seed: int = typer.Option(0),
     corpus: Optional[list[str]] = typer.Option(None, help="text files / folders (.txt, .md, .jsonl with 'text'); "
                                                            "repeatable; default: the Paul Graham essays"),
-    tokenizer: Optional[str] = typer.Option(None, help="HF tokenizer folder or name (default SmolLM2's)"),
+    tokenizer: Optional[str] = typer.Option(None, help="HF tokenizer folder or name, or bpe:<N> = a byte-level BPE of N "
+                                            "tokens trained on --corpus into <out>/tokenizer (default SmolLM2's)"),
     passkey_rate: float = typer.Option(0.0, help="fraction of blocks replaced by synthetic passkey documents"),
     checkpoint_every: int = typer.Option(200, help="checkpoint every N steps"),
     log_every: int = typer.Option(10, help="log metrics every N steps"),

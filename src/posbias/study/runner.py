@@ -24,23 +24,20 @@ What it does, into ``--out``:
    ``plots/``: heatmaps per scheme, accuracy against length, perplexity against length, the
    learned GGD priors and attention maps on one passkey instance.
 
-Runtime on a 2-core CPU (tiny preset: 4 layers x 128, SmolLM2 tokenizer, 49K vocabulary;
-measured while the machine was shared, load ~7, so an idle machine is perhaps 2-3x faster):
+On a 2-core CPU, SmolLM2's 49K-token vocabulary makes training too slow (~200-340 tokens/s for
+the tiny preset), so the CPU study trains a byte-level BPE of 1024 tokens on the training split
+(``--tokenizer bpe:1024``; digits stay single tokens) and gets ~6.5-7.5K tokens/s per process with
+one thread, two schemes at a time (``--train-workers 2``). With half the blocks being passkey
+documents at a raised lr, the tiny models learn to retrieve the key within their training
+context after ~2-3K steps (an induction-head phase change; before it, every scheme is at 0%).
+The measured CPU study (README; about 1 h of training, 3000 steps x 8 x 256 tokens per scheme)::
 
-* training: 20-25 s per step at the trainer's default batch (8 x 512 tokens, ~200 tokens/s),
-  so the trainer's default 1000 steps take ~6 h per scheme;
-* evaluation: one prefill of ggd+ssmax takes 3 s at 2K tokens and 28 s at 8K (quadratic: ~7.5
-  min at 32K); rope 2 s / 13 s (~3.5 min at 32K). The default grid (7 lengths up to 64 x 512
-  = 32K, 5 depths, n = 5, one shared prefill per instance) is ~4 h per GGD scheme, ~2 h per
-  RoPE-like scheme.
-
-So the default study is a GPU job. A CPU smoke run that finishes in about 2 hours (7 schemes,
-~13 min training + ~2-3 min evaluation each; models this small and short-trained will not solve
-the passkey task, the run checks the pipeline)::
-
-    posbias study --preset tiny --out runs/study-cpu --train-steps 150 --train-context 256 \\
-        --train-opt batch_size=4 --multipliers 1,2,4,8,16 --depths 0,0.5,1 --n 2 \\
-        --ppl-multipliers 1,2,4 --resume
+    posbias study --preset tiny --out runs/study-cpu-bpe \\
+        --schemes ggd+ssmax,ggd,alibi,rope,rope+ssmax,sinusoidal,nope \\
+        --tokenizer bpe:1024 --train-steps 3000 --train-context 256 \\
+        --train-opt batch_size=8 --train-opt lr=3e-3 --train-opt warmup_steps=50 --passkey-rate 0.5 \\
+        --train-workers 2 --multipliers 1,2,4,8,16,32,64 --depths 0,0.5,1 --n 2 \\
+        --ppl-multipliers 1,4,16 --seed 0
 
 On a GPU node, the paper-like setting (120M model, 512-token training context, a real corpus
 as ``.txt`` / ``.jsonl`` with a ``"text"`` field / a folder of them; the trainer reads it into
@@ -80,7 +77,7 @@ MODELS_FILE = "models.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.md"
 CHECK_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "passkey_rate", "n", "depths",
-              "train_options",
+              "train_options", "tokenizer",
               "ppl_multipliers", "ppl_tokens")
 DATA_DIR = "data"
 HELDOUT_CHARS_PER_TOKEN = 6  # generous: English BPE averages ~4-5 characters per token
@@ -112,6 +109,8 @@ class StudyConfig:
     token_budget: int = 8192
     device: str = "auto"
     train_options: dict = field(default_factory=dict)
+    train_workers: int = 1  # schemes trained at once, in separate processes
+    tokenizer: str | None = None  # None = the trainer's (SmolLM2's); "bpe:<N>" = one BPE trained on the training split
     resume: bool = False
 
     def __post_init__(self):
@@ -121,6 +120,8 @@ class StudyConfig:
         self.ppl_multipliers = [float(m) for m in self.ppl_multipliers]
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.train_workers < 1:
+            raise ValueError(f"train_workers must be >= 1, got {self.train_workers}")
         if self.train_steps is not None and self.train_steps < 1:
             raise ValueError(f"train_steps must be >= 1, got {self.train_steps}")
         grid_lengths(self.train_context, self.multipliers)  # validates
@@ -158,7 +159,11 @@ def train_config(cfg: StudyConfig, scheme: str, out_dir: Path, corpus: str | Non
     """
     pe, normaliser = parse_scheme(scheme)
     corpus = corpus if corpus is not None else cfg.corpus
+    tokenizer = cfg.tokenizer
+    if tokenizer is not None and (Path(cfg.out) / "tokenizer" / "tokenizer.json").exists():
+        tokenizer = str((Path(cfg.out) / "tokenizer").resolve())
     values = {"pe": pe, "normaliser": normaliser, "ssmax": normaliser == "ssmax", "preset": cfg.preset,
+              "tokenizer": tokenizer,
               "steps": cfg.train_steps, "context": cfg.train_context, "seed": cfg.seed,
               "corpus": [corpus] if corpus is not None else None, "passkey_rate": cfg.passkey_rate,
               "device": cfg.device, "out": str(out_dir), "resume": out_dir.exists() and any(out_dir.iterdir()),
@@ -183,29 +188,89 @@ def _train_config_class():
     return getattr(training, "TrainConfig", None)
 
 
+def prepare_tokenizer(cfg: StudyConfig, corpus: str | None, log: Callable = print) -> str | None:
+    """The tokenizer every scheme trains with: ``cfg.tokenizer`` as given, except ``"bpe:<N>"``,
+    which is trained once on the training split into ``<out>/tokenizer`` (reused on resume) so
+    all schemes share exactly the same vocabulary."""
+    from posbias.training.tokenizer import parse_bpe_spec, resolve_tokenizer_spec
+
+    if parse_bpe_spec(cfg.tokenizer) is None:
+        return cfg.tokenizer
+    target = Path(cfg.out) / "tokenizer"
+    if not (target / "tokenizer.json").exists():
+        log(f"[study] training tokenizer {cfg.tokenizer} -> {target}")
+    return str(Path(resolve_tokenizer_spec(cfg.tokenizer, _load_texts(corpus), target)).resolve())
+
+
 def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus: str | None = None,
                   log: Callable = print) -> dict[str, str]:
-    """Train every scheme not trained yet; returns ``{scheme: model folder}`` (saved in models.json)."""
+    """Train every scheme not trained yet; returns ``{scheme: model folder}`` (saved in models.json).
+
+    With ``cfg.train_workers > 1`` the schemes train in that many processes at once (each with
+    an equal share of the CPU threads); results are recorded as each one finishes, so a killed
+    study keeps every finished model and resumes the others from their checkpoints.
+    """
     out = Path(cfg.out)
     path = out / MODELS_FILE
     models: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    todo = []
     for scheme in cfg.schemes:
         known = models.get(scheme)
         if known and (_resolve(out, known) / "config.json").exists():
             models[scheme] = str(_resolve(out, known))
-            continue
-        fn = train_fn or default_train_fn()
-        target = out / "models" / model_dir_name(scheme)
-        log(f"[study] training {scheme} -> {target}")
-        t0 = time.time()
-        result = fn(train_config(cfg, scheme, target, corpus))
+        else:
+            todo.append(scheme)
+
+    def record(scheme: str, result, target: Path, seconds: float) -> None:
         model_path = Path(result) if result is not None else target
         if not (model_path / "config.json").exists():
             raise RuntimeError(f"training {scheme} returned {model_path}, which holds no saved model (config.json)")
         models[scheme] = str(model_path)
         atomic_write_json(path, {k: _relative(out, v) for k, v in models.items()})
-        log(f"[study] trained {scheme} in {time.time() - t0:.0f}s")
+        log(f"[study] trained {scheme} in {seconds:.0f}s")
+
+    jobs = [(scheme, out / "models" / model_dir_name(scheme)) for scheme in todo]
+    for scheme, target in jobs:
+        log(f"[study] training {scheme} -> {target}")
+    if cfg.train_workers > 1 and len(jobs) > 1:
+        _train_parallel(cfg, jobs, train_fn, corpus, record)
+    else:
+        fn = train_fn or default_train_fn()
+        for scheme, target in jobs:
+            t0 = time.time()
+            record(scheme, fn(train_config(cfg, scheme, target, corpus)), target, time.time() - t0)
     return models
+
+
+def _train_parallel(cfg: StudyConfig, jobs, train_fn, corpus, record) -> None:
+    """Run the training jobs in ``cfg.train_workers`` spawned processes (``train_fn`` must be picklable)."""
+    import multiprocessing as mp
+    import os
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    workers = min(cfg.train_workers, len(jobs))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    fn = train_fn or default_train_fn()
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_worker_init,
+                             initargs=(threads,)) as pool:
+        futures = {pool.submit(_timed_call, fn, train_config(cfg, scheme, target, corpus)): (scheme, target)
+                   for scheme, target in jobs}
+        for fut in as_completed(futures):
+            scheme, target = futures[fut]
+            result, seconds = fut.result()
+            record(scheme, result, target, seconds)
+
+
+def _worker_init(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _timed_call(fn: Callable, config) -> tuple[Any, float]:
+    t0 = time.time()
+    result = fn(config)
+    return result, time.time() - t0
 
 
 def _relative(out: Path, p: str | Path) -> str:
@@ -321,6 +386,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
     config = cfg.to_dict()
     prepare_run_dir(out, config, check_keys=CHECK_KEYS)
     train_corpus, heldout = prepare_data(cfg, log=log)
+    prepare_tokenizer(cfg, train_corpus, log=log)
     models = ensure_models(cfg, train_fn=train_fn, corpus=train_corpus, log=log)
 
     from posbias.study.grid import evaluate_model
@@ -401,9 +467,14 @@ def write_report(cfg: StudyConfig) -> list[dict]:
     lengths = sorted({int(r["length"]) for f in (PASSKEY_FILE, NIAH_FILE) for r in read_jsonl(out / f)}
                      | set(cfg.lengths))
     metrics: list[dict] = []
+    options = ", ".join(f"{k}={v}" for k, v in sorted(cfg.train_options.items())) or "none"
     sections = [f"# Length-extrapolation study\n\npreset `{cfg.preset}`, training context {cfg.train_context}, "
                 f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus `{cfg.corpus or 'trainer default'}`, "
-                f"n = {cfg.n} per cell, depths {cfg.depths}.\n"]
+                f"tokenizer `{cfg.tokenizer or 'trainer default'}`, passkey rate {cfg.passkey_rate}, "
+                f"training options: {options}; n = {cfg.n} per cell, depths {cfg.depths}.\n"]
+    training = _training_table(out, schemes)
+    if training:
+        sections.append(training)
     for task, fname in (("passkey", PASSKEY_FILE), ("niah", NIAH_FILE)):
         recs = [r for r in read_jsonl(out / fname) if r.get("model") in schemes and int(r["length"]) in lengths]
         if not recs:
@@ -444,6 +515,26 @@ def write_report(cfg: StudyConfig) -> list[dict]:
     atomic_write_text(out / METRICS_FILE, "".join(json.dumps(m) + "\n" for m in metrics))
     atomic_write_text(out / SUMMARY_FILE, "\n".join(sections))
     return metrics
+
+
+def _training_table(out: Path, schemes: Sequence[str]) -> str:
+    """Final training loss (mean of the last 10% of logged steps), tokens and time per scheme,
+    read from each model's ``metrics.jsonl`` (trainer runs inside the study folder only; a resumed
+    run counts the minutes of its last invocation only)."""
+    rows = []
+    for m in schemes:
+        recs = [r for r in read_jsonl(out / "models" / model_dir_name(m) / "metrics.jsonl") if "loss" in r]
+        if not recs:
+            continue
+        tail = recs[-max(1, len(recs) // 10):]
+        loss = sum(r["loss"] for r in tail) / len(tail)
+        last = recs[-1]
+        rows.append(f"| {m} | {last['step']} | {last.get('tokens', 0) / 1e6:.2f}M | {loss:.3f} | "
+                    f"{last.get('elapsed_s', 0) / 60:.1f} |")
+    if not rows:
+        return ""
+    return ("## Training\n\n| scheme | steps | tokens | final loss | minutes (last invocation) |\n|---|---|---|---|---|\n"
+            + "\n".join(rows) + "\n")
 
 
 def _fmt_len(L: int, train_context: int) -> str:

@@ -9,6 +9,9 @@
   attention, SSMax counts and the loss never cross a document boundary. Block ``k`` of the
   run is a pure function of ``(seed, k)`` (a fresh permutation per epoch; a passkey document
   instead with probability ``passkey_rate``), so a resumed run sees exactly the same data.
+  Passkey documents are the evaluation's raw passkey prompt followed by ``" The pass key is
+  <key>."``, EOS-terminated and right-padded; padding tokens get distinct document ids, so they
+  carry no loss.
 """
 from __future__ import annotations
 
@@ -18,12 +21,12 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from posbias.tasks.haystack import NOISE, essay_dir
+from posbias.tasks.haystack import essay_dir
+from posbias.tasks.passkey import PASSKEY_PREFIX, passkey_prompt
 from posbias.utils.io import iter_jsonl_gz
 
 BUILTIN_CORPORA = ("paul-graham",)
 TEXT_SUFFIXES = (".txt", ".md")
-PASSKEY_FILLER = NOISE + " "
 
 
 def paul_graham_dir() -> Path:
@@ -141,36 +144,58 @@ class PackedDataset:
     def _perm(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(self.n_blocks)
 
-    def _prepare_passkey(self):
-        enc = lambda s: self.tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-        filler = enc(PASSKEY_FILLER)
-        probe = enc("The pass key is 12345. Remember it. 12345 is the pass key. ") + \
-            enc(" What is the pass key? The pass key is 12345.")
-        if len(probe) + len(filler) > self.context:
-            raise ValueError(f"context {self.context} is too short for passkey documents "
-                             f"(need about {len(probe) + len(filler)} tokens)")
-        return enc, filler
+    def _passkey_text(self, key: str, units: int, position: int) -> str:
+        """A passkey document: the evaluation prompt (:func:`posbias.tasks.passkey.passkey_prompt`,
+        raw format) followed by its answer, so training and evaluation see the same wording."""
+        return f"{passkey_prompt(key, units, position)} {PASSKEY_PREFIX} {key}."
 
-    def passkey_block(self, rng: np.random.Generator) -> tuple[np.ndarray, str]:
-        """A synthetic passkey document of exactly ``context`` tokens and its 5-digit key."""
-        enc, filler = self._passkey_parts
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _prepare_passkey(self) -> int:
+        """Largest number of filler units whose passkey document (+ EOS) fits in ``context``."""
+        fits = lambda u: len(self._encode(self._passkey_text("99999", u, u // 2))) + 1 <= self.context  # noqa: E731
+        if not fits(1):
+            raise ValueError(f"context {self.context} is too short for passkey documents "
+                             f"(need about {len(self._encode(self._passkey_text('99999', 1, 0))) + 1} tokens)")
+        lo, hi = 1, 2
+        while fits(hi):
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    def passkey_block(self, rng: np.random.Generator) -> tuple[np.ndarray, int, str]:
+        """A synthetic passkey document, EOS-terminated and right-padded to ``context`` tokens.
+
+        Returns ``(tokens Long[context], document length, 5-digit key)``. The filler has between
+        half and all of the units that fit, the key sentence goes after a uniformly drawn unit.
+        """
         key = str(int(rng.integers(10000, 100000)))
-        needle = enc(f"The pass key is {key}. Remember it. {key} is the pass key. ")
-        question = enc(f" What is the pass key? The pass key is {key}.")
-        n_fill = self.context - len(needle) - len(question)
-        reps = n_fill // len(filler) + 1
-        fill = (filler * reps)[:n_fill]
-        cut = int(rng.integers(0, n_fill // len(filler) + 1)) * len(filler)
-        cut = min(cut, n_fill)
-        seq = fill[:cut] + needle + fill[cut:] + question
-        return np.asarray(seq[: self.context], dtype=np.int64), key
+        most = self._passkey_parts
+        units = int(rng.integers(max(1, most // 2), most + 1))
+        position = int(rng.integers(0, units + 1))
+        seq = self._encode(self._passkey_text(key, units, position))
+        eos = self.tokenizer.eos_token_id
+        seq = seq + ([eos] if eos is not None else [])
+        while len(seq) > self.context and units > 1:  # a rare tokenization longer than the probe's
+            units -= 1
+            position = min(position, units)
+            seq = self._encode(self._passkey_text(key, units, position)) + ([eos] if eos is not None else [])
+        n = len(seq)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos or 0)
+        return np.asarray(seq + [pad] * (self.context - n), dtype=np.int64), n, key
 
     def block(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.passkey_rate > 0:
             rng = np.random.default_rng([self.seed, index, 7])
             if rng.random() < self.passkey_rate:
-                toks, _ = self.passkey_block(rng)
-                return torch.from_numpy(toks), torch.full((self.context,), -1 - index, dtype=torch.long)
+                toks, n, _ = self.passkey_block(rng)
+                # the document gets id -1 - index; every padding token its own id (so no loss on padding)
+                docs = torch.full((self.context,), -1 - index, dtype=torch.long)
+                docs[n:] = -(1 << 40) - torch.arange(self.context - n) - index * self.context
+                return torch.from_numpy(toks), docs
         epoch, pos = divmod(index, self.n_blocks)
         if self._perm_cache[0] != epoch:
             self._perm_cache = (epoch, self._perm(epoch))

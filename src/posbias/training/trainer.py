@@ -27,6 +27,7 @@ import torch
 from posbias.utils.io import append_jsonl, atomic_write_bytes, atomic_write_text, prepare_run_dir, read_jsonl
 
 from .data import PackedDataset, load_texts, load_tokenizer
+from .tokenizer import resolve_tokenizer_spec
 from .distributed import DistInfo, barrier, cleanup, init_distributed, mean_across
 
 OPTIMIZERS = ("adamw", "radam")
@@ -61,7 +62,7 @@ class TrainConfig:
     optimizer: str = "adamw"
     seed: int = 0
     corpus: list[str] | None = None  # files / folders / "paul-graham" (default)
-    tokenizer: str | None = None  # HF folder or name; None = SmolLM2's
+    tokenizer: str | None = None  # HF folder or name, "bpe:<N>" (trained on the corpus); None = SmolLM2's
     passkey_rate: float = 0.0
     checkpoint_every: int = 200
     log_every: int = 10
@@ -239,11 +240,16 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
     ck_path = out / CHECKPOINT
     if ck_path.exists() and not cfg.resume:
         raise ValueError(f"{out} already holds a checkpoint: pass --resume to continue it, or use another --out")
+    texts = load_texts(cfg.corpus)
     if tokenizer is None:
-        tokenizer = load_tokenizer(cfg.tokenizer)
+        # "bpe:<N>": a byte-level BPE trained on this corpus, kept in out/tokenizer (reused on resume);
+        # the main process trains it, the others read it
+        if info.is_main:
+            resolve_tokenizer_spec(cfg.tokenizer, texts, out / "tokenizer")
+        barrier(info)
+        tokenizer = load_tokenizer(resolve_tokenizer_spec(cfg.tokenizer, texts, out / "tokenizer"))
     bam_cfg = build_bam_config(cfg, tokenizer)
     model_config = bam_cfg.to_dict()
-    texts = load_texts(cfg.corpus)
     ds = PackedDataset(texts, tokenizer, cfg.context, seed=cfg.seed, passkey_rate=cfg.passkey_rate)
     if ds.max_token_id >= bam_cfg.vocab_size:
         raise ValueError(f"token id {ds.max_token_id} does not fit the model vocabulary ({bam_cfg.vocab_size})")
