@@ -498,3 +498,21 @@ def test_training_table_reads_trainer_metrics(tmp_path):
     table = _training_table(tmp_path, ["rope", "ggd+ssmax"])
     assert "| ggd+ssmax | 200 | 0.41M | 3.050 | 2.0 |" in table  # mean loss of the last 2 of 20 logs
     assert "| rope |" not in table and _training_table(tmp_path, ["rope"]) == ""
+
+
+def test_resume_may_raise_n_but_not_lower_it(tmp_path, fake_train):
+    from posbias.study.runner import StudyConfig, run_study
+
+    train, calls = fake_train
+    out = tmp_path / "study"
+    kw = dict(out=str(out), schemes="nope", train_steps=2, train_context=160, multipliers=[1], depths=[0.5],
+              ppl_multipliers=[], modes=["teacher_forced"])
+    quiet = dict(train_fn=train, progress=False, log=lambda *a: None)
+    run_study(StudyConfig(**kw, n=1), **quiet)
+    first = (out / "passkey.jsonl").read_text().splitlines()
+    run_study(StudyConfig(**kw, n=3, resume=True), **quiet)
+    lines = (out / "passkey.jsonl").read_text().splitlines()
+    assert lines[:1] == first and len(lines) == 3 and len(calls) == 1  # only the 2 new instances scored
+    assert "Note (passkey)" not in (out / "summary.md").read_text()
+    with pytest.raises(ValueError, match="raise n, not lower it"):
+        run_study(StudyConfig(**kw, n=2, resume=True), **quiet)

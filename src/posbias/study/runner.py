@@ -76,7 +76,7 @@ from posbias.utils.io import atomic_write_json, atomic_write_text, prepare_run_d
 MODELS_FILE = "models.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.md"
-CHECK_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "passkey_rate", "n", "depths",
+CHECK_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "passkey_rate", "depths",
               "train_options", "tokenizer",
               "ppl_multipliers", "ppl_tokens")
 DATA_DIR = "data"
@@ -384,6 +384,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
     if (out / "config.json").exists() and not cfg.resume:
         raise ValueError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
     config = cfg.to_dict()
+    _check_n_grows(out, cfg.n)
     prepare_run_dir(out, config, check_keys=CHECK_KEYS)
     train_corpus, heldout = prepare_data(cfg, log=log)
     prepare_tokenizer(cfg, train_corpus, log=log)
@@ -404,6 +405,17 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         del model
     metrics = write_report(cfg)
     return {"models": models, "metrics": metrics, "summary": str(out / SUMMARY_FILE)}
+
+
+def _check_n_grows(out: Path, n: int) -> None:
+    """A resume may raise ``n`` (instance ``i`` of a cell is the same for every ``n``, so only the
+    new instances are scored) but not lower it (the finished cells would hold more than ``n``)."""
+    path = out / "config.json"
+    if path.exists():
+        old = json.loads(path.read_text()).get("config", {}).get("n")
+        if old is not None and n < old:
+            raise ValueError(f"{out} holds a study with n = {old} per cell; a resume can raise n, not lower it "
+                             f"(got n = {n})")
 
 
 def _model_views(cfg: StudyConfig, scheme: str, model, tokenizer, *, make_instances=None, log=print) -> None:
@@ -481,6 +493,10 @@ def write_report(cfg: StudyConfig) -> list[dict]:
             continue
         cells = summarize_grid(recs)
         metrics += [{"kind": f"{task}_cell", **c} for c in cells]
+        sizes = sorted({c["n"] for c in cells})
+        if sizes != [cfg.n]:  # cells of earlier invocations (other schemes / lengths) may hold fewer
+            sections.append(f"Note ({task}): cells hold {sizes[0]}-{sizes[-1]} instances, not {cfg.n} each "
+                            f"(see metrics.jsonl, kind {task}_cell, field n).\n")
         for mode, label in (("tf", "teacher-forced"), ("gen", "generation")):
             curves = accuracy_by_length(recs, mode=mode)
             if not curves:
