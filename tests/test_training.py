@@ -259,3 +259,37 @@ def test_ddp_two_cpu_processes_stay_in_sync(tmp_path, corpus):
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["tokens"] == 2 * 2 * 32 * 2  # steps x batch x context x world
+
+
+def test_passkey_probe_spans_and_logging(tmp_path, tiny_tokenizer, corpus):
+    from posbias.training.probe import passkey_probe, passkey_probe_docs
+
+    ds = PackedDataset(load_texts([corpus]), tiny_tokenizer, 320, passkey_rate=0.0)
+    docs = passkey_probe_docs(ds, 4)
+    assert len(docs) == 4
+    for d in docs:
+        answer = tiny_tokenizer.decode(d.ids[d.start:d.end]).strip()
+        before = tiny_tokenizer.decode(d.ids[:d.start])
+        assert answer.isdigit() and len(answer) == 5 and before.endswith("The pass key is") and d.end == len(d.ids)
+    assert [d.ids.tolist() for d in passkey_probe_docs(ds, 4)] == [d.ids.tolist() for d in docs]  # fixed
+
+    class Oracle(torch.nn.Module):  # puts all mass on the true next token
+        def __init__(self, ids):
+            super().__init__()
+            self.ids, self.w = ids, torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids, use_cache=False):
+            nxt = torch.cat([input_ids[0, 1:], input_ids[0, :1]])
+            return type("O", (), {"logits": torch.nn.functional.one_hot(nxt, 600)[None].float() * 50})()
+
+    res = passkey_probe(Oracle(None), docs)
+    assert res["passkey_em"] == 1.0 and -1e-6 < res["passkey_logprob"] <= 0
+
+    cfg = _cfg(tmp_path, context=320, steps=2, probe_every=1, probe_n=2, checkpoint_every=2)
+    train(cfg, tokenizer=tiny_tokenizer)
+    probes = [r for r in (json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+              if "passkey_em" in r]
+    assert [r["step"] for r in probes] == [1, 2] and all(0 <= r["passkey_em"] <= 1 and r["passkey_logprob"] < 0
+                                                         for r in probes)
+    with pytest.raises(ValueError, match="probe_every"):
+        _cfg(tmp_path, probe_every=-1).validate()

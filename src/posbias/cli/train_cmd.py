@@ -35,6 +35,8 @@ def train_command(
                                             "tokens trained on --corpus into <out>/tokenizer (default SmolLM2's)"),
     passkey_rate: float = typer.Option(0.0, help="fraction of blocks replaced by synthetic passkey documents"),
     checkpoint_every: int = typer.Option(200, help="checkpoint every N steps"),
+    probe_every: int = typer.Option(0, help="every N steps log passkey retrieval at the training length to "
+                                            "metrics.jsonl (passkey_em, passkey_logprob; 0 = never)"),
     log_every: int = typer.Option(10, help="log metrics every N steps"),
     resume: bool = typer.Option(False, help="continue from out/checkpoint.pt"),
     precision: str = typer.Option("auto", help="auto (bf16 on CUDA), bf16 or fp32"),
@@ -51,7 +53,7 @@ def train_command(
         steps=steps, context=context, batch_size=batch_size, grad_accum=grad_accum, lr=lr, prior_lr=prior_lr,
         warmup_steps=warmup, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, grad_clip=grad_clip,
         optimizer=optimizer, seed=seed, corpus=list(corpus) if corpus else None, tokenizer=tokenizer,
-        passkey_rate=passkey_rate, checkpoint_every=checkpoint_every, log_every=log_every, resume=resume,
+        passkey_rate=passkey_rate, checkpoint_every=checkpoint_every, probe_every=probe_every, log_every=log_every, resume=resume,
         precision=precision, device=device)
     path = train(cfg)
     typer.echo(str(path))

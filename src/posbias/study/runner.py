@@ -536,21 +536,30 @@ def write_report(cfg: StudyConfig) -> list[dict]:
 def _training_table(out: Path, schemes: Sequence[str]) -> str:
     """Final training loss (mean of the last 10% of logged steps), tokens and time per scheme,
     read from each model's ``metrics.jsonl`` (trainer runs inside the study folder only; a resumed
-    run counts the minutes of its last invocation only)."""
-    rows = []
+    run counts the minutes of its last invocation only), plus the last passkey probe when the
+    trainer ran with ``probe_every`` (retrieval at the training length)."""
+    rows, probes = [], False
     for m in schemes:
-        recs = [r for r in read_jsonl(out / "models" / model_dir_name(m) / "metrics.jsonl") if "loss" in r]
+        logged = read_jsonl(out / "models" / model_dir_name(m) / "metrics.jsonl")
+        recs = [r for r in logged if "loss" in r]
         if not recs:
             continue
         tail = recs[-max(1, len(recs) // 10):]
         loss = sum(r["loss"] for r in tail) / len(tail)
         last = recs[-1]
-        rows.append(f"| {m} | {last['step']} | {last.get('tokens', 0) / 1e6:.2f}M | {loss:.3f} | "
-                    f"{last.get('elapsed_s', 0) / 60:.1f} |")
+        probe = [r for r in logged if r.get("passkey_em") is not None]
+        probes = probes or bool(probe)
+        probe_cell = f" {100 * probe[-1]['passkey_em']:.0f}% ({probe[-1]['passkey_logprob']:.1f}) |" if probe else " |"
+        rows.append((f"| {m} | {last['step']} | {last.get('tokens', 0) / 1e6:.2f}M | {loss:.3f} | "
+                     f"{last.get('elapsed_s', 0) / 60:.1f} |", probe_cell))
     if not rows:
         return ""
-    return ("## Training\n\n| scheme | steps | tokens | final loss | minutes (last invocation) |\n|---|---|---|---|---|\n"
-            + "\n".join(rows) + "\n")
+    head = "| scheme | steps | tokens | final loss | minutes (last invocation) |"
+    rule = "|---|---|---|---|---|"
+    if probes:
+        head += " passkey probe at 1x: exact (log-prob) |"
+        rule += "---|"
+    return f"## Training\n\n{head}\n{rule}\n" + "\n".join(r + (c if probes else "") for r, c in rows) + "\n"
 
 
 def _fmt_len(L: int, train_context: int) -> str:

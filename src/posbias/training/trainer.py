@@ -27,6 +27,7 @@ import torch
 from posbias.utils.io import append_jsonl, atomic_write_bytes, atomic_write_text, prepare_run_dir, read_jsonl
 
 from .data import PackedDataset, load_texts, load_tokenizer
+from .probe import passkey_probe, passkey_probe_docs
 from .tokenizer import resolve_tokenizer_spec
 from .distributed import DistInfo, barrier, cleanup, init_distributed, mean_across
 
@@ -65,6 +66,8 @@ class TrainConfig:
     tokenizer: str | None = None  # HF folder or name, "bpe:<N>" (trained on the corpus); None = SmolLM2's
     passkey_rate: float = 0.0
     checkpoint_every: int = 200
+    probe_every: int = 0  # every N steps log passkey retrieval at the training length (0 = never)
+    probe_n: int = 8  # passkey documents per probe
     log_every: int = 10
     resume: bool = False
     precision: str = "auto"  # auto = bf16 autocast on CUDA with bf16 support, else fp32
@@ -76,6 +79,8 @@ class TrainConfig:
         from posbias.positional import get_scheme
 
         get_scheme(self.pe)
+        if self.probe_every < 0 or self.probe_n < 1:
+            raise ValueError("probe_every must be >= 0 and probe_n >= 1")
         for name in ("steps", "context", "batch_size", "grad_accum", "checkpoint_every", "log_every"):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -251,6 +256,7 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
     bam_cfg = build_bam_config(cfg, tokenizer)
     model_config = bam_cfg.to_dict()
     ds = PackedDataset(texts, tokenizer, cfg.context, seed=cfg.seed, passkey_rate=cfg.passkey_rate)
+    probe_docs = passkey_probe_docs(ds, cfg.probe_n) if cfg.probe_every > 0 and info.is_main else None
     if ds.max_token_id >= bam_cfg.vocab_size:
         raise ValueError(f"token id {ds.max_token_id} does not fit the model vocabulary ({bam_cfg.vocab_size})")
 
@@ -326,6 +332,8 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
                 append_jsonl(out / "metrics.jsonl", rec)
             bar.set_postfix(loss=f"{loss_mean:.3f}", tok_s=f"{tps:,.0f}")
             t_last, tok_since, loss_acc, n_acc = now, 0, 0.0, 0
+        if probe_docs and (done % cfg.probe_every == 0 or done == end):
+            append_jsonl(out / "metrics.jsonl", {"step": done, **passkey_probe(model, probe_docs)})
         bar.update(1)
         if done % cfg.checkpoint_every == 0 or done == end:
             if info.is_main:

@@ -1,0 +1,61 @@
+"""Passkey probe during training: does the model retrieve the key at its training length yet?
+
+Small models learn retrieval through an abrupt phase change (an induction head forms); before it
+every scheme is at chance on the key digits, so a length-extrapolation study is only meaningful
+for models that passed it. :func:`passkey_probe` scores ``n`` fixed passkey documents (the
+trainer's format, at the training context) teacher-forced: exact match of the final key and the
+summed log-probability of its tokens (chance for a 5-digit key: 5 x log(1/10) = -11.5).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class ProbeDoc:
+    """One probe document: ``ids`` Long[L] and the half-open span ``[start, end)`` of the final key."""
+
+    ids: torch.Tensor
+    start: int
+    end: int
+
+
+def passkey_probe_docs(ds, n: int, *, seed: int = 1234) -> list[ProbeDoc]:
+    """``n`` passkey documents of the dataset's format and length (fixed by ``seed``)."""
+    units_max = ds._passkey_parts if ds._passkey_parts is not None else ds._prepare_passkey()
+    rng = np.random.default_rng([seed, 99])
+    docs = []
+    for _ in range(n):
+        key = str(int(rng.integers(10000, 100000)))
+        units = int(rng.integers(max(1, units_max // 2), units_max + 1))
+        text = ds._passkey_text(key, units, int(rng.integers(0, units + 1)))
+        ids, prompt = ds._encode(text), ds._encode(text[: text.rindex(" " + key)])
+        if ids[: len(prompt)] != prompt:  # a merge across the prompt / answer boundary: skip
+            continue
+        end = len(prompt) + 1
+        while end < len(ids) and key not in ds.tokenizer.decode(ids[len(prompt):end]):
+            end += 1
+        docs.append(ProbeDoc(torch.tensor(ids[:end]), len(prompt), end))
+    return docs
+
+
+@torch.no_grad()
+def passkey_probe(model, docs: list[ProbeDoc]) -> dict:
+    """``{"passkey_em": fraction exact, "passkey_logprob": mean summed log-prob of the key tokens}``."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    em, lp = [], []
+    try:
+        for d in docs:
+            logits = model(input_ids=d.ids[None].to(device), use_cache=False).logits[0].float()
+            pred = torch.log_softmax(logits[d.start - 1: d.end - 1], -1)
+            gold = d.ids[d.start: d.end].to(device)
+            em.append(bool((pred.argmax(-1) == gold).all()))
+            lp.append(float(pred.gather(-1, gold[:, None]).sum()))
+    finally:
+        model.train(was_training)
+    return {"passkey_em": float(np.mean(em)) if em else None, "passkey_logprob": float(np.mean(lp)) if lp else None}
