@@ -160,8 +160,8 @@ def train_config(cfg: StudyConfig, scheme: str, out_dir: Path, corpus: str | Non
     pe, normaliser = parse_scheme(scheme)
     corpus = corpus if corpus is not None else cfg.corpus
     tokenizer = cfg.tokenizer
-    if tokenizer is not None and (Path(cfg.out) / "tokenizer" / "tokenizer.json").exists():
-        tokenizer = str((Path(cfg.out) / "tokenizer").resolve())
+    if tokenizer is not None and (_tokenizer_dir(cfg) / "tokenizer.json").exists():
+        tokenizer = str(_tokenizer_dir(cfg).resolve())
     values = {"pe": pe, "normaliser": normaliser, "ssmax": normaliser == "ssmax", "preset": cfg.preset,
               "tokenizer": tokenizer,
               "steps": cfg.train_steps, "context": cfg.train_context, "seed": cfg.seed,
@@ -188,6 +188,11 @@ def _train_config_class():
     return getattr(training, "TrainConfig", None)
 
 
+def _tokenizer_dir(cfg: StudyConfig) -> Path:
+    """Where a study-trained tokenizer (``bpe:<N>``) lives."""
+    return Path(cfg.out) / "tokenizer"
+
+
 def prepare_tokenizer(cfg: StudyConfig, corpus: str | None, log: Callable = print) -> str | None:
     """The tokenizer every scheme trains with: ``cfg.tokenizer`` as given, except ``"bpe:<N>"``,
     which is trained once on the training split into ``<out>/tokenizer`` (reused on resume) so
@@ -196,7 +201,7 @@ def prepare_tokenizer(cfg: StudyConfig, corpus: str | None, log: Callable = prin
 
     if parse_bpe_spec(cfg.tokenizer) is None:
         return cfg.tokenizer
-    target = Path(cfg.out) / "tokenizer"
+    target = _tokenizer_dir(cfg)
     if not (target / "tokenizer.json").exists():
         log(f"[study] training tokenizer {cfg.tokenizer} -> {target}")
     return str(Path(resolve_tokenizer_spec(cfg.tokenizer, _load_texts(corpus), target)).resolve())

@@ -134,9 +134,9 @@ class PackedDataset:
                              f"context {self.context}")
         self.max_token_id = int(self.tokens.max())
         self._perm_cache: tuple[int, np.ndarray | None] = (-1, None)
-        self._passkey_parts = None
+        self._passkey_units: int | None = None
         if self.passkey_rate > 0:
-            self._passkey_parts = self._prepare_passkey()
+            _ = self.passkey_units  # a context too short for passkey documents fails here, not mid-training
 
     def __len__(self) -> int:
         return self.n_blocks
@@ -144,20 +144,20 @@ class PackedDataset:
     def _perm(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(self.n_blocks)
 
-    def _passkey_text(self, key: str, units: int, position: int) -> str:
+    def passkey_text(self, key: str, units: int, position: int) -> str:
         """A passkey document: the evaluation prompt (:func:`posbias.tasks.passkey.passkey_prompt`,
         raw format) followed by its answer, so training and evaluation see the same wording."""
         return f"{passkey_prompt(key, units, position)} {PASSKEY_PREFIX} {key}."
 
-    def _encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _prepare_passkey(self) -> int:
         """Largest number of filler units whose passkey document (+ EOS) fits in ``context``."""
-        fits = lambda u: len(self._encode(self._passkey_text("99999", u, u // 2))) + 1 <= self.context  # noqa: E731
+        fits = lambda u: len(self.encode(self.passkey_text("99999", u, u // 2))) + 1 <= self.context  # noqa: E731
         if not fits(1):
             raise ValueError(f"context {self.context} is too short for passkey documents "
-                             f"(need about {len(self._encode(self._passkey_text('99999', 1, 0))) + 1} tokens)")
+                             f"(need about {len(self.encode(self.passkey_text('99999', 1, 0))) + 1} tokens)")
         lo, hi = 1, 2
         while fits(hi):
             lo, hi = hi, hi * 2
@@ -166,23 +166,34 @@ class PackedDataset:
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         return lo
 
+    @property
+    def passkey_units(self) -> int:
+        """Most filler units a passkey document of this context can hold (computed once)."""
+        if self._passkey_units is None:
+            self._passkey_units = self._prepare_passkey()
+        return self._passkey_units
+
+    def passkey_draw(self, rng: np.random.Generator) -> tuple[str, int, int]:
+        """``(5-digit key, filler units, key position)``: between half and all of the units that fit,
+        the key sentence after a uniformly drawn unit."""
+        key = str(int(rng.integers(10000, 100000)))
+        most = self.passkey_units
+        units = int(rng.integers(max(1, most // 2), most + 1))
+        return key, units, int(rng.integers(0, units + 1))
+
     def passkey_block(self, rng: np.random.Generator) -> tuple[np.ndarray, int, str]:
         """A synthetic passkey document, EOS-terminated and right-padded to ``context`` tokens.
 
-        Returns ``(tokens Long[context], document length, 5-digit key)``. The filler has between
-        half and all of the units that fit, the key sentence goes after a uniformly drawn unit.
+        Returns ``(tokens Long[context], document length, 5-digit key)`` (see :meth:`passkey_draw`).
         """
-        key = str(int(rng.integers(10000, 100000)))
-        most = self._passkey_parts
-        units = int(rng.integers(max(1, most // 2), most + 1))
-        position = int(rng.integers(0, units + 1))
-        seq = self._encode(self._passkey_text(key, units, position))
+        key, units, position = self.passkey_draw(rng)
+        seq = self.encode(self.passkey_text(key, units, position))
         eos = self.tokenizer.eos_token_id
         seq = seq + ([eos] if eos is not None else [])
         while len(seq) > self.context and units > 1:  # a rare tokenization longer than the probe's
             units -= 1
             position = min(position, units)
-            seq = self._encode(self._passkey_text(key, units, position)) + ([eos] if eos is not None else [])
+            seq = self.encode(self.passkey_text(key, units, position)) + ([eos] if eos is not None else [])
         n = len(seq)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos or 0)
         return np.asarray(seq + [pad] * (self.context - n), dtype=np.int64), n, key

@@ -25,14 +25,12 @@ class ProbeDoc:
 
 def passkey_probe_docs(ds, n: int, *, seed: int = 1234) -> list[ProbeDoc]:
     """``n`` passkey documents of the dataset's format and length (fixed by ``seed``)."""
-    units_max = ds._passkey_parts if ds._passkey_parts is not None else ds._prepare_passkey()
     rng = np.random.default_rng([seed, 99])
     docs = []
     for _ in range(n):
-        key = str(int(rng.integers(10000, 100000)))
-        units = int(rng.integers(max(1, units_max // 2), units_max + 1))
-        text = ds._passkey_text(key, units, int(rng.integers(0, units + 1)))
-        ids, prompt = ds._encode(text), ds._encode(text[: text.rindex(" " + key)])
+        key, units, position = ds.passkey_draw(rng)
+        text = ds.passkey_text(key, units, position)
+        ids, prompt = ds.encode(text), ds.encode(text[: text.rindex(" " + key)])
         if ids[: len(prompt)] != prompt:  # a merge across the prompt / answer boundary: skip
             continue
         end = len(prompt) + 1
