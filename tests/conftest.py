@@ -18,22 +18,61 @@ ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 
 def make_tiny_model(arch: str = "llama", *, layers: int = 3, heads: int = 4, kv_heads: int = 2,
                     hidden: int = 32, vocab: int = TINY_VOCAB, theta: float = 10000.0, seed: int = 0,
-                    rope_parameters: dict | None = None, max_positions: int = 2048):
-    """A randomly initialised tiny causal LM of the given Hugging Face architecture (eval mode)."""
+                    rope_parameters: dict | None = None, max_positions: int = 2048, **config):
+    """A randomly initialised tiny causal LM of the given Hugging Face architecture (eval mode).
+
+    ``config`` overrides or adds config fields (e.g. ``layer_types``, ``partial_rotary_factor``).
+    ``rope_parameters`` updates the default ``{"rope_type": "default", "rope_theta": theta}``, or
+    replaces it whole when it holds per-layer-type dicts (Gemma 3)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     rope = {"rope_type": "default", "rope_theta": theta}
-    if rope_parameters:
+    if rope_parameters and any(isinstance(v, dict) for v in rope_parameters.values()):
+        rope = dict(rope_parameters)
+    elif rope_parameters:
         rope.update(rope_parameters)
-    cfg = AutoConfig.for_model(
-        arch, vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+    fields = dict(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         head_dim=hidden // heads, max_position_embeddings=max_positions, rope_parameters=rope,
         tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )
+    fields.update(config)
+    cfg = AutoConfig.for_model(arch, **fields)
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+# Every RoPE layout posbias claims, as tiny configs: name -> (architecture, config fields).
+GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+               "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}
+ROPE_VARIANTS = {
+    "llama": ("llama", {}),
+    "llama3": ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                             "original_max_position_embeddings": 16}}),
+    "mistral": ("mistral", {}),
+    "qwen2": ("qwen2", {}),
+    "qwen2-gqa7": ("qwen2", {"heads": 14, "kv_heads": 2, "hidden": 112}),  # Qwen2.5-0.5B's 14:2 heads
+    "qwen3": ("qwen3", {}),
+    "gemma2": ("gemma2", {}),
+    "gemma3": ("gemma3_text", {"layers": 4, "sliding_window": 4, "rope_parameters": GEMMA3_ROPE,
+                               "layer_types": ["sliding_attention", "full_attention"] * 2}),
+    "phi3": ("phi3", {"partial_rotary_factor": 0.5}),
+    "cohere": ("cohere", {}),
+    "olmo2": ("olmo2", {}),
+    "granite": ("granite", {}),
+}
+
+
+def make_variant_model(name: str, seed: int = 0, **overrides):
+    """A tiny model of one of :data:`ROPE_VARIANTS`."""
+    arch, fields = ROPE_VARIANTS[name]
+    fields = {**fields, **overrides}
+    layers = fields.pop("layers", 3)
+    size = {k: fields.pop(k) for k in ("heads", "kv_heads", "hidden") if k in fields}
+    return make_tiny_model(arch, layers=layers, seed=seed, **size, **fields)
 
 
 def make_tiny_tokenizer(vocab: int = TINY_VOCAB):

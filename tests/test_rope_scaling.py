@@ -154,15 +154,15 @@ def test_table_rows_equal_direct_computation_and_grow():
     for pos in (torch.arange(10)[None], torch.tensor([[0, 0, 3, 4, 700]]), torch.arange(5000)[None]):
         for f in (1.3, 0.7):
             got = h.cos_sin(f, pos, like)
-            want = h._direct(h._scaled_inv_freq(f), pos, like)
+            want = h._direct(f, pos, like)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert h._tables[1.3][1].shape[0] == 8192  # grown by doubling
+    assert h._tables[(1.3, None)][1].shape[0] == 8192  # grown by doubling
     neg = torch.tensor([[-1, 0, 1]])  # never gathered from a table (would wrap around)
-    torch.testing.assert_close(h.cos_sin(1.3, neg, like)[0], h._direct(h._scaled_inv_freq(1.3), neg, like)[0])
+    torch.testing.assert_close(h.cos_sin(1.3, neg, like)[0], h._direct(1.3, neg, like)[0])
     h.max_table_bytes = 0  # over budget: direct computation
     h._tables.clear()
     pos = torch.arange(20)[None]
-    assert torch.equal(h.cos_sin(0.7, pos, like)[0], h._direct(h._scaled_inv_freq(0.7), pos, like)[0])
+    assert torch.equal(h.cos_sin(0.7, pos, like)[0], h._direct(0.7, pos, like)[0])
     assert not h._tables
     h.remove()
 
@@ -291,8 +291,9 @@ def test_consecutive_positions_use_a_view_of_the_table():
     like = torch.empty(0)
     pos = torch.arange(3, 40)[None]
     cos, sin = h.cos_sin(1.3, pos, like)
-    assert h._span == (3, 40) and cos._base is h._tables[1.3][1]
-    want = h._direct(h._scaled_inv_freq(1.3), pos, like)
+    table = h._tables[(1.3, None)][1]
+    assert h._span == (3, 40) and cos.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
+    want = h._direct(1.3, pos, like)
     assert torch.equal(cos, want[0]) and torch.equal(sin, want[1]) and cos.shape == (1, 37, 8)
     gap = torch.tensor([[0, 1, 2, 9]])
     h.cos_sin(1.3, gap, like)

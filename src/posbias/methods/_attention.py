@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from posbias.models.loader import get_decoder_layers, get_rotary_modules
+from posbias.models.loader import get_decoder_layers
 
 ATTN_NAME = "posbias_rope_override"
 
@@ -50,23 +50,19 @@ def _ensure_registered() -> None:
 
 # ----------------------------------------------------------------------------- RoPE helpers
 
-def rope_theta(model) -> float:
-    """The model's RoPE base (``rope_parameters['rope_theta']`` or the legacy ``rope_theta``)."""
-    cfg = model.config
-    params = getattr(cfg, "rope_parameters", None) or {}
-    if isinstance(params, dict) and "rope_theta" in params:
-        return float(params["rope_theta"])
-    theta = getattr(cfg, "rope_theta", None)
-    if theta is None:
-        raise ValueError(f"{type(model).__name__} has no rope_theta in its config")
-    return float(theta)
+def check_self_rotating(model, layers, what: str):
+    """The :class:`~posbias.models.rope_layout.RopeLayout` of a model whose ``layers`` a method
+    re-implements attention for; ``ValueError`` (one line) for a layout or feature it cannot reproduce:
+    interleaved or partial rotary, or attention-logit soft-capping (Gemma 2), which SDPA lacks."""
+    from posbias.models.rope_layout import rope_layout
 
-
-def rotary_module(model) -> torch.nn.Module:
-    mods = get_rotary_modules(model)
-    if not mods:
-        raise ValueError(f"{type(model).__name__} has no rotary embedding module")
-    return mods[0]
+    layout = rope_layout(model)
+    layout.require_rotate_half(what, layers)
+    cap = getattr(model.config, "attn_logit_softcapping", None)
+    if cap:
+        raise ValueError(f"{what} computes attention itself and does not reproduce the attention-logit "
+                         f"soft-capping ({cap}) of {type(model).__name__}; not supported")
+    return layout
 
 
 def base_inv_freq(inv_freq: torch.Tensor, theta: float, base: float) -> torch.Tensor:
@@ -80,10 +76,12 @@ def base_inv_freq(inv_freq: torch.Tensor, theta: float, base: float) -> torch.Te
     return inv_freq.float() * (float(theta) / float(base)) ** expo
 
 
-def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):
-    """cos / sin for ``positions`` (..., L) and ``inv_freq`` (..., d/2), broadcast like HF's rotary."""
+def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype,
+            interleaved: bool = False):
+    """cos / sin for ``positions`` (..., L) and ``inv_freq`` (..., d/2), broadcast like HF's rotary:
+    frequencies repeated as ``(f, f)`` halves (rotate-half) or ``f0 f0 f1 f1 ...`` (interleaved, Cohere)."""
     freqs = positions[..., None].float() * inv_freq[..., None, :].float()
-    emb = torch.cat((freqs, freqs), dim=-1)
+    emb = torch.repeat_interleave(freqs, 2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
 

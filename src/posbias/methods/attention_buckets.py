@@ -18,7 +18,7 @@ import torch
 
 from posbias.methods import _attention as A
 from posbias.methods.registry import MethodHandle, as_list, register_method
-from posbias.models.loader import get_rotary_modules
+from posbias.models.rope_layout import rope_layout
 
 DEFAULT_MULTIPLIERS = (1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8)
 
@@ -36,11 +36,11 @@ class AttentionBucketsModel:
     unchanged with the next B-row inputs.
     """
 
-    def __init__(self, model, bases: Sequence[float]):
+    def __init__(self, model, multipliers: Sequence[float]):
         self.base_model = model
-        self.bases = [float(b) for b in bases]
-        self.theta = A.rope_theta(model)
-        self._rotaries = get_rotary_modules(model)
+        self.multipliers = [float(m) for m in multipliers]
+        self.layout = rope_layout(model)
+        self._rotaries = [self.layout.rotary]
         params = inspect.signature(type(model).forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
@@ -60,7 +60,7 @@ class AttentionBucketsModel:
             past_key_values = cache
         if input_ids is None:
             raise ValueError("attention-buckets: input_ids is required")
-        n, (b, t) = len(self.bases), input_ids.shape
+        n, (b, t) = len(self.multipliers), input_ids.shape
         if position_ids is None:
             past = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = (torch.arange(t, device=input_ids.device) + past)[None].expand(b, t)
@@ -86,16 +86,25 @@ class AttentionBucketsModel:
         return CausalLMOutputWithPast(logits=mixed, cache=new_cache)
 
     def _rotary_forward(self, rot, b: int):
-        n = len(self.bases)
-        inv_rows = torch.stack([A.base_inv_freq(rot.inv_freq, self.theta, base) for base in self.bases])
-        inv_rows = inv_rows.repeat_interleave(b, dim=0)  # (n * B, d/2), copy-major
-        scaling = float(getattr(rot, "attention_scaling", 1.0))
+        """The rotary module's forward for the repeated batch: copy ``c`` gets ``theta * multipliers[c]``
+        of the layer type it is asked for, in the model's own pairing (rotate-half or interleaved)."""
+        n = len(self.multipliers)
+        by_type = {lr.layer_type: lr for lr in self.layout.layers}
 
-        def forward(x, position_ids):
+        def rows(layer_type):
+            rope = by_type[layer_type]
+            inv = self.layout.inv_freq(layer_type)
+            stacked = torch.stack([A.base_inv_freq(inv, rope.theta, rope.theta * m) for m in self.multipliers])
+            return stacked.repeat_interleave(b, dim=0), rope  # (n * B, d/2), copy-major
+
+        table = {lt: rows(lt) for lt in by_type}
+
+        def forward(x, position_ids, layer_type=None):
+            inv_rows, rope = table[layer_type]
             pid = position_ids
             if pid.shape[0] != n * b:
                 pid = pid.expand(n * b, pid.shape[-1])
-            return A.cos_sin(pid, inv_rows.to(x.device), scaling, x.dtype)
+            return A.cos_sin(pid, inv_rows.to(x.device), rope.attention_scaling, x.dtype, rope.interleaved)
 
         return forward
 
@@ -109,16 +118,20 @@ def apply_attention_buckets(model, bases: Sequence[float] | None = None,
         bases: absolute RoPE bases; default ``theta * multipliers``.
         multipliers: relative bases (default 1.0, 1.3, ..., 2.8).
     """
-    theta = A.rope_theta(model)
+    thetas = sorted(set(rope_layout(model).thetas.values()))
     if bases is None:
         mult = as_list(multipliers, float, "attention-buckets: multipliers") or list(DEFAULT_MULTIPLIERS)
-        bases = [theta * m for m in mult]
+    elif len(thetas) > 1:
+        raise ValueError(f"attention-buckets: {type(model).__name__} uses several RoPE bases ({thetas}); give "
+                         "multipliers of each layer's own base, not absolute bases")
     else:
-        bases = as_list(bases, float, "attention-buckets: bases")
-    if not bases:
+        mult = [x / thetas[0] for x in as_list(bases, float, "attention-buckets: bases")]
+    if not mult:
         raise ValueError("attention-buckets: need at least one base")
-    if any(not x > 0 for x in bases):
-        raise ValueError(f"attention-buckets: bases must be > 0, got {bases}")
-    wrapper = AttentionBucketsModel(model, bases)
-    return MethodHandle("attention-buckets", model, model=wrapper, remove_fn=lambda: None,
-                        options={"bases": bases})
+    if any(not x > 0 for x in mult):
+        raise ValueError(f"attention-buckets: bases must be > 0, got {mult}")
+    wrapper = AttentionBucketsModel(model, mult)
+    opts = {"multipliers": mult}
+    if len(thetas) == 1:
+        opts["bases"] = [thetas[0] * m for m in mult]
+    return MethodHandle("attention-buckets", model, model=wrapper, remove_fn=lambda: None, options=opts)

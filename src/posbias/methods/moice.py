@@ -26,6 +26,7 @@ from posbias.methods import _attention as A
 from posbias.tasks.haystack import NOISE
 from posbias.methods.registry import MethodHandle, as_list, register_method
 from posbias.models.loader import get_decoder_layers
+from posbias.models.rope_layout import rope_layout
 
 DEFAULT_MULTIPLIERS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5)
 WEIGHTS_FILE = "routers.safetensors"
@@ -101,16 +102,18 @@ class MoICE:
     """Attention function and bookkeeping (load-balancing statistics) of an applied MoICE."""
 
     def __init__(self, model, routers: MoICERouters):
-        self.rotary = A.rotary_module(model)
-        self.theta = A.rope_theta(model)
+        self.layout = A.check_self_rotating(model, routers.layers, "moice")
         self.routers = routers
-        self.bases = [self.theta * m for m in routers.multipliers]
+        self.multipliers = list(routers.multipliers)
         self.collect_aux = False
         self.aux: list[torch.Tensor] = []
         self.last_weights: dict[int, torch.Tensor] = {}
 
-    def _inv(self, e: int, device) -> torch.Tensor:
-        return A.base_inv_freq(self.rotary.inv_freq.to(device), self.theta, self.bases[e])
+    def _inv(self, layer: int, e: int, device) -> torch.Tensor:
+        """inv_freq of expert ``e`` in ``layer``: the layer's own base times the expert's multiplier."""
+        rope = self.layout.layers[layer]
+        inv = self.layout.inv_freq(rope.layer_type).to(device)
+        return A.base_inv_freq(inv, rope.theta, rope.theta * self.multipliers[e])
 
     def attention(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
         b, h, q_len, d = query.shape
@@ -118,7 +121,7 @@ class MoICE:
         n_rep = h // key.shape[1]
         scaling = module.scaling if scaling is None else scaling
         router = self.routers.routers[str(module.layer_idx)]
-        n_exp, k = len(self.bases), min(self.routers.top_k, len(self.bases))
+        n_exp, k = len(self.multipliers), min(self.routers.top_k, len(self.multipliers))
 
         logits = router(query.to(router.gate1.weight.dtype))  # (B, H, q, E)
         probs = torch.softmax(logits.float(), dim=-1)
@@ -133,14 +136,14 @@ class MoICE:
 
         q_pos, k_pos = A.query_key_positions(query, key, kwargs.get("position_ids"))
         mask = A.float_mask(attention_mask, q_len, kv_len, query.dtype, query.device)
-        att_scale = float(getattr(self.rotary, "attention_scaling", 1.0))
+        att_scale = self.layout.layers[module.layer_idx].attention_scaling
         v_rep = A.repeat_kv(value, n_rep)
         used = (weights.reshape(-1, n_exp) > 0).any(0).tolist()
         out = None
         for e in range(n_exp):
             if not used[e]:
                 continue
-            inv = self._inv(e, query.device)[None, None]  # (1, 1, d/2)
+            inv = self._inv(module.layer_idx, e, query.device)[None, None]  # (1, 1, d/2)
             cq, sq = A.cos_sin(q_pos[:, None, :], inv, att_scale, query.dtype)  # (B, 1, q, d)
             ck, sk = A.cos_sin(k_pos[:, None, :], inv, att_scale, query.dtype)
             k_rot = A.repeat_kv(A.rotate(key, ck, sk), n_rep)
@@ -177,7 +180,7 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
             raise ValueError(f"moice: top_k must be >= 1, got {top_k}")
     n_layers = len(get_decoder_layers(model))
     head_dim = int(getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads)
-    theta = A.rope_theta(model)
+    thetas = sorted(set(rope_layout(model).thetas.values()))
     if routers is not None:
         mods = load_routers(routers)
         if mods.head_dim != head_dim or max(mods.layers, default=-1) >= n_layers:
@@ -189,7 +192,10 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
         warnings.warn("moice: no routers=PATH given, using freshly initialised (untrained) routers; "
                       "train them with `posbias train-moice`", stacklevel=3)
         if bases is not None:
-            mult = [x / theta for x in as_list(bases, float, "moice: bases")]
+            if len(thetas) > 1:
+                raise ValueError(f"moice: {type(model).__name__} uses several RoPE bases ({thetas}); give the "
+                                 "experts as multipliers of each layer's own base, not as absolute bases")
+            mult = [x / thetas[0] for x in as_list(bases, float, "moice: bases")]
         else:
             mult = as_list(multipliers, float, "moice: multipliers") or list(DEFAULT_MULTIPLIERS)
         if not mult or any(not m > 0 for m in mult):
@@ -212,7 +218,9 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
     state = MoICE(model, mods)
     patch = A.RopeAttentionPatch(model, mods.layers, state.attention)
     opts = {"routers": None if routers is None else str(routers), "top_k": mods.top_k,
-            "bases": state.bases, "layers": mods.layers, "hidden": mods.hidden}
+            "multipliers": mods.multipliers, "layers": mods.layers, "hidden": mods.hidden}
+    if len(thetas) == 1:
+        opts["bases"] = [thetas[0] * m for m in mods.multipliers]
     return MethodHandle("moice", model, remove_fn=patch.remove, options=opts,
                         state={"moice": state, "routers": mods})
 

@@ -72,7 +72,7 @@ class MsPoE:
 
     def __init__(self, model, layers: list[int], grid: torch.Tensor | None, order: str,
                  fixed: torch.Tensor | None, threshold: float):
-        self.rotary = A.rotary_module(model)
+        self.layout = A.check_self_rotating(model, layers, "ms-poe")
         self.layers = layers
         self.grid = grid
         self.order = order
@@ -89,8 +89,9 @@ class MsPoE:
         kv_len = key.shape[2]
         n_rep = h // key.shape[1]
         scaling = module.scaling if scaling is None else scaling
-        inv = self.rotary.inv_freq.to(query.device)
-        att_scale = float(getattr(self.rotary, "attention_scaling", 1.0))
+        rope = self.layout.layers[module.layer_idx]
+        inv = self.layout.inv_freq(rope.layer_type).to(query.device)
+        att_scale = rope.attention_scaling
         q_pos, k_pos = A.query_key_positions(query, key, kwargs.get("position_ids"))
         mask = A.float_mask(attention_mask, q_len, kv_len, query.dtype, query.device)
         k_rep = A.repeat_kv(key, n_rep)  # (B, H, kv, d): query head h reads key head h // n_rep

