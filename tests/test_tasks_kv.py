@@ -131,3 +131,21 @@ def test_kv_uuid_file_errors(tmp_path):
         make_instances("kv-uuid", n=1, depths=[0.0], path=nogold)
     with pytest.raises(ValueError, match="nope.jsonl.gz.*not found"):
         make_instances("kv-uuid", n=1, depths=[0.0], path=tmp_path / "nope.jsonl.gz")
+
+
+def test_compound_keys_are_distinct_words_and_single_word_keys_unchanged():
+    from posbias.tasks.kv import WORDS, make_kv
+
+    one = make_kv(n=3, depths=[0.5], seed=0, split="eval", num_keys=20)
+    same = make_kv(n=3, depths=[0.5], seed=0, split="eval", num_keys=20, key_words=1)
+    assert [i.prompt for i in one] == [i.prompt for i in same]
+    two = make_kv(n=3, depths=[0.0, 1.0], seed=0, split="eval", num_keys=20, key_words=2)
+    for inst in two:
+        lines = inst.prompt.split("\n\n")[1].splitlines()
+        keys = [line.split(":")[0] for line in lines]
+        words = [w for k in keys for w in k.split("-")]
+        assert len(keys) == 20 and all(len(k.split("-")) == 2 for k in keys)
+        assert len(set(words)) == 40 and set(words) <= set(WORDS)
+        assert inst.meta["key"] == keys[inst.gold_index] and f"Key: {inst.meta['key']}\n" in inst.prompt
+    with pytest.raises(ValueError, match="key_words"):
+        make_kv(n=1, depths=[0.5], seed=0, split="eval", num_keys=400, key_words=2)
