@@ -34,17 +34,31 @@ def answer_text(prompt: str, answer: str) -> str:
 
 @dataclass
 class Encoded:
-    """Token ids of one instance: ``prompt_ids`` (P,) and ``answer_ids`` (A,)."""
+    """Token ids of one instance: ``prompt_ids`` (P,) and ``answer_ids`` (A,); the first
+    ``context_len`` prompt ids are a context shared with other instances (0: none)."""
 
     inst: Instance
     prompt_ids: list[int]
     answer_ids: list[int]
+    context_len: int = 0
 
 
 def encode(tokenizer, inst: Instance, chat: bool, max_positions: int = 0) -> Encoded:
-    """Tokenise prompt and gold answer separately (so the answer tokens are exactly known)."""
+    """Tokenise prompt and gold answer separately (so the answer tokens are exactly known).
+
+    An instance of a shared context (``meta["context_chars"]``, see ``shared_context`` in the task
+    generators) is tokenised as context + rest, so every question of one context starts with the
+    same context ids whichever scorer runs it.
+    """
     text = prompt_text(tokenizer, inst, chat)
-    prompt_ids = tokenizer(text, add_special_tokens=not chat)["input_ids"]
+    cut = inst.meta.get("context_chars")
+    if cut is not None:
+        if chat:
+            raise ValueError(f"instance {inst.id} belongs to a shared context, which is scored without a chat template")
+        context_ids = tokenizer(text[:cut], add_special_tokens=True)["input_ids"]
+        prompt_ids = context_ids + tokenizer(text[cut:], add_special_tokens=False)["input_ids"]
+    else:
+        context_ids, prompt_ids = [], tokenizer(text, add_special_tokens=not chat)["input_ids"]
     answer_ids = tokenizer(answer_text(text, inst.answers[0]), add_special_tokens=False)["input_ids"]
     total = len(prompt_ids) + len(answer_ids)
     if max_positions and total > max_positions:
@@ -52,7 +66,7 @@ def encode(tokenizer, inst: Instance, chat: bool, max_positions: int = 0) -> Enc
             f"instance {inst.id}: {total} tokens, longer than the model's maximum of {max_positions} positions; "
             "use a shorter task setting (fewer items / smaller --length)"
         )
-    return Encoded(inst, prompt_ids, answer_ids)
+    return Encoded(inst, prompt_ids, answer_ids, len(context_ids))
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -3,6 +3,11 @@
 Logits are computed only at the positions that predict answer tokens (``logits_to_keep``), so
 scoring costs one prefill. Exact match (argmax equals the gold token at every answer position)
 is identical to "greedy decoding reproduces the gold tokens" — see tests/test_teacher_forced.py.
+
+A model marked :func:`prompt_dependent` (a method whose behaviour depends on where the prompt ends,
+e.g. Ms-PoE's head order from the prompt's last token) is scored by prefilling the prompt alone and
+feeding the answer through the cache (:func:`posbias.evaluation.scoring.score_via_cache`), so the
+answer never reaches its prefill and teacher forcing sees what generation sees.
 """
 from __future__ import annotations
 
@@ -15,9 +20,21 @@ from posbias.evaluation.batching import encode, left_pad, length_sorted_batches,
 from posbias.tasks.base import Instance
 
 
+PROMPT_DEPENDENT_ATTR = "_posbias_prompt_dependent"
+
+
+def prompt_dependent(model) -> bool:
+    """True when ``model`` (or the model a wrapper scores with) must see each prompt prefilled alone."""
+    return bool(getattr(model, PROMPT_DEPENDENT_ATTR, False))
+
+
 @torch.no_grad()
 def score_batch(model, batch, pad_id: int) -> list[dict]:
     """Score one batch of :class:`Encoded` instances; returns one dict per row (batch order)."""
+    if prompt_dependent(model):
+        from posbias.evaluation.scoring import score_via_cache
+
+        return score_via_cache(model, batch, pad_id)
     rows = [e.prompt_ids + e.answer_ids for e in batch]
     ids, mask, pos = left_pad(rows, pad_id)
     keep = max(len(e.answer_ids) for e in batch) + 1

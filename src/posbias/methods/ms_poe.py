@@ -26,6 +26,7 @@ from typing import Sequence
 
 import torch
 
+from posbias.evaluation.teacher_forced import PROMPT_DEPENDENT_ATTR
 from posbias.methods import _attention as A
 from posbias.methods.registry import MethodHandle, as_list, register_method
 from posbias.models.loader import get_decoder_layers
@@ -176,6 +177,15 @@ def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int
     grid = ratio_grid(n_heads, r_min, r_max)
     state = MsPoE(model, layers, grid, order, fixed, float(threshold))
     patch = A.RopeAttentionPatch(model, layers, state.attention)
+    per_prompt = fixed is None and order == "score"
+    if per_prompt:  # scorers prefill each prompt alone (no answer in the head order; no shared contexts)
+        setattr(model, PROMPT_DEPENDENT_ATTR, True)
+
+    def remove():
+        patch.remove()
+        model.__dict__.pop(PROMPT_DEPENDENT_ATTR, None)
+
     opts = {"r_min": r_min, "r_max": r_max, "layers": layers, "order": order,
             "ratios": None if fixed is None else fixed.tolist(), "threshold": float(threshold)}
-    return MethodHandle("ms-poe", model, remove_fn=patch.remove, options=opts, state={"ms_poe": state})
+    return MethodHandle("ms-poe", model, remove_fn=remove, options=opts, state={"ms_poe": state},
+                        shared_prefill=not per_prompt)

@@ -33,11 +33,15 @@ class MethodHandle:
         base_model: the underlying Hugging Face model.
         options: the options the method was applied with.
         state: method-specific extras (e.g. MoICE routers, Ms-PoE head ratios).
+        shared_prefill: whether questions scored against one shared context's cache get exactly the
+            scores of their own prompts (False for Ms-PoE's per-prompt head order, which is taken at
+            the end of whatever was prefilled): scorers fall back to one prompt per question.
     """
 
     def __init__(self, name: str, base_model, model=None, remove_fn: Callable[[], None] | None = None,
-                 options: dict | None = None, state: dict | None = None):
+                 options: dict | None = None, state: dict | None = None, shared_prefill: bool = True):
         self.name = name
+        self.shared_prefill = shared_prefill
         self.base_model = base_model
         self.model = model if model is not None else base_model
         self.options = dict(options or {})

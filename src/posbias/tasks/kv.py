@@ -124,8 +124,13 @@ def _kv_instances(task: str, samples: list[dict[str, Any]], *, depths, split, se
     return out
 
 
-def make_kv(*, tokenizer=None, n, depths, seed, split, num_keys=30, value_digits=7, key_words=1) -> list[Instance]:
+def make_kv(*, tokenizer=None, n, depths, seed, split, num_keys=30, value_digits=7, key_words=1,
+            shared_context=False) -> list[Instance]:
     """Word keys -> ``value_digits``-digit numbers, one ``key: value`` per line.
+
+    ``shared_context=True``: ``n`` record lists, each asked once per depth about the record that
+    already sits there (nothing moves), so the questions of one list share its context and can be
+    scored from one prefill (:func:`posbias.evaluation.scoring.score_instances`).
 
     ``key_words > 1`` makes compound keys of that many distinct words joined by ``-``
     (``apple-river: 1234567``); no word occurs in two keys. The format decides whether a model shows a
@@ -149,8 +154,36 @@ def make_kv(*, tokenizer=None, n, depths, seed, split, num_keys=30, value_digits
         gold = int(rng.integers(num_keys))
         samples.append({"records": list(zip(keys, values)), "gold": gold, "key": keys[gold],
                         "value": values[gold], "meta": {}})
+    if shared_context:
+        return _kv_shared_instances(samples, depths=depths, split=split, seed=seed)
     return _kv_instances(task, samples, depths=depths, split=split, seed=seed,
                          template=KV_WORDS_PROMPT, fmt=format_word_records)
+
+
+def _kv_shared_instances(samples, *, depths, split, seed) -> list[Instance]:
+    """One context per sample (instruction + records), one question per depth after it.
+
+    ``meta["context_id"]`` names the context and ``meta["context_chars"]`` is its length in the
+    prompt: ``prompt[:context_chars]`` is identical for every question of that context.
+    """
+    task = "kv"
+    head, tail = KV_WORDS_PROMPT.split("{records}")
+    out = []
+    for depth in depths:
+        for i, s in enumerate(samples):
+            records = s["records"]
+            idx = depth_to_index(depth, len(records))
+            key, value = records[idx]
+            context = head + format_word_records(records) + tail.split("Key:")[0]
+            prompt = context + "Key:" + tail.split("Key:")[1].format(key=key)
+            assert prompt == KV_WORDS_PROMPT.format(records=format_word_records(records), key=key)
+            out.append(Instance(
+                id=instance_id("kv-shared", split, seed, depth, i), task=task, prompt=prompt, answers=[value],
+                gold_index=idx, num_items=len(records), depth=float(depth), metric="substring",
+                meta={"key": key, "realised_depth": realised_depth(idx, len(records)),
+                      "context_id": f"kv-shared_{split}_s{int(seed)}_c{i}", "context_chars": len(context)},
+            ))
+    return out
 
 
 def split_indices(count: int, split: str) -> list[int]:

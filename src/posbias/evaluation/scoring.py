@@ -1,0 +1,177 @@
+"""Teacher-forced scoring of continuations through a KV cache: one prefill, many answers.
+
+Two uses of one mechanism:
+
+* **prompt, then answer** (:func:`score_via_cache`): every prompt is prefilled alone and its gold
+  answer is fed through the cache. A method whose behaviour depends on where the prompt ends
+  (Ms-PoE orders its heads by the attention of the prompt's last token) then sees exactly what it
+  sees under generation: the answer can never leak into the prefill.
+* **one context, many questions** (:func:`score_shared_context`): the KV cache of a shared context
+  (e.g. a KV list with N records) is computed once, under whatever method or scaling is active,
+  repeated once per question, and every ``question + gold answer`` suffix runs against it in one
+  batch. Exact match and log-probabilities equal those of scoring each ``context + question`` as its
+  own prompt (same token ids; float tolerance), at the cost of one context prefill per context.
+
+Continuations are **right-padded** after the cache: a row is ``[cache | suffix | pads]`` with
+positions continuing from the cache without gaps, so the real tokens of a row stay contiguous (the
+methods that rotate keys themselves place them relative to the last position); logits are kept from
+the earliest position that predicts an answer token. The logits of the prefill's last position
+predict the first suffix token (needed when the suffix *is* the answer).
+
+Result records (one schema for every scorer): ``id``, ``em`` (argmax equals the gold token at every
+answer position), ``logprob`` (sum of gold-token log-probabilities), ``n_tokens`` (answer length),
+``prompt_tokens``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from posbias.evaluation.batching import left_pad
+
+
+@dataclass
+class Continuation:
+    """One scored suffix: ``suffix_ids`` (S,) = question tokens + the ``n_answer`` gold answer tokens."""
+
+    id: str
+    suffix_ids: list[int]
+    n_answer: int
+    prompt_tokens: int
+
+
+def cache_of(out):
+    """The KV cache of a model output (transformers >= 5.24 names it ``cache``)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+@torch.no_grad()
+def prefill(model, rows: Sequence[Sequence[int]], pad_id: int):
+    """Left-padded prefill with a cache; returns ``(last_logits (B, V), cache, mask (B, T), next_pos (B, 1))``."""
+    ids, mask, pos = left_pad(rows, pad_id)
+    dev = _device(model)
+    ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1], cache_of(out), mask, pos[:, -1:] + 1
+
+
+@torch.no_grad()
+def score_continuations(model, cache, mask: torch.Tensor, next_pos: torch.Tensor, last_logits: torch.Tensor,
+                        items: Sequence[Continuation], pad_id: int) -> list[dict]:
+    """Score ``items[b]`` against row ``b`` of ``cache`` (B rows; see the module docstring).
+
+    Suffixes are right-padded and their positions continue from the cache without gaps (pads
+    included), so the real tokens of every row are contiguous, as methods that place keys
+    relative to the last position assume; no real token attends to a pad (causal).
+    """
+    dev = mask.device
+    width = max(len(c.suffix_ids) for c in items)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long, device=dev)
+    smask = torch.zeros((len(items), width), dtype=torch.long, device=dev)
+    for b, c in enumerate(items):
+        ids[b, :len(c.suffix_ids)] = torch.tensor(c.suffix_ids, dtype=torch.long, device=dev)
+        smask[b, :len(c.suffix_ids)] = 1
+    pos = next_pos + torch.arange(width, device=dev)[None]
+    questions = [len(c.suffix_ids) - c.n_answer for c in items]
+    first = max(0, min(questions) - 1)  # earliest suffix position whose logits predict an answer token
+    out = model(input_ids=ids, attention_mask=torch.cat([mask, smask], 1), position_ids=pos, cache=cache,
+                use_cache=True, logits_to_keep=width - first)
+    logits = out.logits  # (B, width - first, V): suffix positions first .. width - 1
+    results = []
+    for b, (c, q) in enumerate(zip(items, questions)):
+        # answer token j (suffix index q + j) is predicted by suffix index q + j - 1 (the prefill for -1)
+        if q == 0:
+            pred = torch.cat([last_logits[b: b + 1], logits[b, : c.n_answer - 1]])
+        else:
+            pred = logits[b, q - 1 - first: q - 1 - first + c.n_answer]
+        logp = torch.log_softmax(pred.float(), dim=-1)  # (A, V)
+        gold = torch.tensor(c.suffix_ids[q:], device=dev)
+        results.append({"id": c.id, "em": bool(torch.equal(logp.argmax(-1), gold)),
+                        "logprob": float(logp.gather(-1, gold[:, None]).sum()), "n_tokens": c.n_answer,
+                        "prompt_tokens": c.prompt_tokens})
+    return results
+
+
+def score_via_cache(model, batch, pad_id: int) -> list[dict]:
+    """Teacher-forced scores of :class:`~posbias.evaluation.batching.Encoded` rows: each prompt
+    prefilled alone, then its answer fed through the cache."""
+    last, cache, mask, next_pos = prefill(model, [e.prompt_ids for e in batch], pad_id)
+    items = [Continuation(e.inst.id, list(e.answer_ids), len(e.answer_ids), len(e.prompt_ids)) for e in batch]
+    return score_continuations(model, cache, mask, next_pos, last, items, pad_id)
+
+
+def score_shared_context(model, context_ids: Sequence[int], items: Sequence[Continuation], pad_id: int,
+                         batch_size: int = 16) -> list[dict]:
+    """Score every ``context + item.suffix`` from one prefill of ``context_ids``.
+
+    The context cache is computed once and repeated for up to ``batch_size`` questions at a time
+    (a fresh repeat per batch, so no batch sees another's tokens).
+    """
+    if not items:
+        return []
+    last, cache, mask, next_pos = prefill(model, [list(context_ids)], pad_id)
+    results = []
+    for start in range(0, len(items), batch_size):
+        chunk = list(items[start:start + batch_size])
+        rep = _repeat_cache(cache, len(chunk))
+        k = len(chunk)
+        results += score_continuations(model, rep, mask.expand(k, -1), next_pos.expand(k, -1),
+                                       last.expand(k, -1), chunk, pad_id)
+    return results
+
+
+def score_instances(model, tokenizer, instances, *, batch_size: int = 8, chat: bool = False, shared: bool = True,
+                    progress: bool = False) -> list[dict]:
+    """Teacher-forced scores of ``instances``, in their order: the questions of each shared context
+    (``meta["context_id"]``) from one prefill of that context, everything else (and everything when
+    ``shared`` is False, under a chat template, or for a :func:`prompt_dependent` model) one prompt
+    per question (:func:`posbias.evaluation.teacher_forced.score_teacher_forced`)."""
+    from collections import defaultdict
+
+    from posbias.evaluation.batching import encode, model_max_positions, pad_id_of
+    from posbias.evaluation.teacher_forced import prompt_dependent, score_teacher_forced
+
+    groups: dict[str, list] = defaultdict(list)
+    singles = []
+    for inst in instances:
+        cid = inst.meta.get("context_id") if shared and not chat and not prompt_dependent(model) else None
+        (groups[cid] if cid is not None else singles).append(inst)
+    by_id = {r["id"]: r for r in score_teacher_forced(model, tokenizer, singles, batch_size=batch_size, chat=chat)} \
+        if singles else {}
+    limit, pad_id = model_max_positions(model), pad_id_of(tokenizer)
+    for cid, members in groups.items():
+        encoded = [encode(tokenizer, inst, False, limit) for inst in members]
+        context = encoded[0].prompt_ids[:encoded[0].context_len]
+        if any(e.prompt_ids[:e.context_len] != context for e in encoded):
+            raise ValueError(f"instances of shared context {cid!r} do not start with the same context tokens")
+        items = [Continuation(e.inst.id, e.prompt_ids[len(context):] + e.answer_ids, len(e.answer_ids),
+                              len(e.prompt_ids)) for e in encoded]
+        for r in score_shared_context(model, context, items, pad_id, batch_size=max(batch_size, 1)):
+            by_id[r["id"]] = r
+    return [by_id[inst.id] for inst in instances]
+
+
+def _repeat_cache(cache, k: int):
+    """A copy of a one-row cache (or an Attention-Buckets cache of one row per base) with each row
+    repeated ``k`` times (``batch_repeat_interleave`` order)."""
+    import copy
+
+    rep = copy.copy(cache)
+    rep.layers = [copy.copy(layer) for layer in cache.layers]
+    for layer in rep.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor):
+                setattr(layer, name, t.repeat_interleave(k, dim=0))
+    return rep
+
+
+def _device(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration, TypeError):
+        base = getattr(model, "base_model", None)
+        return _device(base) if base is not None and base is not model else torch.device("cpu")
