@@ -141,7 +141,7 @@ def score_instances(model, tokenizer, instances, *, batch_size: int = 8, chat: b
         (groups[cid] if cid is not None else singles).append(inst)
     by_id = {r["id"]: r for r in score_teacher_forced(model, tokenizer, singles, batch_size=batch_size, chat=chat)} \
         if singles else {}
-    limit, pad_id = model_max_positions(model), pad_id_of(tokenizer)
+    limit, pad_id = (model_max_positions(model), pad_id_of(tokenizer)) if groups else (0, 0)
     for cid, members in groups.items():
         encoded = [encode(tokenizer, inst, False, limit) for inst in members]
         context = encoded[0].prompt_ids[:encoded[0].context_len]

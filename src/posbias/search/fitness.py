@@ -1,19 +1,23 @@
-"""Fitness of a set of per-layer factors: position-balanced teacher-forced accuracy.
+"""Fitness of a set of per-layer factors: position-balanced teacher-forced accuracy or log-probability.
 
 The search split holds instances whose gold item sits at the beginning, middle and end of the
-input (depths 0, 0.5, 1). Fitness is ranked lexicographically by the tuple
-``(accuracy, mean_logprob)``:
+input (depths 0, 0.5, 1); with shared contexts (the default of ``posbias search``) each context is
+asked once per depth and scored from one prefill. Two objectives (``objective``):
 
-* ``accuracy = sum_d w_d * correct_d / n_d`` (weights default to equal, normalised to sum 1);
-  ``correct`` is teacher-forced exact match (argmax reproduces every gold token);
-* ``mean_logprob`` = mean over instances of the per-token gold log-probability
-  (``logprob / n_tokens``): it only breaks ties between equal accuracies (small samples make ties
-  frequent), never outweighs one more correct instance.
+* ``"accuracy"``: ranked lexicographically by ``(accuracy, mean_logprob)`` with
+  ``accuracy = sum_d w_d * correct_d / n_d`` (weights default to equal, normalised to sum 1),
+  ``correct`` = teacher-forced exact match (argmax reproduces every gold token), and
+  ``mean_logprob`` = mean per-token gold log-probability, which only breaks ties between equal
+  accuracies (small samples make ties frequent);
+* ``"logprob"``: ranked by ``(sum_d w_d * lp_d / n_d, accuracy)`` with ``lp_d`` the sum over depth
+  ``d``'s instances of the per-token gold log-probability (``logprob / n_tokens``): a continuous
+  signal that sees every instance move, not only those that cross the argmax.
 
 Early stopping (pruning). Instances are scored in chunks, the depths interleaved round-robin so
 every chunk holds all depths. After each chunk the upper bound
 ``sum_d w_d * (correct_d + remaining_d) / n_d`` is the accuracy if every remaining instance were
-correct. When a *threshold* is given and the bound is strictly below it, scoring stops and the
+correct (objective ``logprob``: ``sum_d w_d * lp_d / n_d``, every remaining log-probability at its
+maximum 0). When a *threshold* is given and the bound is strictly below it, scoring stops and the
 result is marked ``pruned``. The runner passes as threshold the accuracy of the ``elite``-th best
 *fully scored* member of the current population known before the generation is scored (the
 carried-over elite). This is safe: an individual whose best possible accuracy is strictly below
@@ -33,13 +37,14 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 __all__ = ["FitnessResult", "TeacherForcedFitness", "SyntheticFitness", "interleave_by_depth",
-           "DEFAULT_DEPTHS"]
+           "DEFAULT_DEPTHS", "OBJECTIVES"]
 
 DEFAULT_DEPTHS = (0.0, 0.5, 1.0)
+OBJECTIVES = ("accuracy", "logprob")
 
 
 @dataclass
@@ -55,6 +60,8 @@ class FitnessResult:
     seconds: float = 0.0
     pruned: bool = False
     synthetic_value: float | None = None  # SyntheticFitness only
+    objective: str = "accuracy"
+    logprob_by_depth: dict[str, float] = field(default_factory=dict)  # per depth: sum of per-token log-probs
 
     @property
     def complete(self) -> bool:
@@ -68,9 +75,28 @@ class FitnessResult:
         return sum(self.weights[d] * c / t for d, (c, s, t) in self.counts.items() if t)
 
     @property
+    def weighted_logprob(self) -> float:
+        """``sum_d w_d * lp_d / scored_d``: the depth-weighted mean per-token gold log-probability."""
+        if not self.n_scored:
+            return -math.inf
+        return sum(self.weights[d] * self.logprob_by_depth.get(d, 0.0) / s
+                   for d, (c, s, t) in self.counts.items() if s)
+
+    @property
+    def value(self) -> float:
+        """The objective's value (for an incomplete result: accuracy's lower bound, or the mean
+        log-probability of what was scored)."""
+        if self.synthetic_value is not None:
+            return self.synthetic_value
+        return self.weighted_logprob if self.objective == "logprob" else self.accuracy
+
+    @property
     def upper_bound(self) -> float:
         if self.synthetic_value is not None:
             return self.synthetic_value
+        if self.objective == "logprob":
+            return sum(self.weights[d] * self.logprob_by_depth.get(d, 0.0) / t
+                       for d, (c, s, t) in self.counts.items() if t)
         return sum(self.weights[d] * (c + t - s) / t for d, (c, s, t) in self.counts.items() if t)
 
     @property
@@ -80,6 +106,8 @@ class FitnessResult:
     @property
     def key(self) -> tuple[float, float]:
         """Ranking key (higher is better)."""
+        if self.objective == "logprob" and self.synthetic_value is None:
+            return (self.weighted_logprob, self.accuracy)
         return (self.accuracy, self.mean_logprob)
 
     def per_depth_accuracy(self) -> dict[str, float]:
@@ -93,7 +121,8 @@ class FitnessResult:
         return cls(**d)
 
     def summary(self) -> dict:
-        return {"accuracy": self.accuracy, "mean_logprob": self.mean_logprob,
+        return {"objective": self.objective, "value": self.value, "accuracy": self.accuracy,
+                "mean_logprob": self.mean_logprob, "weighted_logprob": self.weighted_logprob,
                 "per_depth": self.per_depth_accuracy(), "complete": self.complete, "pruned": self.pruned,
                 "n_scored": self.n_scored, "n_total": self.n_total}
 
@@ -139,13 +168,21 @@ class TeacherForcedFitness:
         model, tokenizer: the model to patch (per-layer scaling is applied and removed per call).
         instances: search-split instances (``.depth`` groups them; depth order as given by the tasks).
         weights: per-depth weights (sequence in ascending depth order, or ``{depth: w}``); default equal.
-        chunk_size: instances scored between two pruning checks (default ``batch_size``).
+        chunk_size: instances scored between two pruning checks (default ``batch_size``, rounded up to
+            whole shared contexts: a multiple of the number of depths).
+        objective: ``"accuracy"`` or ``"logprob"`` (see the module docstring).
+        shared: score the questions of one shared context from one prefill (instances made with
+            ``shared_context=True``; equal scores, see :mod:`posbias.evaluation.scoring`).
     """
 
     def __init__(self, model, tokenizer, instances: Sequence[Any], *, weights=None, batch_size: int = 4,
-                 chunk_size: int | None = None, chat: bool = True):
+                 chunk_size: int | None = None, chat: bool = True, objective: str = "accuracy",
+                 shared: bool = True):
         if not instances:
             raise ValueError("no search instances")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+        self.objective, self.shared = objective, shared
         self.model, self.tokenizer = model, tokenizer
         self.instances = interleave_by_depth(instances)
         self.totals: dict[str, int] = defaultdict(int)
@@ -154,7 +191,11 @@ class TeacherForcedFitness:
         self.depths = sorted(self.totals, key=float)
         self.weights = _normalise_weights(self.depths, weights)
         self.batch_size = batch_size
-        self.chunk_size = chunk_size or batch_size
+        if chunk_size is None:
+            per = len(self.depths)
+            contexts = shared and any("context_id" in getattr(i, "meta", {}) for i in self.instances)
+            chunk_size = -(-batch_size // per) * per if contexts else batch_size
+        self.chunk_size = chunk_size
         self.chat = chat
         self._forwards = 0
         self._hook = model.register_forward_hook(self._count)  # counts forward passes
@@ -167,7 +208,8 @@ class TeacherForcedFitness:
 
     def empty_result(self) -> FitnessResult:
         return FitnessResult({d: [0, 0, self.totals[d]] for d in self.depths}, dict(self.weights),
-                             n_total=len(self.instances))
+                             n_total=len(self.instances), objective=self.objective,
+                             logprob_by_depth={d: 0.0 for d in self.depths})
 
     def score(self, factors: Sequence[float], *, threshold: float | None = None,
               partial: FitnessResult | None = None) -> FitnessResult:
@@ -175,7 +217,7 @@ class TeacherForcedFitness:
 
         ``partial`` (an earlier pruned result of the same factors) is continued, not redone.
         """
-        from posbias.evaluation.teacher_forced import score_teacher_forced
+        from posbias.evaluation.scoring import score_instances
         from posbias.patching.rope_scaling import apply_layer_scaling
 
         res = FitnessResult.from_dict(partial.to_dict()) if partial is not None else self.empty_result()
@@ -187,13 +229,16 @@ class TeacherForcedFitness:
                     res.pruned = True
                     break
                 chunk = self.instances[res.n_scored: res.n_scored + self.chunk_size]
-                rows = score_teacher_forced(self.model, self.tokenizer, chunk, batch_size=self.batch_size,
-                                            chat=self.chat, progress=False)
+                rows = score_instances(self.model, self.tokenizer, chunk, batch_size=self.batch_size,
+                                       chat=self.chat, shared=self.shared)
                 for inst, r in zip(chunk, rows):
-                    c = res.counts[_dkey(inst.depth)]
+                    d = _dkey(inst.depth)
+                    c = res.counts[d]
                     c[0] += int(bool(r["em"]))
                     c[1] += 1
-                    res.logprob_sum += float(r["logprob"]) / max(int(r["n_tokens"]), 1)
+                    per_token = float(r["logprob"]) / max(int(r["n_tokens"]), 1)
+                    res.logprob_sum += per_token
+                    res.logprob_by_depth[d] = res.logprob_by_depth.get(d, 0.0) + per_token
                 res.n_scored += len(chunk)
         res.forward_passes += self._forwards - f0
         res.seconds += time.perf_counter() - t0
