@@ -116,3 +116,25 @@ def test_kv_shared_contexts_score_like_their_own_prompts(name, tiny_tokenizer, t
     hook.remove()
     _close(shared, single)
     assert n_shared == 3 * 2  # per context: one prefill + one batch of its 3 questions
+
+
+def test_niah_shared_contexts_score_like_their_own_prompts(tiny_tokenizer):
+    from posbias.evaluation.scoring import score_instances
+    from posbias.tasks.niah import make_niah
+
+    model = make_tiny_model("llama")
+    insts = make_niah(tokenizer=tiny_tokenizer, n=2, depths=[0.0, 0.5, 1.0], seed=0, split="search",
+                      num_needles=6, length=600, shared_context=True)
+    by_ctx = {}
+    for inst in insts:
+        by_ctx.setdefault(inst.meta["context_id"], []).append(inst)
+        assert f"for {inst.meta['keys'][0]} mentioned" in inst.prompt and inst.answers[0] in inst.prompt
+    assert len(by_ctx) == 2 and all(len(v) == 3 for v in by_ctx.values())
+    for members in by_ctx.values():
+        ctx = {m.prompt[: m.meta["context_chars"]] for m in members}
+        assert len(ctx) == 1 and len({m.answers[0] for m in members}) == 3
+    _close(score_instances(model, tiny_tokenizer, insts, batch_size=4),
+           score_instances(model, tiny_tokenizer, insts, batch_size=4, shared=False))
+    with pytest.raises(ValueError, match="num_queries must be 1"):
+        make_niah(tokenizer=tiny_tokenizer, n=1, depths=[0.5], seed=0, split="search", num_needles=6,
+                  num_queries=2, length=600, shared_context=True)

@@ -85,8 +85,19 @@ def layout(units: list[str], groups: list[list[str]], gold_start: int, num_gold:
 
 
 def make_niah(*, tokenizer=None, n, depths, seed, split, haystack="noise", num_needles=1,
-              num_values=1, num_queries=1, length=1024) -> list[Instance]:
+              num_values=1, num_queries=1, length=1024, shared_context=False) -> list[Instance]:
+    """RULER needles (see the module docstring).
+
+    ``shared_context=True`` (multi-key: ``num_needles >= 2``, ``num_queries == 1``): ``n`` haystacks
+    whose needle groups stay in place, each asked once per depth about the key of the group at that
+    depth, so the questions of one haystack share its context (``meta["context_id"]``,
+    ``meta["context_chars"]``) and can be scored from one prefill.
+    """
     task = "niah"
+    if shared_context:
+        return _make_niah_shared(tokenizer=tokenizer, n=n, depths=depths, seed=seed, split=split,
+                                 haystack=haystack, num_needles=num_needles, num_values=num_values,
+                                 num_queries=num_queries, length=length)
     if haystack not in HAYSTACKS:
         raise ValueError(f"haystack {haystack!r} is not one of {list(HAYSTACKS)}")
     K = check_int("num_needles", num_needles)
@@ -146,5 +157,66 @@ def make_niah(*, tokenizer=None, n, depths, seed, split, haystack="noise", num_n
                       "num_needles": K, "num_values": V, "num_queries": Q, "length": length,
                       "prompt_tokens": prompt_tokens(tokenizer, apply_chat(tokenizer, prompt, s["prefix"])),
                       "realised_depth": realised_depth(gi, ni)},
+            ))
+    return out
+
+
+def _haystack_source(haystack: str, keys: list[str], values: list[str], key_start: int, value_start: int,
+                     count: int):
+    """``(units_of(u), max_units)`` of a haystack; the ``needle`` haystack's ``count`` distractor
+    needles take the keys from ``key_start`` and the values from ``value_start``."""
+    if haystack == "needle":
+        pool = [NEEDLE.format(key=keys[key_start + j], value=values[value_start + j]) for j in range(count)]
+        return (lambda u: pool[:u]), count
+    if haystack == "essay":
+        return essay_units, None
+    return (lambda u: [NOISE] * u), None
+
+
+def _make_niah_shared(*, tokenizer, n, depths, seed, split, haystack, num_needles, num_values, num_queries,
+                      length) -> list[Instance]:
+    task = "niah"
+    if haystack not in HAYSTACKS:
+        raise ValueError(f"haystack {haystack!r} is not one of {list(HAYSTACKS)}")
+    K = check_int("num_needles", num_needles, minimum=2)
+    V = check_int("num_values", num_values)
+    length = check_int("length", length)
+    if num_queries != 1:
+        raise ValueError("shared_context asks one key per question: num_queries must be 1")
+    out = []
+    samples = []
+    for i in range(n):
+        rng = derive_rng(task, split, seed, i)
+        extra = min(length, 200_000) if haystack == "needle" else 0
+        keys = random_keys(rng, K + extra)
+        values = random_numbers(rng, K * V + extra, 7)
+        groups = [[NEEDLE.format(key=keys[k], value=values[k * V + v]) for v in range(V)] for k in range(K)]
+        units_of, max_units = _haystack_source(haystack, keys, values, K, K * V, extra)
+        asked = {d: int(round(float(d) * (K - 1))) for d in depths}
+
+        def prompt_of(u: int, k: int, units_of=units_of, groups=groups, keys=keys):
+            ctx, _, _ = layout(units_of(u), groups, 0, 0, 0.0, True)
+            context = f"{NIAH_INTRO}\n{ctx}\n"
+            question, prefix = question_and_prefix([keys[k]], V > 1)
+            return context, context + question, prefix
+
+        def tokens(u: int, prompt_of=prompt_of, asked=asked) -> int:
+            return max(prompt_tokens(tokenizer, apply_chat(tokenizer, p, pre))
+                       for _, p, pre in (prompt_of(u, k) for k in set(asked.values())))
+
+        u = fit_units(tokens, length, max_units=max_units, what="the NIAH prompt")
+        samples.append((prompt_of, u, asked, values, keys))
+    for depth in depths:
+        for i, (prompt_of, u, asked, values, keys) in enumerate(samples):
+            k = asked[depth]
+            context, prompt, prefix = prompt_of(u, k)
+            answers = [values[k * V + v] for v in range(V)]
+            out.append(Instance(
+                id=instance_id("niah-shared", split, seed, depth, i), task=task, prompt=prompt, answers=answers,
+                gold_index=k, num_items=K, depth=float(depth), metric="string_match_all", answer_prefix=prefix,
+                meta={"keys": [keys[k]], "haystack": haystack,
+                      "haystack_units": u, "num_needles": K, "num_values": V, "num_queries": 1, "length": length,
+                      "realised_depth": realised_depth(k, K),
+                      "context_id": f"niah-shared_{split}_s{int(seed)}_c{i}", "context_chars": len(context)},
             ))
     return out
