@@ -25,7 +25,10 @@ SETTINGS = {
     "niah24": ("niah", {"num_needles": 24, "length": 860}, 20, 4),
     "mdqa10": ("mdqa", {"num_docs": 10}, 20, 2),
     "passkey1k": ("passkey", {"length": 1024}, 10, 2),
-    "kv75file": ("kv-uuid", {}, 20, 1),  # the real lost-in-the-middle file, --kv-path
+    "kv30c2": ("kv", {"num_keys": 30, "key_words": 2}, 20, 4),  # compound keys: apple-river: 1234567
+    "kv60c2": ("kv", {"num_keys": 60, "key_words": 2}, 20, 2),
+    "kv75file": ("kv-uuid", {}, 20, 1),  # the real lost-in-the-middle file, --kv-path (~5.4K tokens)
+    "kv25file": ("kv-uuid", {"num_keys": 25}, 20, 1),  # its gold pair + 24 of its other pairs (~1.8K tokens)
 }
 DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
 
