@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from posbias.evaluation.generation import cache_of
+from posbias.evaluation.scoring import cache_of
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 DEFAULT_OPTIONS = {"pi": {"factor": 1.5}, "ms-poe": {}, "attention-buckets": {}, "moice": {}, "none": {}}

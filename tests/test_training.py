@@ -278,9 +278,10 @@ def test_passkey_probe_spans_and_logging(tmp_path, tiny_tokenizer, corpus):
             super().__init__()
             self.ids, self.w = ids, torch.nn.Parameter(torch.zeros(1))
 
-        def forward(self, input_ids, use_cache=False):
+        def forward(self, input_ids, use_cache=False, attention_mask=None, position_ids=None, logits_to_keep=0):
             nxt = torch.cat([input_ids[0, 1:], input_ids[0, :1]])
-            return type("O", (), {"logits": torch.nn.functional.one_hot(nxt, 600)[None].float() * 50})()
+            logits = torch.nn.functional.one_hot(nxt, 600)[None].float() * 50
+            return type("O", (), {"logits": logits[:, -logits_to_keep:] if logits_to_keep else logits})()
 
     res = passkey_probe(Oracle(None), docs)
     assert res["passkey_em"] == 1.0 and -1e-6 < res["passkey_logprob"] <= 0

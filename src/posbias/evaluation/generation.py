@@ -7,27 +7,32 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from posbias.evaluation.batching import (encode, eos_ids_of, left_pad, length_sorted_batches,
-                                        model_max_positions, pad_id_of)
+from posbias.evaluation.batching import encode, eos_ids_of, length_sorted_batches, model_max_positions, pad_id_of
+from posbias.evaluation.scoring import cache_of, prefill
 from posbias.tasks.base import Instance
 
 
 @torch.no_grad()
 def greedy_batch(model, prompts: list[list[int]], pad_id: int, eos_ids: set[int], max_new_tokens: int,
-                 stop=None, device=None) -> list[list[int]]:
+                 stop=None) -> list[list[int]]:
     """Greedy-decode up to ``max_new_tokens`` for each prompt; returns the new token ids per row.
 
     A row ends at an EOS token or when ``stop(row_tokens)`` returns True (e.g. a stop string).
     """
-    ids, mask, pos = left_pad(prompts, pad_id)
-    if device is not None:
-        ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-    generated = [[] for _ in prompts]
-    done = torch.zeros(len(prompts), dtype=torch.bool)
-    next_pos = pos[:, -1:] + 1
+    last, cache, mask, next_pos = prefill(model, prompts, pad_id)
+    return greedy_continue(model, cache, mask, next_pos, last, eos_ids, max_new_tokens, stop=stop)
+
+
+@torch.no_grad()
+def greedy_continue(model, cache, mask: torch.Tensor, next_pos: torch.Tensor, last_logits: torch.Tensor,
+                    eos_ids: set[int], max_new_tokens: int, stop=None) -> list[list[int]]:
+    """Greedy decoding from a prefill (:func:`posbias.evaluation.scoring.prefill`): ``last_logits``
+    (B, V) of its last position, its ``cache``, ``mask`` (B, T) and ``next_pos`` (B, 1)."""
+    generated: list[list[int]] = [[] for _ in range(last_logits.shape[0])]
+    done = torch.zeros(len(generated), dtype=torch.bool)
+    logits = last_logits
     for _ in range(max_new_tokens):
-        nxt = out.logits[:, -1].argmax(-1)  # (B,)
+        nxt = logits.argmax(-1)  # (B,)
         for b, t in enumerate(nxt.tolist()):
             if not done[b]:
                 if t in eos_ids:
@@ -39,7 +44,9 @@ def greedy_batch(model, prompts: list[list[int]], pad_id: int, eos_ids: set[int]
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=next_pos,
-                    cache=cache_of(out), use_cache=True, logits_to_keep=1)
+                    cache=cache, use_cache=True, logits_to_keep=1)
+        cache = cache_of(out) or cache
+        logits = out.logits[:, -1]
         next_pos = next_pos + 1
     return generated
 
@@ -72,9 +79,3 @@ def greedy_token_ids(model, tokenizer, instances: Sequence[Instance], *, max_new
     encoded = [encode(tokenizer, inst, chat) for inst in instances]
     pad_id = pad_id_of(tokenizer)
     return [greedy_batch(model, [e.prompt_ids], pad_id, set(), max_new_tokens)[0] for e in encoded]
-
-
-def cache_of(out):
-    """The KV cache of a model output (transformers >= 5.24 names it ``cache``)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)

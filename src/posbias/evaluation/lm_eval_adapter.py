@@ -21,10 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from posbias.evaluation.batching import left_pad
 from posbias.evaluation.generation import greedy_batch
+from posbias.evaluation.scoring import score_token_rows
 
 try:
     from lm_eval.api.model import TemplateLM
@@ -99,10 +98,6 @@ class PosbiasLM(TemplateLM):
         pid = self.tokenizer.pad_token_id
         return int(pid if pid is not None else self.eot_token_id)
 
-    def _left_pad(self, seqs: list[list[int]]):
-        ids, mask, pos = left_pad(seqs, self._pad_id())
-        return ids.to(self.device), mask.to(self.device), pos.to(self.device)
-
     @torch.no_grad()
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         results: list[tuple[float, bool] | None] = [None] * len(requests)
@@ -118,17 +113,11 @@ class PosbiasLM(TemplateLM):
         items.sort(key=lambda x: -len(x[2]))  # similar lengths together; results restored by index
         for start in range(0, len(items), self.batch_size):
             chunk = items[start:start + self.batch_size]
-            ids, mask, pos = self._left_pad([c[2] for c in chunk])
-            keep = max(len(c[3]) for c in chunk)
-            out = self.handle.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep)
-            logp = F.log_softmax(out.logits.float(), dim=-1)  # (B, keep, V): the last `keep` positions
-            for row, (i, key, _inp, cont) in enumerate(chunk):
-                lp = logp[row, keep - len(cont):]
-                target = torch.tensor(cont, device=lp.device)
-                total = float(lp.gather(-1, target[:, None]).sum())
-                greedy = bool((lp.argmax(-1) == target).all())
-                results[i] = (total, greedy)
-                self.cache_hook.add_partial("loglikelihood", key, (total, greedy))
+            prompts = [inp[: len(inp) - len(cont) + 1] for _i, _key, inp, cont in chunk]
+            rows = score_token_rows(self.handle.model, prompts, [c[3] for c in chunk], self._pad_id())
+            for r, (i, key, _inp, _cont) in zip(rows, chunk):
+                results[i] = (r["logprob"], r["em"])
+                self.cache_hook.add_partial("loglikelihood", key, results[i])
         return results  # type: ignore[return-value]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
@@ -167,8 +156,7 @@ class PosbiasLM(TemplateLM):
         budget = max(1, self.max_length - max_new)
         seqs = [self.tok_encode(c)[-budget:] or [self.prefix_token_id] for c in contexts]
         stop = (lambda toks: any(u and u in self.tok_decode(toks) for u in until)) if until else None
-        gen = greedy_batch(self.handle.model, seqs, self._pad_id(), {self.eot_token_id}, max_new, stop=stop,
-                           device=self.device)
+        gen = greedy_batch(self.handle.model, seqs, self._pad_id(), {self.eot_token_id}, max_new, stop=stop)
         texts = []
         for g in gen:
             text = self.tok_decode(g)

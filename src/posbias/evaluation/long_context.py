@@ -28,7 +28,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from posbias.evaluation.generation import cache_of
 from posbias.utils.io import append_jsonl, read_jsonl
 
 MODES = ("teacher_forced", "generate")
@@ -216,46 +215,23 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
     lead scorers. Returns ``None`` when the model's cache cannot be cropped (the caller then
     falls back to the two-pass scorers).
     """
-    import torch
-
-    from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions
+    from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions, pad_id_of
+    from posbias.evaluation.generation import greedy_continue
+    from posbias.evaluation.scoring import Continuation, prefill, score_continuations
 
     enc = encode(tokenizer, inst, chat, model_max_positions(model))
     P, A = list(enc.prompt_ids), list(enc.answer_ids)
-    device = next(model.parameters()).device
-    eos_ids = eos_ids_of(tokenizer)
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([P], device=device), use_cache=True, logits_to_keep=1)
-        cache = cache_of(out)
-        if cache is None or not hasattr(cache, "crop"):
-            return None
-        first = out.logits[0, -1].float()
-        rows = [first]
-        if len(A) > 1:
-            out2 = model(input_ids=torch.tensor([A[:-1]], device=device), use_cache=True,
-                         logits_to_keep=len(A) - 1, cache=cache)
-            rows += list(out2.logits[0].float())
-            cache = cache_of(out2) or cache
-        logp = torch.log_softmax(torch.stack(rows[: len(A)]), dim=-1)
-        gold = torch.tensor(A, device=logp.device)
-        tf_em = bool(torch.equal(logp.argmax(-1), gold))
-        tf_logprob = float(logp.gather(-1, gold[:, None]).sum())
-        extra = cache.get_seq_length() - len(P)
-        if extra > 0:
-            cache.crop(-extra)  # negative: drop the last `extra` positions (all transformers versions)
-        generated: list[int] = []
-        nxt = int(first.argmax())
-        for step in range(max_new_tokens):
-            if nxt in eos_ids:
-                break
-            generated.append(nxt)
-            if step == max_new_tokens - 1:
-                break
-            o = model(input_ids=torch.tensor([[nxt]], device=device), use_cache=True, logits_to_keep=1,
-                      cache=cache)
-            cache = cache_of(o) or cache
-            nxt = int(o.logits[0, -1].argmax())
-    return {"tf_em": tf_em, "tf_logprob": tf_logprob, "n_tokens": len(A), "prompt_tokens": len(P),
+    pad_id = pad_id_of(tokenizer)
+    last, cache, mask, next_pos = prefill(model, [P], pad_id)
+    if cache is None or not hasattr(cache, "crop"):
+        return None
+    tf = score_continuations(model, cache, mask, next_pos, last, [Continuation(inst.id, A, len(A), len(P))],
+                             pad_id)[0]
+    extra = cache.get_seq_length() - len(P)
+    if extra > 0:
+        cache.crop(-extra)  # negative: drop the last `extra` positions (all transformers versions)
+    generated = greedy_continue(model, cache, mask, next_pos, last, eos_ids_of(tokenizer), max_new_tokens)[0]
+    return {"tf_em": tf["em"], "tf_logprob": tf["logprob"], "n_tokens": len(A), "prompt_tokens": len(P),
             "prediction": tokenizer.decode(generated, skip_special_tokens=True)}
 
 

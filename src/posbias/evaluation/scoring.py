@@ -95,12 +95,44 @@ def score_continuations(model, cache, mask: torch.Tensor, next_pos: torch.Tensor
     return results
 
 
-def score_via_cache(model, batch, pad_id: int) -> list[dict]:
-    """Teacher-forced scores of :class:`~posbias.evaluation.batching.Encoded` rows: each prompt
-    prefilled alone, then its answer fed through the cache."""
-    last, cache, mask, next_pos = prefill(model, [e.prompt_ids for e in batch], pad_id)
-    items = [Continuation(e.inst.id, list(e.answer_ids), len(e.answer_ids), len(e.prompt_ids)) for e in batch]
+@torch.no_grad()
+def score_token_rows(model, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]], pad_id: int,
+                     ids: Sequence[str] | None = None) -> list[dict]:
+    """Teacher-forced scores of ``answers[b]`` after ``prompts[b]`` in one left-padded forward pass
+    (logits only at the answer positions); a :func:`prompt_dependent` model is scored through the
+    cache instead (:func:`score_via_cache`). Records as in the module docstring (``id`` = ``ids[b]``
+    or the row index)."""
+    from posbias.evaluation.teacher_forced import prompt_dependent
+
+    ids = [str(b) for b in range(len(prompts))] if ids is None else list(ids)
+    if prompt_dependent(model):
+        return score_rows_via_cache(model, prompts, answers, pad_id, ids)
+    tokens, mask, pos = left_pad([list(p) + list(a) for p, a in zip(prompts, answers)], pad_id)
+    dev = _device(model)
+    keep = max(len(a) for a in answers) + 1
+    out = model(input_ids=tokens.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                logits_to_keep=keep, use_cache=False)
+    results = []
+    for b, (i, p, a) in enumerate(zip(ids, prompts, answers)):
+        logp = torch.log_softmax(out.logits[b, keep - 1 - len(a): keep - 1].float(), dim=-1)  # (A, V)
+        gold = torch.tensor(list(a), device=logp.device)
+        results.append({"id": i, "em": bool(torch.equal(logp.argmax(-1), gold)),
+                        "logprob": float(logp.gather(-1, gold[:, None]).sum()), "n_tokens": len(a),
+                        "prompt_tokens": len(p)})
+    return results
+
+
+def score_rows_via_cache(model, prompts, answers, pad_id: int, ids: Sequence[str]) -> list[dict]:
+    """Teacher-forced scores with each prompt prefilled alone, then its answer fed through the cache."""
+    last, cache, mask, next_pos = prefill(model, prompts, pad_id)
+    items = [Continuation(i, list(a), len(a), len(p)) for i, p, a in zip(ids, prompts, answers)]
     return score_continuations(model, cache, mask, next_pos, last, items, pad_id)
+
+
+def score_via_cache(model, batch, pad_id: int) -> list[dict]:
+    """:func:`score_rows_via_cache` of :class:`~posbias.evaluation.batching.Encoded` rows."""
+    return score_rows_via_cache(model, [e.prompt_ids for e in batch], [e.answer_ids for e in batch], pad_id,
+                                [e.inst.id for e in batch])
 
 
 def score_shared_context(model, context_ids: Sequence[int], items: Sequence[Continuation], pad_id: int,

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
 from tqdm.auto import tqdm
 
-from posbias.evaluation.batching import encode, left_pad, length_sorted_batches, model_max_positions, pad_id_of
+from posbias.evaluation.batching import encode, length_sorted_batches, model_max_positions, pad_id_of
 from posbias.tasks.base import Instance
 
 
@@ -28,31 +27,12 @@ def prompt_dependent(model) -> bool:
     return bool(getattr(model, PROMPT_DEPENDENT_ATTR, False))
 
 
-@torch.no_grad()
 def score_batch(model, batch, pad_id: int) -> list[dict]:
     """Score one batch of :class:`Encoded` instances; returns one dict per row (batch order)."""
-    if prompt_dependent(model):
-        from posbias.evaluation.scoring import score_via_cache
+    from posbias.evaluation.scoring import score_token_rows
 
-        return score_via_cache(model, batch, pad_id)
-    rows = [e.prompt_ids + e.answer_ids for e in batch]
-    ids, mask, pos = left_pad(rows, pad_id)
-    keep = max(len(e.answer_ids) for e in batch) + 1
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep, use_cache=False)
-    logp = torch.log_softmax(out.logits.float(), dim=-1)  # (B, keep, V)
-    results = []
-    for b, e in enumerate(batch):
-        a = len(e.answer_ids)
-        gold = torch.tensor(e.answer_ids)
-        row = logp[b, keep - 1 - a: keep - 1]  # positions predicting the answer tokens, (A, V)
-        results.append({
-            "id": e.inst.id,
-            "em": bool(torch.equal(row.argmax(-1), gold)),
-            "logprob": float(row.gather(-1, gold[:, None]).sum()),
-            "n_tokens": a,
-            "prompt_tokens": len(e.prompt_ids),
-        })
-    return results
+    return score_token_rows(model, [e.prompt_ids for e in batch], [e.answer_ids for e in batch], pad_id,
+                            ids=[e.inst.id for e in batch])
 
 
 def score_teacher_forced(model, tokenizer, instances: Sequence[Instance], *, batch_size: int = 8,
