@@ -9,7 +9,9 @@ import typer
 
 from posbias.utils.options import parse_key_values  # noqa: F401  (re-exported for the CLI modules)
 
-USER_ERRORS = (ValueError, FileNotFoundError, KeyError, RuntimeError, OSError)
+# EOFError: a truncated file read without a reader that names it (click would turn it into a bare
+# "Aborted.").
+USER_ERRORS = (ValueError, FileNotFoundError, KeyError, RuntimeError, OSError, EOFError)
 
 
 def friendly_errors(fn: Callable) -> Callable:
@@ -26,10 +28,37 @@ def friendly_errors(fn: Callable) -> Callable:
             if os.environ.get("POSBIAS_DEBUG"):
                 raise
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+            if isinstance(e, EOFError):
+                msg = f"unexpected end of a file ({e or 'truncated'})"
             typer.secho(f"error: {msg}", fg="red", err=True)
             sys.exit(2)
 
     return wrapper
+
+
+def Count(default, *decls: str, minimum: int = 1, help: str | None = None):
+    """A count option (instances, batch size, workers, steps, ...): a value below ``minimum`` is
+    refused while the command line is parsed, with the option's name, before anything runs."""
+    return typer.Option(default, *decls, min=minimum, help=help)
+
+
+def check_training_run(cfg: Any, kind: str, settings: dict, check_keys) -> bool:
+    """The checks a ``train`` or ``study`` run can make before it reads any data: ``cfg.validate()``
+    where there is one, the corpus / held-out paths it names, and its run folder (``kind``).
+    Returns whether the folder already holds this run, which re-running then resumes."""
+    from pathlib import Path
+
+    from posbias.training.data import BUILTIN_CORPORA
+    from posbias.utils.run_folder import open_run
+
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+    corpus = cfg.corpus if isinstance(cfg.corpus, list) else [cfg.corpus]
+    for flag, paths in (("--corpus", corpus), ("--heldout", [getattr(cfg, "heldout", None)])):
+        for p in paths:
+            if p is not None and str(p) not in BUILTIN_CORPORA and not Path(p).expanduser().exists():
+                raise ValueError(f"{flag} {p}: no such file or folder")
+    return open_run(cfg.out, kind, settings, check_keys=check_keys).resuming
 
 
 def parse_floats(text: str, name: str) -> list[float]:
@@ -49,10 +78,11 @@ def task_options(num_keys, num_docs, length, path, haystack, num_needles, extra)
 
 
 # Reusable typer option declarations (task flags shared by eval / search / compare).
-NumKeys = typer.Option(None, "--num-keys", help="kv / kv-uuid: number of key-value pairs")
-NumDocs = typer.Option(None, "--num-docs", help="mdqa: number of documents")
-Length = typer.Option(None, "--length", help="passkey / niah: target prompt length in tokens")
+NumKeys = Count(None, "--num-keys", help="kv / kv-uuid: number of key-value pairs")
+NumDocs = Count(None, "--num-docs", help="mdqa: number of documents")
+Length = Count(None, "--length", help="passkey / niah: target prompt length in tokens")
 DataPath = typer.Option(None, "--path", help="data file (kv-uuid / mdqa lost-in-the-middle .jsonl.gz)")
 Haystack = typer.Option(None, "--haystack", help="niah: noise | essay | needle")
-NumNeedles = typer.Option(None, "--num-needles", help="niah: number of needles (multi-key)")
+NumNeedles = Count(None, "--num-needles", help="niah: number of needles (multi-key)")
+Seed = Count(0, "--seed", minimum=0, help="random seed of the instances (and of the search / training)")
 ExtraOpts = typer.Option(None, "--opt", help="other task option as key=value (repeatable)")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from posbias.cli.common import friendly_errors
+from posbias.cli.common import Count, Seed, friendly_errors
 from posbias.cli.lpes_cmd import generation_line
 
 
@@ -18,16 +18,17 @@ def demo_command(
     out: str = typer.Option("runs/demo", help="run folder (re-running resumes)"),
     model: str = typer.Option("smollm2-135m"),
     preset: str = typer.Option("quick", help="search preset: quick | standard | paper"),
-    n: int = typer.Option(10, help="held-out instances per depth"),
-    seed: int = typer.Option(0),
+    n: int = Count(10, help="held-out instances per depth"),
+    seed: int = Seed,
 ):
     """Quick LPES search on the default model and task, then the held-out before/after table."""
     from posbias.models import load_model
     from posbias.search.heldout import before_after
     from posbias.search.runner import run_search
+    from posbias.utils.run_folder import out_path
 
     start = time.time()
-    out_dir = Path(out)
+    out_dir = out_path(out)
     loaded = load_model(model)
     typer.echo(f"[1/2] LPES search ({preset}) on {model}, task kv (30 word keys) -> {out_dir / 'search'}")
     result = run_search(model, "kv", out=out_dir / "search", preset=preset, seed=seed, resume=True, loaded=loaded,

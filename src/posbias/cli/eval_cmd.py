@@ -1,11 +1,12 @@
 """``posbias eval``: accuracy by gold-item depth for one model, task and method."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
 
-from posbias.cli.common import (DataPath, ExtraOpts, Haystack, Length, NumDocs, NumKeys, NumNeedles,
+from posbias.cli.common import (Count, DataPath, ExtraOpts, Haystack, Length, NumDocs, NumKeys, NumNeedles, Seed,
                                 friendly_errors, parse_floats, parse_key_values, task_options)
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -15,14 +16,14 @@ def eval_command(
     model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
     task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
     depths: str = typer.Option("0,0.25,0.5,0.75,1", help="gold depths in [0, 1], comma-separated"),
-    n: int = typer.Option(50, help="instances per depth"),
+    n: int = Count(50, help="instances per depth"),
     out: str = typer.Option(..., help="run folder (re-running resumes)"),
-    seed: int = typer.Option(0),
+    seed: int = Seed,
     split: str = typer.Option("eval", help="eval | search (disjoint instance sets)"),
     mode: str = typer.Option("teacher-forced", help="teacher-forced | generate | both"),
-    batch_size: int = typer.Option(8),
+    batch_size: int = Count(8, help="instances per forward pass"),
     chat: bool = typer.Option(False, "--chat/--no-chat", help="wrap prompts in the tokenizer's chat template"),
-    max_new_tokens: int = typer.Option(16),
+    max_new_tokens: int = Count(16, help="greedy generation: tokens generated at most"),
     method: str = typer.Option("none", help="none | pi | lpes | ms-poe | attention-buckets | moice"),
     method_opt: Optional[list[str]] = typer.Option(None, "--method-opt", help="method option key=value (repeatable)"),
     factors: Optional[str] = typer.Option(None, help="factors file (for --method lpes)"),
@@ -42,10 +43,8 @@ def eval_command(
         method_options=method_opts,
         task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
     )
-    typer.echo((__import__("pathlib").Path(out) / "summary.md").read_text())
+    typer.echo((Path(out) / "summary.md").read_text())
     return summary
-
-
 
 
 def compare_command(
@@ -56,11 +55,11 @@ def compare_command(
     pi_factor: float = typer.Option(1.1, help="global factor for pi"),
     routers: Optional[str] = typer.Option(None, help="router weights for moice (posbias train-moice)"),
     depths: str = typer.Option("0,0.25,0.5,0.75,1"),
-    n: int = typer.Option(50, help="instances per depth"),
-    out: str = typer.Option(...),
-    seed: int = typer.Option(0),
+    n: int = Count(50, help="instances per depth"),
+    out: str = typer.Option(..., help="comparison folder, one subfolder per method (re-running resumes)"),
+    seed: int = Seed,
     mode: str = typer.Option("teacher-forced", help="teacher-forced | generate | both"),
-    batch_size: int = typer.Option(8),
+    batch_size: int = Count(8, help="instances per forward pass"),
     chat: bool = typer.Option(False, "--chat/--no-chat"),
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
@@ -75,12 +74,16 @@ def compare_command(
         if not factors:
             raise ValueError("--methods includes lpes: give its factors file with --factors (from posbias search)")
         options["lpes"] = {"factors": factors}
+    elif factors:
+        raise ValueError("--factors is only used by lpes, which --methods does not list")
+    if "pi" in names and not pi_factor > 0:
+        raise ValueError(f"--pi-factor must be > 0, got {pi_factor}")
     if routers:
         options["moice"] = {"routers": routers}
     compare_methods(model=model, task=task, methods=names, depths=parse_floats(depths, "depths"), n=n, out=out,
                     method_options=options, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
                     task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))
-    typer.echo((__import__("pathlib").Path(out) / "comparison.md").read_text())
+    typer.echo((Path(out) / "comparison.md").read_text())
 
 
 def register(app: typer.Typer) -> None:

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import (DataPath, ExtraOpts, Haystack, Length, NumDocs, NumKeys, NumNeedles,
+from posbias.cli.common import (Count, DataPath, ExtraOpts, Haystack, Length, NumDocs, NumKeys, NumNeedles, Seed,
                                 friendly_errors, parse_floats, task_options)
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -16,25 +16,26 @@ def search_command(
     model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
     task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
     preset: str = typer.Option("quick", help="quick (~5 min on 2 CPU cores) | standard (~25 min) | paper (GPU)"),
-    out: str = typer.Option(..., help="run folder"),
-    resume: bool = typer.Option(False, "--resume", help="continue a killed search in --out"),
-    seed: int = typer.Option(0),
-    workers: int = typer.Option(1, help="processes (or Ray actors) scoring individuals in parallel, one model each"),
+    out: str = typer.Option(..., help="run folder (re-running resumes a killed or shorter search)"),
+    resume: bool = typer.Option(False, "--resume", hidden=True,
+                                help="accepted for old scripts; re-running the command resumes anyway"),
+    seed: int = Seed,
+    workers: int = Count(1, help="processes (or Ray actors) scoring individuals in parallel, one model each"),
     backend: str = typer.Option("processes", help="processes (this machine) | ray (Ray actors, across nodes)"),
     ray_address: Optional[str] = typer.Option(None, help="ray.init address for --backend ray (e.g. auto)"),
     curve: str = typer.Option("bezier", help="bezier | linear | step"),
-    control_points: int = typer.Option(4, help="number of control points (4 = cubic Bézier)"),
-    population: Optional[int] = typer.Option(None, help="override the preset's population"),
-    generations: Optional[int] = typer.Option(None, help="override the preset's generations"),
-    n_per_depth: Optional[int] = typer.Option(None, help="override the preset's search instances per depth"),
-    batch_size: Optional[int] = typer.Option(None, help="override the preset's batch size"),
+    control_points: int = Count(4, minimum=2, help="number of control points (4 = cubic Bézier)"),
+    population: Optional[int] = Count(None, minimum=2, help="override the preset's population"),
+    generations: Optional[int] = Count(None, help="override the preset's generations"),
+    n_per_depth: Optional[int] = Count(None, help="override the preset's search instances per depth"),
+    batch_size: Optional[int] = Count(None, help="override the preset's batch size"),
     weights: Optional[str] = typer.Option(None, help="fitness weights of depths 0,0.5,1 (default equal)"),
     grid: Optional[str] = typer.Option(None, help="factor grid, comma-separated (default: posbias.search.DEFAULT_GRID)"),
     round_to_grid: bool = typer.Option(False, "--round-to-grid", help="snap per-layer factors to the grid"),
     prune: bool = typer.Option(True, "--prune/--no-prune", help="stop scoring individuals that cannot reach the elite"),
     chat: bool = typer.Option(False, "--chat/--no-chat", help="wrap prompts in the tokenizer's chat template"),
-    heldout_n: int = typer.Option(20, help="held-out (eval split) instances per depth for the before/after "
-                                           "table; 0 skips it"),
+    heldout_n: int = Count(20, minimum=0, help="held-out (eval split) instances per depth for the before/after "
+                                              "table; 0 skips it"),
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
@@ -49,7 +50,7 @@ def search_command(
     overrides = {k: v for k, v in {"population": population, "generations": generations,
                                     "n_per_depth": n_per_depth, "batch_size": batch_size}.items() if v is not None}
     topts = task_options(num_keys, num_docs, length, path, haystack, num_needles, opt)
-    res = run_search(model, task, out=out, preset=preset, resume=resume, seed=seed, workers=workers, curve=curve,
+    res = run_search(model, task, out=out, preset=preset, resume=True, seed=seed, workers=workers, curve=curve,
                      control_points=control_points,
                      task_options=topts,
                      weights=parse_floats(weights, "weights") if weights else None, chat=chat,
@@ -84,10 +85,13 @@ def apply_command(
 ):
     """Write a model folder that posbias.models.load_model reloads with the scaling active."""
     from posbias.models import load_model
-    from posbias.patching.rope_scaling import save_patched_model
+    from posbias.patching.rope_scaling import load_factors_file, save_patched_model
+    from posbias.utils.run_folder import open_run
 
+    folder = open_run(out, "apply", {})  # empty, new, or a folder this command wrote before
+    load_factors_file(factors)  # a bad factors file is refused before the model loads
     m, tok = load_model(model)
-    target = save_patched_model(m, tok, factors, out)
+    target = save_patched_model(m, tok, factors, folder.path)
     typer.echo(f"wrote {target} (weights + tokenizer + posbias_factors.json; "
                "posbias.models.load_model reloads it with the per-layer scaling)")
 
@@ -97,10 +101,10 @@ def analyze_command(
     factors: str = typer.Option(..., help="factors file"),
     task: str = typer.Option("kv", help="task whose prompts are fed to the model"),
     out: str = typer.Option(..., help="output folder"),
-    n: int = typer.Option(2, help="prompts per depth (depths 0, 0.5, 1)"),
-    controls: int = typer.Option(3, help="noisy and shuffled control variants each"),
-    sigma: float = typer.Option(0.1, help="noise: factors x exp(N(0, sigma))"),
-    seed: int = typer.Option(0),
+    n: int = Count(2, help="prompts per depth (depths 0, 0.5, 1)"),
+    controls: int = Count(3, help="noisy and shuffled control variants each"),
+    sigma: float = typer.Option(0.1, min=0.0, help="noise: factors x exp(N(0, sigma))"),
+    seed: int = Seed,
     chat: bool = typer.Option(False, "--chat/--no-chat"),
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
@@ -109,22 +113,28 @@ def analyze_command(
     """Representation deviation (1 - linear CKA per layer) of found vs noisy vs shuffled factors."""
     import torch
 
+    from posbias.evaluation.batching import prompt_text
+    from posbias.evaluation.session import build_instances
     from posbias.models import get_decoder_layers, load_model
     from posbias.patching.rope_scaling import load_factors_file
     from posbias.search.analysis import analyze_scaling
-    from posbias.tasks import make_instances
-    from posbias.utils.io import atomic_write_json, atomic_write_text, prepare_run_dir
+    from posbias.tasks import precheck_instances
+    from posbias.utils.io import atomic_write_json, atomic_write_text
+    from posbias.utils.run_folder import open_run
 
     opts = task_options(num_keys, num_docs, length, path, haystack, num_needles, opt)
-    outdir = prepare_run_dir(out, {"model": model, "factors": factors, "task": task, "n": n, "controls": controls,
-                                   "sigma": sigma, "seed": seed, "task_options": opts})
+    depths = [0.0, 0.5, 1.0]
+    folder = open_run(out, "analyze", {"model": model, "factors": factors, "task": task, "n": n, "controls": controls,
+                                       "sigma": sigma, "seed": seed, "chat": chat, "task_options": opts})
+    load_factors_file(factors)  # checked before the model loads
+    insts = precheck_instances(task, n=n, depths=depths, seed=seed, split="eval", **opts)
     m, tok = load_model(model)
     doc = load_factors_file(factors, num_layers=len(get_decoder_layers(m)))
-    insts = make_instances(task, tokenizer=tok, n=n, depths=[0.0, 0.5, 1.0], seed=seed, split="eval", **opts)
-    from posbias.evaluation.batching import prompt_text
-
+    if insts is None:
+        insts = build_instances(m, tok, task, depths, n, seed, "eval", opts)
     inputs = [torch.tensor(tok(prompt_text(tok, i, chat), add_special_tokens=not chat)["input_ids"]) for i in insts]
     res = analyze_scaling(m, inputs, doc["factors"], n_controls=controls, sigma=sigma, seed=seed)
+    outdir = folder.commit()
     atomic_write_json(outdir / "analysis.json", res)
     lines = ["| variant | mean 1-CKA | max 1-CKA | last layer |", "|---|---|---|---|"]
     for name, r in res["variants"].items():

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import friendly_errors, parse_floats
+from posbias.cli.common import Count, Seed, friendly_errors, parse_floats
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -16,17 +16,17 @@ DEFAULT_MODEL = "smollm2-135m"
 def train_moice_command(
     model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
     out: str = typer.Option(..., help="folder for routers.safetensors + moice_config.json"),
-    steps: int = typer.Option(20, help="optimizer steps (one text per step)"),
+    steps: int = Count(20, help="optimizer steps (one text per step)"),
     lr: float = typer.Option(1e-4, help="router learning rate"),
     aux_coef: float = typer.Option(0.3, help="load-balancing loss coefficient"),
     data: Optional[str] = typer.Option(None, help="training texts: .jsonl (text, or prompt+answer) or plain text "
                                                   "(blank-line separated); default synthetic passkey documents"),
-    length: int = typer.Option(512, help="synthetic passkey document length in tokens (no --data)"),
-    max_tokens: int = typer.Option(1024, help="truncate training texts to this many tokens"),
-    top_k: int = typer.Option(3, help="experts per head and token"),
+    length: int = Count(512, help="synthetic passkey document length in tokens (no --data)"),
+    max_tokens: int = Count(1024, help="truncate training texts to this many tokens"),
+    top_k: int = Count(3, help="experts per head and token"),
     multipliers: str = typer.Option("1.0,1.25,1.5,1.75,2.0,2.25,2.5", help="expert RoPE bases as multiples of theta"),
-    hidden: Optional[int] = typer.Option(None, help="router hidden size (default head_dim)"),
-    seed: int = typer.Option(0),
+    hidden: Optional[int] = Count(None, help="router hidden size (default head_dim)"),
+    seed: int = Seed,
 ):
     """Train MoICE routers on a small local dataset and save them (load with --method moice
     --method-opt routers=OUT)."""

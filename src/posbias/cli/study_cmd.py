@@ -6,35 +6,37 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import friendly_errors, parse_floats, parse_key_values
+from posbias.cli.common import Count, Seed, check_training_run, friendly_errors, parse_floats, parse_key_values
 
 
 def study_command(
-    out: str = typer.Option(..., help="study folder (models, jsonl results, summary.md, plots/)"),
+    out: str = typer.Option(..., help="study folder (models, jsonl results, summary.md, plots/); re-running "
+                                      "resumes (trained models reused, finished cells skipped)"),
     preset: str = typer.Option("tiny", help="model size preset: tiny | small | 120m | 1b"),
     schemes: str = typer.Option("rope,sinusoidal,nope,alibi,ggd,ggd+ssmax,rope+ssmax",
                                 help="comma-separated <pe>[+ssmax], pe in rope|sinusoidal|nope|alibi|ggd"),
-    train_steps: Optional[int] = typer.Option(None, help="training steps per scheme (default: the trainer's)"),
-    train_context: int = typer.Option(512, help="training context in tokens"),
+    train_steps: Optional[int] = Count(None, help="training steps per scheme (default: the trainer's)"),
+    train_context: int = Count(512, help="training context in tokens"),
     multipliers: str = typer.Option("1,2,4,8,16,32,64", help="evaluation lengths as multiples of the training context"),
     depths: str = typer.Option("0,0.25,0.5,0.75,1", help="needle depths in [0, 1]"),
-    n: int = typer.Option(5, help="instances per (length, depth) cell"),
-    seed: int = typer.Option(0),
+    n: int = Count(5, help="instances per (length, depth) cell"),
+    seed: int = Seed,
     corpus: Optional[str] = typer.Option(None, help="training text: .txt/.md, .jsonl with a 'text' field, or a folder of them (default: the trainer's)"),
     heldout: Optional[str] = typer.Option(None, help="held-out text for perplexity (default: the tail of --corpus, "
                                           "split off before training)"),
-    passkey_rate: float = typer.Option(0.1, help="fraction of training blocks that are synthetic passkey documents "
+    passkey_rate: float = typer.Option(0.1, min=0.0, max=1.0, help="fraction of training blocks that are synthetic passkey documents "
                                                  "(the same for every scheme; 0 = plain text only)"),
-    resume: bool = typer.Option(False, "--resume", help="continue a study in --out (reuse models, skip finished cells)"),
+    resume: bool = typer.Option(False, "--resume", hidden=True,
+                                help="accepted for old scripts; re-running the command resumes anyway"),
     niah: bool = typer.Option(False, "--niah/--no-niah", help="also run RULER NIAH (string_match_all) on the grid"),
     niah_opt: Optional[list[str]] = typer.Option(None, "--niah-opt", help="NIAH option key=value, e.g. haystack=essay"),
     modes: str = typer.Option("teacher_forced,generate", help="passkey scoring: teacher_forced, generate or both"),
     ppl_multipliers: str = typer.Option("1,2,4,8", help="perplexity contexts as multiples of the training context ('' = none)"),
-    ppl_tokens: Optional[int] = typer.Option(None, help="held-out tokens for perplexity (default 4x the longest context)"),
-    batch_size: int = typer.Option(4, help="max batch; capped so batch x length <= --token-budget"),
-    token_budget: int = typer.Option(8192),
+    ppl_tokens: Optional[int] = Count(None, help="held-out tokens for perplexity (default 4x the longest context)"),
+    batch_size: int = Count(4, help="max batch; capped so batch x length <= --token-budget"),
+    token_budget: int = Count(8192, help="most tokens in one evaluation batch (batch x length)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    train_workers: int = typer.Option(1, help="schemes trained at once, each in its own process with an equal "
+    train_workers: int = Count(1, help="schemes trained at once, each in its own process with an equal "
                                               "share of the CPU threads (CPU studies: one per core)"),
     tokenizer: Optional[str] = typer.Option(None, help="tokenizer of every model: a Hugging Face folder, or bpe:<N> = a "
                                             "byte-level BPE of N tokens trained once on the training split "
@@ -42,7 +44,7 @@ def study_command(
     train_opt: Optional[list[str]] = typer.Option(None, "--train-opt", help="extra training option key=value (same for all schemes)"),
 ):
     """Train each positional scheme on one budget and evaluate it from 1x to Kx its training length."""
-    from posbias.study.runner import StudyConfig, run_study
+    from posbias.study.runner import CHECK_KEYS, StudyConfig, run_study
 
     cfg = StudyConfig(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
@@ -53,6 +55,7 @@ def study_command(
         batch_size=batch_size, token_budget=token_budget, device=device,
         train_options=parse_key_values(train_opt, "train-opt"), tokenizer=tokenizer, train_workers=train_workers, resume=resume,
     )
+    cfg.resume = check_training_run(cfg, "study", cfg.to_dict(), CHECK_KEYS) or resume
     result = run_study(cfg)
     typer.echo(open(result["summary"], encoding="utf-8").read())
 

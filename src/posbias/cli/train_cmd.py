@@ -4,41 +4,42 @@ Runs under ``torchrun --nproc_per_node N`` for data parallelism (one process per
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
 
-from posbias.cli.common import friendly_errors, parse_key_values
+from posbias.cli.common import Count, Seed, check_training_run, friendly_errors, parse_key_values
 
 
 def train_command(
-    out: Path = typer.Option(..., help="run folder (config.json, metrics.jsonl, checkpoint.pt, final/)"),
+    out: str = typer.Option(..., help="run folder (config.json, metrics.jsonl, checkpoint.pt, final/); "
+                                      "re-running resumes from its checkpoint"),
     pe: str = typer.Option("ggd", help="positional scheme: rope, sinusoidal, nope, alibi, ggd"),
     ssmax: bool = typer.Option(False, "--ssmax/--softmax", help="Scalable-Softmax instead of softmax"),
     preset: str = typer.Option("tiny", help="model size: tiny, small, 120m, 1b"),
-    steps: int = typer.Option(1000, help="optimizer steps"),
-    context: int = typer.Option(512, help="training context length in tokens"),
-    batch_size: int = typer.Option(8, help="sequences per step and process"),
-    grad_accum: int = typer.Option(1, help="gradient accumulation micro-steps"),
+    steps: int = Count(1000, help="optimizer steps"),
+    context: int = Count(512, help="training context length in tokens"),
+    batch_size: int = Count(8, help="sequences per step and process"),
+    grad_accum: int = Count(1, help="gradient accumulation micro-steps"),
     lr: float = typer.Option(1e-3, help="peak learning rate"),
     prior_lr: Optional[float] = typer.Option(None, help="learning rate of GGD priors / SSMax scales (default --lr)"),
-    warmup: int = typer.Option(100, help="linear warmup steps"),
+    warmup: int = Count(100, minimum=0, help="linear warmup steps"),
     min_lr_ratio: float = typer.Option(0.1, help="cosine decays to this fraction of --lr"),
     weight_decay: float = typer.Option(0.1, help="weight decay on 2-D weights"),
     grad_clip: float = typer.Option(1.0, help="gradient norm clip"),
     optimizer: str = typer.Option("adamw", help="adamw or radam"),
-    seed: int = typer.Option(0),
+    seed: int = Seed,
     corpus: Optional[list[str]] = typer.Option(None, help="text files / folders (.txt, .md, .jsonl with 'text'); "
                                                            "repeatable; default: the Paul Graham essays"),
     tokenizer: Optional[str] = typer.Option(None, help="HF tokenizer folder or name, or bpe:<N> = a byte-level BPE of N "
                                             "tokens trained on --corpus into <out>/tokenizer (default SmolLM2's)"),
-    passkey_rate: float = typer.Option(0.0, help="fraction of blocks replaced by synthetic passkey documents"),
-    checkpoint_every: int = typer.Option(200, help="checkpoint every N steps"),
-    probe_every: int = typer.Option(0, help="every N steps log passkey retrieval at the training length to "
-                                            "metrics.jsonl (passkey_em, passkey_logprob; 0 = never)"),
-    log_every: int = typer.Option(10, help="log metrics every N steps"),
-    resume: bool = typer.Option(False, help="continue from out/checkpoint.pt"),
+    passkey_rate: float = typer.Option(0.0, min=0.0, max=1.0,
+                                       help="fraction of blocks replaced by synthetic passkey documents"),
+    checkpoint_every: int = Count(200, help="checkpoint every N steps"),
+    probe_every: int = Count(0, minimum=0, help="every N steps log passkey retrieval at the training length to "
+                                                "metrics.jsonl (passkey_em, passkey_logprob; 0 = never)"),
+    log_every: int = Count(10, help="log metrics every N steps"),
+    resume: bool = typer.Option(False, hidden=True, help="accepted for old scripts; re-running resumes anyway"),
     precision: str = typer.Option("auto", help="auto (bf16 on CUDA), bf16 or fp32"),
     device: str = typer.Option("auto", help="auto, cpu, cuda"),
     model_opt: Optional[list[str]] = typer.Option(None, "--model-opt",
@@ -47,14 +48,16 @@ def train_command(
 ):
     """Pre-train a BAM decoder; the final model is saved with save_pretrained under OUT/final."""
     from posbias.training import TrainConfig, train
+    from posbias.training.trainer import RESUME_KEYS
 
     cfg = TrainConfig(
-        out=str(out), pe=pe, ssmax=ssmax, preset=preset, model_overrides=parse_key_values(model_opt, "model-opt"),
+        out=out, pe=pe, ssmax=ssmax, preset=preset, model_overrides=parse_key_values(model_opt, "model-opt"),
         steps=steps, context=context, batch_size=batch_size, grad_accum=grad_accum, lr=lr, prior_lr=prior_lr,
         warmup_steps=warmup, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, grad_clip=grad_clip,
         optimizer=optimizer, seed=seed, corpus=list(corpus) if corpus else None, tokenizer=tokenizer,
         passkey_rate=passkey_rate, checkpoint_every=checkpoint_every, probe_every=probe_every, log_every=log_every, resume=resume,
         precision=precision, device=device)
+    cfg.resume = check_training_run(cfg, "train", cfg.to_json(), RESUME_KEYS) or resume
     path = train(cfg)
     typer.echo(str(path))
 

@@ -6,8 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from posbias.evaluation.plots import plot_accuracy_by_depth
-from posbias.evaluation.session import run_eval
-from posbias.utils.io import append_jsonl, atomic_write_text, prepare_run_dir
+from posbias.evaluation.session import plan_eval, run_planned
+from posbias.utils.io import append_jsonl, atomic_write_text
+from posbias.utils.run_folder import open_run
+
+# Settings every method's results in a comparison folder share (each method's folder checks its
+# own method options; the method list may change between invocations).
+COMPARE_KEYS = ("model", "task", "depths", "seed", "mode", "chat", "task_options")
 
 
 def compare_methods(*, model: str, task: str, methods: list[str], depths: list[float], n: int, out: str | Path,
@@ -15,29 +20,46 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
                     batch_size: int = 8, chat: bool = False, task_options: dict | None = None, loaded=None) -> dict:
     """Evaluate every method in ``methods`` into ``out/<method>`` and write a joint table and plot.
 
-    Returns ``{method: summary}``. Each method's folder resumes independently.
+    Returns ``{method: summary}``. Each method's folder resumes independently. Every method is
+    checked (name, options, factors file, its folder) before the model loads or anything is
+    scored, and nothing is written before the first result.
     """
     from posbias.models import load_model
 
     method_options = method_options or {}
-    out = prepare_run_dir(out, {"model": model, "task": task, "methods": methods, "depths": depths, "n": n,
-                                "seed": seed, "mode": mode, "chat": chat, "task_options": task_options or {},
-                                "method_options": method_options})
+    task_options = dict(task_options or {})
+    check_method_list(methods)
+    top = open_run(out, "compare", {"model": model, "task": task, "methods": methods, "depths": depths, "n": n,
+                                    "seed": seed, "mode": mode, "chat": chat, "task_options": task_options,
+                                    "method_options": method_options}, check_keys=COMPARE_KEYS)
+    plans, instances = {}, None
+    for name in methods:
+        plans[name] = plan_eval(model=model, task=task, depths=depths, n=n, out=top.path / name, seed=seed,
+                                split="eval", mode=mode, batch_size=batch_size, chat=chat, method=name,
+                                method_options=method_options.get(name, {}), task_options=task_options,
+                                parent=top, instances=instances)
+        instances = plans[name].instances
     loaded = loaded or load_model(model)
     summaries = {}
-    for name in methods:
+    for name, plan in plans.items():
         start = time.time()
-        summaries[name] = run_eval(model=model, task=task, depths=depths, n=n, out=out / name, seed=seed, split="eval",
-                                   mode=mode, batch_size=batch_size, chat=chat, method=name,
-                                   method_options=method_options.get(name, {}), task_options=task_options,
-                                   loaded=loaded)
-        append_jsonl(out / "metrics.jsonl", {"method": name, "overall": summaries[name]["overall"],
-                                             "by_depth": summaries[name]["by_depth"],
-                                             "seconds": round(time.time() - start, 1)})
-    atomic_write_text(out / "comparison.md", comparison_table(summaries) + "\n")
-    plot_accuracy_by_depth({m: s["by_depth"] for m, s in summaries.items()}, out / "comparison.png",
+        summaries[name] = run_planned(plan, loaded)
+        append_jsonl(top.path / "metrics.jsonl", {"method": name, "overall": summaries[name]["overall"],
+                                                  "by_depth": summaries[name]["by_depth"],
+                                                  "seconds": round(time.time() - start, 1)})
+    atomic_write_text(top.path / "comparison.md", comparison_table(summaries) + "\n")
+    plot_accuracy_by_depth({m: s["by_depth"] for m, s in summaries.items()}, top.path / "comparison.png",
                            title=f"{model} / {task}")
     return summaries
+
+
+def check_method_list(methods: list[str]) -> None:
+    """At least one method, none twice."""
+    if not methods:
+        raise ValueError("--methods is empty: give one or more methods, comma-separated")
+    twice = sorted({m for m in methods if methods.count(m) > 1})
+    if twice:
+        raise ValueError(f"--methods lists {', '.join(twice)} more than once")
 
 
 def comparison_table(summaries: dict[str, dict]) -> str:
@@ -50,6 +72,7 @@ def comparison_table(summaries: dict[str, dict]) -> str:
         row = [f"{100 * cells[d]['accuracy']:.0f} [{100 * cells[d]['ci_low']:.0f}, {100 * cells[d]['ci_high']:.0f}]"
                if d in cells else "-" for d in depths]
         lines.append(f"| {name} | " + " | ".join(row) + f" | {100 * s['overall']:.1f} |")
-    n = next(iter(summaries.values()))["by_depth"][0]["n"] if summaries else 0
+    ns = sorted({r["n"] for s in summaries.values() for r in s["by_depth"]})
+    n = "0" if not ns else str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
     lines.append(f"\naccuracy % [95% Wilson interval], n = {n} per depth")
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from tqdm.auto import tqdm
 
@@ -19,7 +19,7 @@ from posbias.evaluation.metrics import score
 from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.stats import accuracy_by_depth, format_table
 from posbias.evaluation.teacher_forced import score_teacher_forced
-from posbias.tasks.base import Instance
+from posbias.tasks.base import Instance, check_int
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl
 
 MODES = ("teacher-forced", "generate", "both")
@@ -56,12 +56,25 @@ def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch
     return records
 
 
-def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *, mode: str = "teacher-forced",
-             batch_size: int = 8, chat: bool = False, max_new_tokens: int = 16, label: str = "",
-             progress: bool = True) -> dict:
-    """Evaluate ``instances`` into the run folder ``out`` (resuming), return the summary dict."""
+def check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+
+
+def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *, mode: str = "teacher-forced",
+             batch_size: int = 8, chat: bool = False, max_new_tokens: int = 16, label: str = "",
+             progress: bool = True, before_write: Callable[[], Any] | None = None) -> dict:
+    """Evaluate ``instances`` into the run folder ``out`` (resuming), return the summary dict.
+
+    ``before_write`` is called before the first file is written (and may be called again): a
+    :meth:`posbias.utils.run_folder.RunFolder.commit`, so the folder's config appears together with
+    its first result, after every check (including the first batch's scoring) has passed.
+    """
+    check_mode(mode)
+    batch_size = check_int("batch_size", batch_size)
+    if not instances:
+        raise ValueError("no instances to evaluate")
+    commit = before_write or (lambda: None)
     out = Path(out)
     results_path = out / "results.jsonl"
     done = {r["id"] for r in repair_jsonl(results_path)}
@@ -73,11 +86,14 @@ def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *
                disable=not progress)
     for pos in range(0, len(todo), batch_size):
         chunk = todo[pos:pos + batch_size]
-        for rec in score_chunk(model, tokenizer, chunk, mode=mode, batch_size=batch_size, chat=chat,
-                               max_new_tokens=max_new_tokens):
+        records = score_chunk(model, tokenizer, chunk, mode=mode, batch_size=batch_size, chat=chat,
+                              max_new_tokens=max_new_tokens)
+        commit()
+        for rec in records:
             append_jsonl(results_path, rec)
         bar.update(len(chunk))
     bar.close()
+    commit()
     return summarise(out, instances, mode=mode, label=label, seconds=time.time() - start)
 
 

@@ -1,47 +1,137 @@
-"""One evaluation run end to end: load model, build instances, apply a method, evaluate."""
+"""One evaluation run end to end: check the request, load the model, build instances, apply a
+method, evaluate.
+
+:func:`plan_eval` runs every check that needs no model (task and its options, a data file, mode,
+method name, options and factors file, the run folder) and writes nothing; :func:`run_planned`
+loads the model unless given one, builds the instances and scores them. The run folder's
+``config.json`` is written only together with the first result, so a request rejected at any
+point before that leaves the folder as it was. :func:`run_eval` does both steps.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posbias.evaluation.runner import evaluate
-from posbias.utils.io import prepare_run_dir
+from posbias.evaluation.runner import check_mode, evaluate
+from posbias.tasks.base import check_int
+from posbias.utils.run_folder import RunFolder, open_run
 
-# Settings that must match when a run folder is reused (otherwise results would be mixed).
-RESUME_KEYS = ("model", "task", "seed", "split", "mode", "chat", "method", "method_options", "task_options")
+# Settings that must match when a run folder is reused (otherwise results would be mixed). The
+# depth list is one of them: passkey and niah fit their haystack over all requested depths, so
+# another depth list can give another prompt under the same instance id. ``n`` may change: instance
+# ``i`` is the same for every ``n``, so a larger ``n`` scores only the new instances.
+RESUME_KEYS = ("model", "task", "depths", "seed", "split", "mode", "chat", "max_new_tokens", "method",
+               "method_options", "task_options")
+# Method options naming a file or folder that must exist.
+PATH_OPTIONS = {"lpes": "factors", "moice": "routers"}
 
 
-def build_instances(tokenizer, task: str, depths: list[float], n: int, seed: int, split: str,
+@dataclass
+class EvalPlan:
+    """A checked evaluation request: its settings, its run folder (nothing written yet) and, for a
+    task that needs no tokenizer, its instances."""
+
+    config: dict
+    folder: RunFolder
+    instances: list | None = None
+
+
+def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | Path, seed: int = 0,
+              split: str = "eval", mode: str = "teacher-forced", batch_size: int = 8, chat: bool = False,
+              max_new_tokens: int = 16, method: str = "none", method_options: dict | None = None,
+              task_options: dict | None = None, parent: RunFolder | None = None,
+              instances: list | None = None) -> EvalPlan:
+    """Check an evaluation request before any model is loaded; see :func:`run_eval` for the arguments.
+
+    ``parent`` is the run folder this one lives in (a comparison); ``instances`` are ones already
+    built for the same request (a comparison builds them once for all its methods).
+    """
+    from posbias.tasks import check_request, precheck_instances
+
+    method_options = dict(method_options or {})
+    task_options = dict(task_options or {})
+    check_int("batch_size", batch_size)
+    check_int("max_new_tokens", max_new_tokens)
+    check_mode(mode)
+    depths = check_request(task, n=n, depths=depths, seed=seed, split=split, **task_options)
+    if instances is None:
+        instances = precheck_instances(task, n=n, depths=depths, seed=seed, split=split, **task_options)
+    check_method(method, method_options)
+    config = {"model": model, "task": task, "depths": depths, "n": n, "seed": seed, "split": split, "mode": mode,
+              "batch_size": batch_size, "chat": chat, "max_new_tokens": max_new_tokens, "method": method,
+              "method_options": method_options, "task_options": task_options}
+    folder = open_run(out, "eval", config, check_keys=RESUME_KEYS, parent=parent)
+    return EvalPlan(config, folder, instances)
+
+
+def check_method(name: str, options: dict[str, Any]) -> None:
+    """What can be checked of a method without a model: its name, its option names, the files its
+    options name, and (lpes) that its factors file is valid."""
+    if name == "none" and not options:
+        return
+    from posbias.methods.registry import method_options, resolve_method
+
+    spec = resolve_method(name)
+    allowed = method_options(spec.name)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"method {spec.name!r} has no option(s) {', '.join(unknown)}; "
+                         f"options: {', '.join(allowed) or '(none)'}")
+    key = PATH_OPTIONS.get(spec.name)
+    if spec.name == "lpes" and options.get(key) is None:
+        raise ValueError("method lpes needs its factors file (from posbias search): --factors PATH")
+    if key and options.get(key) is not None and not Path(str(options[key])).expanduser().exists():
+        raise ValueError(f"{spec.name}: {key} {options[key]} does not exist")
+    if spec.name == "lpes":
+        from posbias.patching.rope_scaling import load_factors_file
+
+        load_factors_file(Path(str(options[key])).expanduser())
+
+
+def build_instances(model, tokenizer, task: str, depths: list[float], n: int, seed: int, split: str,
                     task_options: dict[str, Any]):
-    from posbias.tasks import make_instances
+    """The instances of a task for ``model``; a target length beyond the model is refused before
+    any haystack is fitted to it."""
+    from posbias.evaluation.batching import model_max_positions
+    from posbias.tasks import check_length, make_instances
 
+    check_length(task, task_options, model_max_positions(model))
     return make_instances(task, tokenizer=tokenizer, n=n, depths=depths, seed=seed, split=split, **task_options)
+
+
+def run_planned(plan: EvalPlan, loaded=None, progress: bool = True) -> dict:
+    """Load the model (unless ``loaded=(model, tokenizer)``), build the instances, evaluate."""
+    c = plan.config
+    if loaded is None:
+        from posbias.models import load_model
+
+        loaded = load_model(c["model"])
+    lm, tok = loaded
+    instances = plan.instances
+    if instances is None:
+        instances = build_instances(lm, tok, c["task"], c["depths"], c["n"], c["seed"], c["split"],
+                                    c["task_options"])
+    with _method(lm, c["method"], c["method_options"]) as scored_model:
+        return evaluate(scored_model, tok, instances, plan.folder.path, mode=c["mode"], batch_size=c["batch_size"],
+                        chat=c["chat"], max_new_tokens=c["max_new_tokens"], label=f"{c['method']} / {c['task']}",
+                        progress=progress, before_write=plan.folder.commit)
 
 
 def run_eval(*, model: str, task: str, depths: list[float], n: int, out: str | Path, seed: int = 0,
              split: str = "eval", mode: str = "teacher-forced", batch_size: int = 8, chat: bool = False,
              max_new_tokens: int = 16, method: str = "none", method_options: dict | None = None,
              task_options: dict | None = None, loaded=None) -> dict:
-    """Evaluate ``model`` (spec, or ``loaded=(model, tokenizer)``) with ``method`` on ``task``.
+    """Evaluate ``model`` (spec, or ``loaded=(model, tokenizer)``) with ``method`` on ``task`` into the
+    run folder ``out`` (re-running resumes); returns the summary.
 
-    Instances are built (and validated) before anything is written, so bad input never leaves
-    a half-made run folder behind.
+    Everything that can be checked without the model is checked before it loads, and nothing is
+    written before the first result, so bad input never leaves a half-made run folder behind.
     """
-    method_options = dict(method_options or {})
-    task_options = dict(task_options or {})
-    if loaded is None:
-        from posbias.models import load_model
-
-        loaded = load_model(model)
-    lm, tok = loaded
-    instances = build_instances(tok, task, depths, n, seed, split, task_options)
-    config = {"model": model, "task": task, "depths": depths, "n": n, "seed": seed, "split": split, "mode": mode,
-              "batch_size": batch_size, "chat": chat, "max_new_tokens": max_new_tokens, "method": method,
-              "method_options": method_options, "task_options": task_options}
-    out = prepare_run_dir(out, config, check_keys=RESUME_KEYS)
-    with _method(lm, method, method_options) as scored_model:
-        return evaluate(scored_model, tok, instances, out, mode=mode, batch_size=batch_size, chat=chat,
-                        max_new_tokens=max_new_tokens, label=f"{method} / {task}")
+    plan = plan_eval(model=model, task=task, depths=depths, n=n, out=out, seed=seed, split=split, mode=mode,
+                     batch_size=batch_size, chat=chat, max_new_tokens=max_new_tokens, method=method,
+                     method_options=method_options, task_options=task_options)
+    return run_planned(plan, loaded)
 
 
 class _method:

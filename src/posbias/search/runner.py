@@ -9,10 +9,16 @@ writes the run folder:
   generation: best / mean fitness, forward passes, wall time, memo hits, pruned individuals),
   ``mean_accuracy`` counts a pruned individual at its lower bound (remaining instances wrong);
 * ``best_factors.json`` (a factors file, see :mod:`posbias.patching.rope_scaling`), rewritten after
-  every generation, ``factors.png`` and ``fitness.png``.
+  every generation with ``"interim": true`` until the last generation is done (its ``complete``
+  says whether the best genome was scored on every instance, not whether the search finished),
+  ``factors.png`` and ``fitness.png``.
 
-Resume: a killed search restarted with ``resume=True`` continues from the last completed generation
-with the saved rng state and memo, and reaches exactly the result of an uninterrupted run.
+Everything that can be checked without the model (preset, GA settings, task and data file, the
+run folder) is checked before it loads; ``config.json`` is written with the first checkpoint.
+
+Resume: a killed search restarted with ``resume=True`` (the ``posbias search`` command passes it, so
+re-running the command resumes) continues from the last completed generation with the saved rng
+state and memo, and reaches exactly the result of an uninterrupted run.
 """
 from __future__ import annotations
 
@@ -25,7 +31,8 @@ from typing import Any, Callable, Sequence
 
 from posbias.search.fitness import DEFAULT_DEPTHS, FitnessResult
 from posbias.search.ga import GAConfig, GeneticAlgorithm, Genome, genome_factors, genome_points
-from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, prepare_run_dir, read_jsonl
+from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_json, read_jsonl
+from posbias.utils.run_folder import open_run
 
 __all__ = ["PRESETS", "GAResult", "SearchResult", "run_ga", "run_search", "SerialEvaluator", "PoolEvaluator",
            "RayEvaluator",
@@ -43,6 +50,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 CHECKPOINT = "checkpoint.json"
 METRICS = "metrics.jsonl"
 BEST = "best_factors.json"
+# Settings that must match when a search folder is resumed (``generations`` may grow).
+RESUME_KEYS = ("model", "task", "seed", "curve", "control_points", "task_options", "weights", "chat", "ga",
+               "n_per_depth", "prune")
 
 
 # -- evaluators ----------------------------------------------------------------------------------
@@ -139,7 +149,8 @@ def _save_checkpoint(path: Path, ga: GeneticAlgorithm, memo: dict, best: Genome 
 def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed: int = 0,
            out: str | Path | None = None, resume: bool = False,
            log: Callable[[dict], None] | None = None,
-           on_generation: Callable[[GAResult], None] | None = None, prune: bool = True) -> GAResult:
+           on_generation: Callable[[GAResult], None] | None = None, prune: bool = True,
+           before_write: Callable[[], Any] | None = None) -> GAResult:
     """Run (or resume) the GA for ``generations`` generations.
 
     Args:
@@ -151,17 +162,18 @@ def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed:
         on_generation: called with the result so far after each generation (e.g. to write files).
         prune: pass the elite threshold to the fitness so hopeless individuals stop early
             (see :mod:`posbias.search.fitness` for when this is safe).
+        before_write: called before the first checkpoint is written (e.g. to write the run config).
     """
     out = Path(out) if out is not None else None
     ckpt = out / CHECKPOINT if out is not None else None
     memo: dict[Genome, FitnessResult] = {}
     best: Genome | None = None
     if ckpt is not None and ckpt.exists() and not resume:
-        raise ValueError(f"{out} already holds a search (checkpoint.json): pass resume to continue it, or use another out")
+        raise ValueError(already_searched(out))
     if resume and ckpt is not None and ckpt.exists():
         import json
 
-        state = json.loads(ckpt.read_text())
+        state = read_json(ckpt)
         saved_cfg = state["ga"]["config"]
         if saved_cfg != cfg.to_dict():
             diff = [k for k in saved_cfg if saved_cfg[k] != cfg.to_dict().get(k)]
@@ -217,6 +229,8 @@ def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed:
         history.append(record)
         result = GAResult(best, br, factors_of(best), genome_points(best, cfg), gen + 1, history, memo)
         if ckpt is not None:
+            if before_write is not None:
+                before_write()
             _save_checkpoint(ckpt, ga, memo, best, {"num_layers": num_layers, "seed": seed})
             append_jsonl(out / METRICS, record)
         if log is not None:
@@ -228,6 +242,11 @@ def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed:
             raise ValueError("no generation was run (generations must be >= 1)")
         result = GAResult(best, memo[best], factors_of(best), genome_points(best, cfg), ga.generation, history, memo)
     return result
+
+
+def already_searched(out: Path) -> str:
+    return (f"{out} already holds a search ({CHECKPOINT}): pass resume=True to continue it (re-running "
+            "posbias search does), or use another out")
 
 
 class _RayWorker:
@@ -299,14 +318,15 @@ def build_fitness(model_spec: str, task: str, *, n_per_depth: int, seed: int, ta
                   depths: Sequence[float] = DEFAULT_DEPTHS, weights=None, batch_size: int = 4,
                   chat: bool = False, model=None, tokenizer=None):
     """The teacher-forced fitness of ``model_spec`` on the *search* split of ``task``."""
+    from posbias.evaluation.runner import check_fits
+    from posbias.evaluation.session import build_instances
     from posbias.models import get_decoder_layers, load_model
     from posbias.search.fitness import TeacherForcedFitness
-    from posbias.tasks import make_instances
 
     if model is None:
         model, tokenizer = load_model(model_spec)
-    instances = make_instances(task, tokenizer=tokenizer, n=n_per_depth, depths=list(depths), seed=seed,
-                               split="search", **task_options)
+    instances = build_instances(model, tokenizer, task, list(depths), n_per_depth, seed, "search", task_options)
+    check_fits(model, tokenizer, instances, chat)
     fit = TeacherForcedFitness(model, tokenizer, instances, weights=weights, batch_size=batch_size, chat=chat)
     fit.num_layers = len(get_decoder_layers(model))
     return fit
@@ -334,32 +354,40 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
         :class:`SearchResult`; the factors file is ``out/best_factors.json``.
     """
     from posbias.search.curves import DEFAULT_GRID
+    from posbias.search.fitness import _dkey, _normalise_weights
+    from posbias.tasks import precheck_instances
+    from posbias.tasks.base import check_int
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+    check_int("workers", workers)
+    if backend not in ("processes", "ray"):
+        raise ValueError(f"unknown backend {backend!r}; choose processes or ray")
+    if loaded is not None and (workers > 1 or backend == "ray"):
+        raise ValueError("loaded=(model, tokenizer) cannot be shared with workers")
     settings = {**PRESETS[preset], **(overrides or {})}
     run_keys = ("generations", "n_per_depth", "batch_size")
+    for key in run_keys:
+        check_int(key, settings[key])
     ga_kwargs = {k: v for k, v in settings.items() if k not in run_keys}
     cfg = GAConfig(n_control=control_points, curve=curve, grid=tuple(grid or DEFAULT_GRID),
                    round_to_grid=round_to_grid, **ga_kwargs)
     task_options = dict(task_options or {})
+    _normalise_weights([_dkey(d) for d in DEFAULT_DEPTHS], weights)
+    precheck_instances(task, n=settings["n_per_depth"], depths=list(DEFAULT_DEPTHS), seed=seed, split="search",
+                       **task_options)
     config = {"model": model, "task": task, "preset": preset, "seed": seed, "curve": curve,
               "control_points": control_points, "task_options": task_options, "weights": weights,
               "chat": chat, "ga": cfg.to_dict(), **{k: settings[k] for k in run_keys}, "workers": workers,
               "prune": prune}
-    out = prepare_run_dir(out, config, check_keys=("model", "task", "seed", "curve", "control_points",
-                                                   "task_options", "weights", "chat", "ga", "n_per_depth",
-                                                   "prune"))
+    folder = open_run(out, "search", config, check_keys=RESUME_KEYS)
+    out = folder.path
+    if not resume and (out / CHECKPOINT).exists():
+        raise ValueError(already_searched(out))
     factory = functools.partial(build_fitness, model, task, n_per_depth=settings["n_per_depth"], seed=seed,
                                 task_options=task_options, weights=weights, batch_size=settings["batch_size"],
                                 chat=chat)
-    if backend not in ("processes", "ray"):
-        raise ValueError(f"unknown backend {backend!r}; choose processes or ray")
     if workers > 1 or backend == "ray":
-        if loaded is not None:
-            raise ValueError("loaded=(model, tokenizer) cannot be shared with workers")
         evaluator = RayEvaluator(factory, workers, ray_address) if backend == "ray" else PoolEvaluator(factory, workers)
         num_layers = evaluator.num_layers()
     else:
@@ -371,6 +399,7 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
         num_layers = fit.num_layers
 
     def write_outputs(res: GAResult) -> None:
+        """The factors file; ``interim`` until the search's last generation is done."""
         from posbias.patching.rope_scaling import save_factors_file
 
         save_factors_file(
@@ -381,15 +410,18 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
             mean_logprob=res.best_result.mean_logprob, per_depth=res.best_result.per_depth_accuracy(),
             complete=res.best_result.complete, generations=res.generations, seed=seed, preset=preset,
             task_options=task_options, search_split="search", n_per_depth=settings["n_per_depth"],
+            interim=res.generations < settings["generations"], generations_planned=settings["generations"],
         )
 
     try:
         res = run_ga(evaluator, cfg, num_layers=num_layers, generations=settings["generations"], seed=seed,
-                     out=out, resume=resume, log=log, on_generation=write_outputs, prune=prune)
+                     out=out, resume=resume, log=log, on_generation=write_outputs, prune=prune,
+                     before_write=folder.commit)
     finally:
         evaluator.close()
-        if workers == 1 and hasattr(evaluator.fitness, "close"):
+        if isinstance(evaluator, SerialEvaluator) and hasattr(evaluator.fitness, "close"):
             evaluator.fitness.close()
+    folder.commit()
     write_outputs(res)
     try:
         plot_factors(out / "factors.png", res.best_factors, res.best_points, title=f"LPES factors ({model}, {task})")

@@ -390,7 +390,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         raise ValueError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
     config = cfg.to_dict()
     _check_n_grows(out, cfg.n)
-    prepare_run_dir(out, config, check_keys=CHECK_KEYS)
+    prepare_run_dir(out, config, kind="study", check_keys=CHECK_KEYS)
     train_corpus, heldout = prepare_data(cfg, log=log)
     prepare_tokenizer(cfg, train_corpus, log=log)
     models = ensure_models(cfg, train_fn=train_fn, corpus=train_corpus, log=log)

@@ -36,10 +36,10 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 
-def make_instances(name: str, *, tokenizer: Any = None, n: int, depths: list[float], seed: int = 0,
-                   split: str = "eval", **options: Any) -> list[Instance]:
-    """Seeded instances of task ``name``: ``n`` per depth, all of ``depths[0]`` first, then
-    ``depths[1]``, ... The same content is used at every depth (only the gold item moves)."""
+def check_request(name: str, *, n: int, depths: list[float], seed: int = 0, split: str = "eval",
+                  **options: Any) -> list[float]:
+    """Validate a request for instances without building any (task, option names, ``n``, ``seed``,
+    ``split``, ``depths``); returns the depths as floats."""
     spec = TASKS.get(name)
     if spec is None:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
@@ -47,8 +47,8 @@ def make_instances(name: str, *, tokenizer: Any = None, n: int, depths: list[flo
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for task {name!r}; "
                          f"valid options: {', '.join(f'{k} (default {v!r})' for k, v in spec.options.items())}")
-    n = check_int("n", n)
-    seed = check_int("seed", seed, minimum=0)
+    check_int("n", n)
+    check_int("seed", seed, minimum=0)
     check_split(split)
     if isinstance(depths, (int, float)) or isinstance(depths, str):
         raise ValueError(f"depths must be a list of numbers in [0, 1], got {depths!r}")
@@ -62,6 +62,40 @@ def make_instances(name: str, *, tokenizer: Any = None, n: int, depths: list[flo
     depths = [float(d) for d in depths]
     if len(set(depths)) != len(depths):
         raise ValueError(f"depths contain duplicates: {depths}")
+    return depths
+
+
+def precheck_instances(name: str, *, n: int, depths: list[float], seed: int = 0, split: str = "eval",
+                       **options: Any) -> list[Instance] | None:
+    """The checks worth running before a model is loaded: :func:`check_request`, and for a task that
+    needs no tokenizer the instances themselves (which reads and validates its data file).
+
+    Returns those instances, or None for a task whose prompts are fitted with the tokenizer."""
+    check_request(name, n=n, depths=depths, seed=seed, split=split, **options)
+    if TASKS[name].needs_tokenizer:
+        return None
+    return make_instances(name, n=n, depths=depths, seed=seed, split=split, **options)
+
+
+def check_length(name: str, options: dict[str, Any], max_positions: int) -> None:
+    """Refuse a fitted task's target ``length`` beyond what the model holds (``max_positions``; 0 =
+    no limit) before any haystack is fitted to it."""
+    spec = TASKS.get(name)
+    if spec is None or "length" not in spec.options or not max_positions:
+        return
+    length = options.get("length", spec.options["length"])
+    if isinstance(length, int) and not isinstance(length, bool) and length > max_positions:
+        raise ValueError(f"length {length} is longer than the model holds ({max_positions} positions); "
+                         f"give --length <= {max_positions}")
+
+
+def make_instances(name: str, *, tokenizer: Any = None, n: int, depths: list[float], seed: int = 0,
+                   split: str = "eval", **options: Any) -> list[Instance]:
+    """Seeded instances of task ``name``: ``n`` per depth, all of ``depths[0]`` first, then
+    ``depths[1]``, ... The same content is used at every depth (only the gold item moves)."""
+    depths = check_request(name, n=n, depths=depths, seed=seed, split=split, **options)
+    spec = TASKS[name]
+    n, seed = int(n), int(seed)
     if spec.needs_tokenizer and tokenizer is None:
         raise ValueError(f"task {name!r} needs tokenizer=... to fit the prompt to `length` tokens")
     instances = spec.factory(tokenizer=tokenizer, n=n, depths=depths, seed=seed, split=split,

@@ -261,7 +261,7 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
         raise ValueError(f"token id {ds.max_token_id} does not fit the model vocabulary ({bam_cfg.vocab_size})")
 
     if info.is_main:
-        prepare_run_dir(out, cfg.to_json(), check_keys=RESUME_KEYS if cfg.resume else ())
+        prepare_run_dir(out, cfg.to_json(), kind="train", check_keys=RESUME_KEYS if cfg.resume else ())
     barrier(info)
 
     random.seed(cfg.seed)

@@ -1,6 +1,7 @@
-"""Run folders, atomic writes and append-only jsonl logs.
+"""Atomic writes, append-only jsonl logs and readers that name the file they fail on.
 
-Every run writes ``config.json`` (arguments + versions) and its results into its own folder.
+Every run writes ``config.json`` (arguments + versions) and its results into its own folder (see
+:mod:`posbias.utils.run_folder`, which decides whether a folder may be written to).
 Files are replaced atomically (write to a temp file, then ``os.replace``) so a killed run never
 leaves a half-written file; jsonl logs are appended one flushed line at a time, and a torn last
 line (from a kill mid-write) is ignored on reading.
@@ -83,7 +84,7 @@ def read_jsonl(path: str | Path, *, strict: bool = False) -> list[dict]:
     path = Path(path)
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = read_text(path).splitlines()
     out = []
     for no, line in enumerate(lines, 1):
         if not line.strip():
@@ -103,7 +104,7 @@ def repair_jsonl(path: str | Path) -> list[dict]:
     path = Path(path)
     records = read_jsonl(path)
     if path.exists():
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
         intact = [ln for ln in text.splitlines() if ln.strip()][: len(records)]
         expected = "".join(ln + "\n" for ln in intact)
         if text != expected:
@@ -124,51 +125,65 @@ def versions() -> dict[str, str]:
     return out
 
 
-def prepare_run_dir(out: str | Path, config: dict, *, check_keys: Iterable[str] = ()) -> Path:
-    """Create the run folder and write ``config.json`` (config + versions).
+def prepare_run_dir(out: str | Path, config: dict, *, kind: str, check_keys: Iterable[str] = ()) -> Path:
+    """Check ``out`` for a ``kind`` run with ``config`` and write its ``config.json`` now.
 
-    When the folder already has a config (a resume), the values under ``check_keys`` must match,
-    otherwise a ``ValueError`` says which differ, so results of two settings are never mixed.
+    Shorthand for ``open_run(...).commit()`` (see :mod:`posbias.utils.run_folder`), for runs that
+    have nothing left to validate; the commands open the folder first and commit it only when
+    their first result is written.
     """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg_path = out / "config.json"
-    if cfg_path.exists():
-        old = json.loads(cfg_path.read_text())
-        old_cfg = old.get("config", {})
-        diff = [k for k in check_keys if k in old_cfg and old_cfg.get(k) != _roundtrip(config.get(k))]
-        if diff:
-            details = ", ".join(f"{k}: {old_cfg.get(k)!r} -> {config.get(k)!r}" for k in diff)
-            raise ValueError(
-                f"{out} holds a run with other settings ({details}); use another --out or delete it"
-            )
-    atomic_write_json(cfg_path, {"config": config, "versions": versions(), "argv": sys.argv})
-    return out
+    from posbias.utils.run_folder import open_run
+
+    return open_run(out, kind, config, check_keys=check_keys).commit()
 
 
-def _roundtrip(v: Any) -> Any:
-    return json.loads(json.dumps(v, default=_json_default))
+def read_text(path: str | Path) -> str:
+    """A UTF-8 text file; a file that is not UTF-8 is a ``ValueError`` naming it."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def read_json(path: str | Path) -> Any:
+    """A JSON file; malformed JSON (or text that is not UTF-8) is a ``ValueError`` naming the file."""
+    path = Path(path)
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
 
 
 def iter_jsonl_gz(path: str | Path) -> Iterator[tuple[int, dict]]:
     """Yield ``(line_number, record)`` from a ``.jsonl`` or ``.jsonl.gz`` file.
 
-    A malformed line raises ``ValueError("<file>:<line>: ...")``.
+    A malformed line raises ``ValueError("<file>:<line>: ...")``; so do a truncated or invalid
+    gzip file and text that is not UTF-8.
     """
     import gzip
+    import zlib
 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data file not found: {path}")
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{no}: malformed JSON line ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{no}: expected a JSON object, got {type(rec).__name__}")
-            yield no, rec
+    no = 0
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{no}: malformed JSON line ({e.msg})") from None
+                if not isinstance(rec, dict):
+                    raise ValueError(f"{path}:{no}: expected a JSON object, got {type(rec).__name__}")
+                yield no, rec
+    except EOFError:
+        raise ValueError(f"{path}: truncated gzip file (it ends inside the compressed data, after line {no})") from None
+    except (gzip.BadGzipFile, zlib.error) as e:
+        raise ValueError(f"{path}: not a valid gzip file ({e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{no + 1}: not UTF-8 text ({e.reason})") from None

@@ -1,0 +1,161 @@
+"""Run folders: one kind of run per folder, nothing foreign overwritten, settings recorded truly.
+
+Every command that writes into ``--out`` goes through :func:`open_run`, which only *reads*:
+
+* an empty (or missing) folder is a fresh run; files whose names start with a dot do not count
+  (a killed atomic write can leave a ``.name.tmp`` behind);
+* a folder holding a ``config.json`` of the same kind of run is a resume, provided the settings
+  under ``check_keys`` are equal (otherwise a ``ValueError`` lists only the values that differ);
+* anything else is refused, saying what was found: another kind of run, a Hugging Face model, a
+  ``config.json`` that is not valid JSON, or files without any run config.
+
+The returned :class:`RunFolder` writes ``config.json`` (``kind``, settings, library versions,
+command line) only when :meth:`RunFolder.commit` is called, which a run does just before it
+writes its first result; a run rejected while validating its input therefore leaves nothing
+behind and never locks the folder. On a resume ``commit`` records this invocation's settings,
+the ones the run's summary then describes.
+
+``posbias apply`` writes a model folder instead: its kind is recognised by the Hugging Face
+``config.json`` next to ``posbias_factors.json``, and it never commits a posbias config.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+CONFIG = "config.json"
+KINDS = ("eval", "compare", "search", "analyze", "apply", "train", "study")
+# Configs written before ``kind`` was recorded: the key that only that kind's settings have.
+_LEGACY_MARKERS = (("search", "ga"), ("compare", "methods"), ("study", "schemes"), ("train", "pe"),
+                   ("analyze", "controls"), ("eval", "method"))
+_APPLY_MARKER = "posbias_factors.json"  # posbias.patching.rope_scaling.SAVED_FACTORS_NAME
+
+
+@dataclass
+class RunFolder:
+    """A checked run folder; ``resuming`` when it already holds a run of this kind."""
+
+    path: Path
+    kind: str
+    config: dict
+    resuming: bool = False
+    parent: Optional["RunFolder"] = None
+    _committed: bool = field(default=False, repr=False)
+
+    def commit(self) -> Path:
+        """Write ``config.json`` (once; the parent run's first) and return the folder."""
+        if not self._committed:
+            from posbias.utils.io import atomic_write_json, versions
+
+            if self.parent is not None:
+                self.parent.commit()
+            self.path.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.path / CONFIG, {"kind": self.kind, "config": self.config,
+                                                   "versions": versions(), "argv": sys.argv})
+            self._committed = True
+        return self.path
+
+
+def out_path(out: str | Path, flag: str = "--out") -> Path:
+    """``Path(out)``, refusing an empty value (``Path("")`` would be the current directory)."""
+    if not str(out).strip():
+        raise ValueError(f"{flag} is empty: give the folder the run writes into")
+    return Path(out).expanduser()
+
+
+def open_run(out: str | Path, kind: str, config: dict, *, check_keys: Iterable[str] = (),
+             parent: RunFolder | None = None) -> RunFolder:
+    """Check that ``out`` may hold a ``kind`` run with ``config``; writes nothing (see the module doc)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown run kind {kind!r}; known: {', '.join(KINDS)}")
+    path = out_path(out)
+    found = folder_kind(path)
+    if found is None:
+        return RunFolder(path, kind, config, parent=parent)
+    if found != kind:
+        raise ValueError(f"{path} holds {_describe(found)}, not {_describe(kind)}; use another --out")
+    if kind != "apply":
+        old = _read_config(path).get("config", {})
+        diff = settings_diff(old, _roundtrip(config), check_keys)
+        if diff:
+            raise ValueError(f"{path} holds a run with other settings ({'; '.join(diff)}); "
+                             "use another --out or delete it")
+    return RunFolder(path, kind, config, resuming=True, parent=parent)
+
+
+def folder_kind(path: Path) -> str | None:
+    """The kind of run in ``path`` (None: missing or empty); ``ValueError`` for anything else."""
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        raise ValueError(f"{path} is a file, not a folder; give --out a folder")
+    entries = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+    if not entries:
+        return None
+    if CONFIG not in entries:
+        shown = ", ".join(entries[:3]) + (f", ... ({len(entries)} entries)" if len(entries) > 3 else "")
+        raise ValueError(f"{path} is not empty ({shown}) and holds no posbias run ({CONFIG}); "
+                         "use a new or empty --out")
+    doc = _read_config(path)
+    if "model_type" in doc:
+        if (path / _APPLY_MARKER).exists():
+            return "apply"
+        raise ValueError(f"{path} holds a Hugging Face model ({CONFIG} with model_type "
+                         f"{doc['model_type']!r}); use another --out")
+    kind = doc.get("kind") or _legacy_kind(doc)
+    if kind not in KINDS:
+        raise ValueError(f"{path / CONFIG} is not the config of a posbias run; use another --out")
+    return kind
+
+
+def settings_diff(old: dict, new: dict, keys: Iterable[str]) -> list[str]:
+    """``"key: old -> new"`` for each of ``keys`` recorded in ``old`` whose value differs; nested
+    settings (dicts in both) name only the inner values that differ (``ga.population: 6 -> 3``)."""
+    out: list[str] = []
+    for k in keys:
+        if k in old:
+            _diff(k, old[k], new.get(k), out)
+    return out
+
+
+def _diff(name: str, a: Any, b: Any, out: list[str]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            _diff(f"{name}.{k}", a.get(k), b.get(k), out)
+    elif a != b:
+        out.append(f"{name}: {a!r} -> {b!r}")
+
+
+def _read_config(path: Path) -> dict:
+    from posbias.utils.io import read_json
+
+    try:
+        doc = read_json(path / CONFIG)
+    except ValueError as e:
+        raise ValueError(f"{e}; fix or delete it, or use another --out") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path / CONFIG} is not the config of a posbias run; use another --out")
+    return doc
+
+
+def _legacy_kind(doc: dict) -> str | None:
+    cfg = doc.get("config")
+    if not isinstance(cfg, dict) or "versions" not in doc:
+        return None
+    return next((kind for kind, key in _LEGACY_MARKERS if key in cfg), None)
+
+
+def _describe(kind: str) -> str:
+    if kind == "apply":
+        return f"a model written by posbias apply ({CONFIG} with model_type, {_APPLY_MARKER})"
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} run ({CONFIG})"
+
+
+def _roundtrip(v: Any) -> Any:
+    """``v`` as it reads back from JSON (tuples become lists, paths strings)."""
+    from posbias.utils.io import _json_default
+
+    return json.loads(json.dumps(v, default=_json_default))
