@@ -75,6 +75,18 @@ def make_variant_model(name: str, seed: int = 0, **overrides):
     return make_tiny_model(arch, layers=layers, seed=seed, **size, **fields)
 
 
+def left_padded_batch(seed=0, b=3, t=11, vocab=500):
+    """A left-padded batch: row ``i`` has ``2 i`` pad tokens; returns ``(ids, mask, position_ids)``."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (b, t), generator=g)
+    mask = torch.ones_like(ids)
+    for i in range(b):
+        mask[i, : i * 2] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, pos
+
+
 def make_tiny_tokenizer(vocab: int = TINY_VOCAB):
     """A byte-level BPE tokenizer trained in memory on a fixed text (deterministic, offline)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_tiny_model
+from conftest import left_padded_batch, make_tiny_model
 from posbias.methods import METHODS, apply_method, method_options, parse_options
 
 # options that make each method an exact no-op
@@ -37,17 +37,6 @@ def _pi_available():
 def _skip_missing(name):
     if name == "pi" and not _pi_available():
         pytest.skip("posbias.patching.rope_scaling not available yet")
-
-
-def left_padded_batch(seed=0, b=3, t=11, vocab=500):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab, (b, t), generator=g)
-    mask = torch.ones_like(ids)
-    for i in range(b):
-        mask[i, : i * 2] = 0
-    ids = ids.masked_fill(mask == 0, 0)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return ids, mask, pos
 
 
 def greedy(model, ids, mask, pos, steps):

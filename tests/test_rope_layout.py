@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import GEMMA3_ROPE, ROPE_VARIANTS, make_variant_model
+from conftest import GEMMA3_ROPE, ROPE_VARIANTS, left_padded_batch, make_variant_model
 from posbias.methods import apply_method
 from posbias.models.rope_layout import RopeLayoutError, rope_layout
 from posbias.patching.rope_scaling import apply_layer_scaling
@@ -118,15 +118,6 @@ IDENTITY = {
 }
 
 
-def padded(b=3, t=11):
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, 500, (b, t), generator=g)
-    mask = torch.ones_like(ids)
-    for i in range(b):
-        mask[i, : i * 2] = 0
-    return ids.masked_fill(mask == 0, 0), mask, (mask.cumsum(-1) - 1).clamp(min=0)
-
-
 @pytest.mark.filterwarnings("ignore:moice")
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 @pytest.mark.parametrize("name", ["qwen2-gqa7", "gemma3"])
@@ -134,7 +125,7 @@ def padded(b=3, t=11):
 def test_identity_settings_equal_unpatched(method, name, impl):
     model = make_variant_model(name)
     model.set_attn_implementation(impl)
-    ids, mask, pos = padded()
+    ids, mask, pos = left_padded_batch()
     ref = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
     with apply_method(model, method, **IDENTITY[method]) as h:
         out = h.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits

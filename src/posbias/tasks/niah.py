@@ -108,27 +108,14 @@ def make_niah(*, tokenizer=None, n, depths, seed, split, haystack="noise", num_n
         raise ValueError(f"num_queries={Q} is more than num_needles={K} (keys to ask among)")
     spread = K > Q
     plural = V > 1 or Q > 1
-    max_units = None
     if haystack == "essay":
         essay_units(1)  # clear error early when the essays are missing
 
     out_samples = []
     for i in range(n):
-        rng = derive_rng(task, split, seed, i)
-        # distractor needles of the "needle" haystack: at most one per token of the budget
-        num_distractors = min(length, 200_000) if haystack == "needle" else 0
-        keys = random_keys(rng, K + num_distractors)
-        values = random_numbers(rng, K * V + num_distractors, 7)
-        groups = [[NEEDLE.format(key=keys[k], value=values[k * V + v]) for v in range(V)] for k in range(K)]
+        keys, values, groups, units_of, max_units = draw_needles(derive_rng(task, split, seed, i), K, V,
+                                                                 haystack, length)
         gold_values = [values[k * V + v] for k in range(Q) for v in range(V)]
-        if haystack == "needle":
-            pool = [NEEDLE.format(key=keys[K + j], value=values[K * V + j]) for j in range(num_distractors)]
-            units_of = lambda u, pool=pool: pool[:u]  # noqa: E731
-            max_units = num_distractors
-        elif haystack == "essay":
-            units_of = essay_units
-        else:
-            units_of = lambda u: [NOISE] * u  # noqa: E731
         question, prefix = question_and_prefix(keys[:Q], plural)
 
         def build(u: int, depth: float, units_of=units_of, groups=groups, question=question):
@@ -161,16 +148,24 @@ def make_niah(*, tokenizer=None, n, depths, seed, split, haystack="noise", num_n
     return out
 
 
-def _haystack_source(haystack: str, keys: list[str], values: list[str], key_start: int, value_start: int,
-                     count: int):
-    """``(units_of(u), max_units)`` of a haystack; the ``needle`` haystack's ``count`` distractor
-    needles take the keys from ``key_start`` and the values from ``value_start``."""
+def draw_needles(rng, K: int, V: int, haystack: str, length: int):
+    """The needles of one instance: ``(keys, values, groups, units_of, max_units)``.
+
+    ``groups[k]`` holds the ``V`` needles of key ``k`` (values ``values[k * V + v]``); ``units_of(u)``
+    gives ``u`` haystack units; the ``needle`` haystack's distractors (at most one per token of the
+    budget) take the keys after the first ``K`` and the values after the first ``K * V``, and
+    ``max_units`` is their count (None for the unbounded noise / essay haystacks).
+    """
+    extra = min(length, 200_000) if haystack == "needle" else 0
+    keys = random_keys(rng, K + extra)
+    values = random_numbers(rng, K * V + extra, 7)
+    groups = [[NEEDLE.format(key=keys[k], value=values[k * V + v]) for v in range(V)] for k in range(K)]
     if haystack == "needle":
-        pool = [NEEDLE.format(key=keys[key_start + j], value=values[value_start + j]) for j in range(count)]
-        return (lambda u: pool[:u]), count
+        pool = [NEEDLE.format(key=keys[K + j], value=values[K * V + j]) for j in range(extra)]
+        return keys, values, groups, (lambda u: pool[:u]), extra
     if haystack == "essay":
-        return essay_units, None
-    return (lambda u: [NOISE] * u), None
+        return keys, values, groups, essay_units, None
+    return keys, values, groups, (lambda u: [NOISE] * u), None
 
 
 def _make_niah_shared(*, tokenizer, n, depths, seed, split, haystack, num_needles, num_values, num_queries,
@@ -186,12 +181,8 @@ def _make_niah_shared(*, tokenizer, n, depths, seed, split, haystack, num_needle
     out = []
     samples = []
     for i in range(n):
-        rng = derive_rng(task, split, seed, i)
-        extra = min(length, 200_000) if haystack == "needle" else 0
-        keys = random_keys(rng, K + extra)
-        values = random_numbers(rng, K * V + extra, 7)
-        groups = [[NEEDLE.format(key=keys[k], value=values[k * V + v]) for v in range(V)] for k in range(K)]
-        units_of, max_units = _haystack_source(haystack, keys, values, K, K * V, extra)
+        keys, values, groups, units_of, max_units = draw_needles(derive_rng(task, split, seed, i), K, V,
+                                                                 haystack, length)
         asked = {d: int(round(float(d) * (K - 1))) for d in depths}
 
         def prompt_of(u: int, k: int, units_of=units_of, groups=groups, keys=keys):
