@@ -132,8 +132,8 @@ class GAResult:
 
 
 def _threshold(pop: Sequence[Genome], memo: dict[Genome, FitnessResult], elite: int) -> float | None:
-    """Accuracy of the elite-th best fully scored member known before scoring (None: no pruning)."""
-    done = sorted((memo[g].accuracy for g in dict.fromkeys(pop) if g in memo and memo[g].complete), reverse=True)
+    """Objective value of the elite-th best fully scored member known before scoring (None: no pruning)."""
+    done = sorted((memo[g].value for g in dict.fromkeys(pop) if g in memo and memo[g].complete), reverse=True)
     return done[elite - 1] if len(done) >= elite else None
 
 

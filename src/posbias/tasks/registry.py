@@ -22,8 +22,9 @@ class TaskSpec:
 
 
 TASKS: dict[str, TaskSpec] = {
-    "kv": TaskSpec("kv", make_kv, {"num_keys": 30, "value_digits": 7, "key_words": 1, "shared_context": False}, False, "substring",
-                   "word keys -> 7-digit numbers, one 'key: value' per line"),
+    "kv": TaskSpec("kv", make_kv, {"num_keys": 30, "value_digits": 7, "key_words": 1, "shared_context": False},
+                   False, "substring", "word keys -> 7-digit numbers, one 'key: value' per line "
+                   "(key_words=2: compound keys; shared_context: one list asked at every depth)"),
     "kv-uuid": TaskSpec("kv-uuid", make_kv_uuid, {"num_keys": None, "path": None}, False, "substring",
                         "lost-in-the-middle JSON of UUIDs (generated, 75 keys by default, or from path)"),
     "mdqa": TaskSpec("mdqa", make_mdqa, {"path": None, "num_docs": 10}, False, "best_subspan_em",
@@ -31,7 +32,8 @@ TASKS: dict[str, TaskSpec] = {
     "passkey": TaskSpec("passkey", make_passkey, {"length": 1024, "digits": 5}, True, "passkey",
                         "Landmark passkey in the grass-is-green filler, fitted to length tokens"),
     "niah": TaskSpec("niah", make_niah, {"haystack": "noise", "num_needles": 1, "num_values": 1,
-                                         "num_queries": 1, "length": 1024, "shared_context": False}, True, "string_match_all",
+                                         "num_queries": 1, "length": 1024, "shared_context": False},
+                     True, "string_match_all",
                      "RULER needle in a haystack (noise/essay/needle), fitted to length tokens"),
 }
 
