@@ -44,15 +44,18 @@ def Count(default, *decls: str, minimum: int = 1, help: str | None = None):
 
 def check_training_run(cfg: Any, kind: str, settings: dict, check_keys) -> bool:
     """The checks a ``train`` or ``study`` run can make before it reads any data: ``cfg.validate()``
-    where there is one, the corpus / held-out paths it names, and its run folder (``kind``).
-    Returns whether the folder already holds this run, which re-running then resumes."""
+    where there is one, a ``bpe:<N>`` tokenizer size, the corpus / held-out paths it names, and its
+    run folder (``kind``). Returns whether the folder already holds this run, which re-running then
+    resumes."""
     from pathlib import Path
 
     from posbias.training.data import BUILTIN_CORPORA
+    from posbias.training.tokenizer import parse_bpe_spec
     from posbias.utils.run_folder import open_run
 
     if hasattr(cfg, "validate"):
         cfg.validate()
+    parse_bpe_spec(cfg.tokenizer)
     corpus = cfg.corpus if isinstance(cfg.corpus, list) else [cfg.corpus]
     for flag, paths in (("--corpus", corpus), ("--heldout", [getattr(cfg, "heldout", None)])):
         for p in paths:

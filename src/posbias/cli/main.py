@@ -3,10 +3,37 @@ and exposes ``register(app)``; this file only assembles them."""
 from __future__ import annotations
 
 import importlib
+import sys
 
 import typer
+from typer.core import TyperGroup
+
+
+class OneLineErrors(TyperGroup):
+    """Command-line errors (an option out of range, missing or unknown) as one line and exit code 2,
+    like every other bad input, instead of a usage block and a boxed message."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except typer.Abort:
+            typer.echo("Aborted.", err=True)
+            sys.exit(1)
+        except typer.TyperException as e:  # typer's click errors: a bad, missing or unknown option or command
+            if type(e).__name__ == "NoArgsIsHelpError":  # plain `posbias`: the help
+                e.show()
+                sys.exit(e.exit_code)
+            ctx = getattr(e, "ctx", None)
+            hint = f" ({ctx.command_path} --help lists the options)" if ctx is not None else ""
+            typer.secho(f"error: {e.format_message()}{hint}", fg="red", err=True)
+            sys.exit(getattr(e, "exit_code", 2))
+        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)  # --help: Exit(0)
+
 
 app = typer.Typer(
+    cls=OneLineErrors,
     help="posbias: measure position bias in long-context transformers, fix it without retraining "
     "(LPES and baselines), and train models with positional priors (BAM).",
     no_args_is_help=True,

@@ -58,6 +58,8 @@ def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | 
     if instances is None:
         instances = precheck_instances(task, n=n, depths=depths, seed=seed, split=split, **task_options)
     check_method(method, method_options)
+    if chat and task_options.get("shared_context"):
+        raise ValueError("a shared context (shared_context=true) is scored without a chat template: drop --chat")
     config = {"model": model, "task": task, "depths": depths, "n": n, "seed": seed, "split": split, "mode": mode,
               "batch_size": batch_size, "chat": chat, "max_new_tokens": max_new_tokens, "method": method,
               "method_options": method_options, "task_options": task_options}

@@ -49,6 +49,9 @@ def check_request(name: str, *, n: int, depths: list[float], seed: int = 0, spli
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for task {name!r}; "
                          f"valid options: {', '.join(f'{k} (default {v!r})' for k, v in spec.options.items())}")
+    for key, value in options.items():
+        if isinstance(spec.options[key], bool) and not isinstance(value, bool):
+            raise ValueError(f"task option {key} must be true or false, got {value!r}")
     check_int("n", n)
     check_int("seed", seed, minimum=0)
     check_split(split)

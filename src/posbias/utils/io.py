@@ -182,7 +182,8 @@ def iter_jsonl_gz(path: str | Path) -> Iterator[tuple[int, dict]]:
                     raise ValueError(f"{path}:{no}: expected a JSON object, got {type(rec).__name__}")
                 yield no, rec
     except EOFError:
-        raise ValueError(f"{path}: truncated gzip file (it ends inside the compressed data, after line {no})") from None
+        after = f", after line {no}" if no else ""
+        raise ValueError(f"{path}: truncated gzip file (the compressed data ends early{after})") from None
     except (gzip.BadGzipFile, zlib.error) as e:
         raise ValueError(f"{path}: not a valid gzip file ({e})") from None
     except UnicodeDecodeError as e:
