@@ -1,0 +1,423 @@
+"""Bad input as a new user would type it (issue 15), through the CLI on a tiny model: one line naming
+the problem, exit code 2, nothing written that was not there, nothing lost."""
+import gzip
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import make_tiny_model, make_tiny_tokenizer
+from posbias.cli.main import app
+from posbias.utils.io import read_jsonl
+
+runner = CliRunner()
+KV = ["--task", "kv", "--num-keys", "4", "--n", "1", "--depths", "0,1"]
+SEARCH = ["--task", "kv", "--num-keys", "4", "--population", "3", "--n-per-depth", "1", "--batch-size", "3",
+          "--curve", "linear", "--heldout-n", "0"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny_model("llama", max_positions=4096).save_pretrained(path)
+    make_tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def factors(tmp_path_factory):
+    return _factors(tmp_path_factory.mktemp("factors") / "f.json", [1.0, 1.1, 1.2])
+
+
+def _factors(path, values):
+    path.write_text(json.dumps({"format": "posbias-lpes-factors", "version": 1, "num_layers": len(values),
+                                "factors": values}))
+    return str(path)
+
+
+def cli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def text(res) -> str:
+    """The output with rich's box drawing and line wrapping removed."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", res.output).split())
+
+
+def refused(res, *needles):
+    """Exit code 2 with one clear message containing ``needles`` and no traceback."""
+    out = text(res)
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    for needle in needles:
+        assert needle in out, (needle, res.output)
+
+
+def snapshot(folder):
+    """Every file below ``folder`` with its bytes (to show nothing was written or lost)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _eval(tiny, out, *extra):
+    return cli("eval", "--model", tiny, *KV, "--out", out, *extra)
+
+
+# -- 1. data loss ---------------------------------------------------------------------------------
+
+def test_eval_into_a_model_written_by_apply_is_refused(tiny, factors, tmp_path):
+    model = tmp_path / "patched"
+    assert cli("apply", "--model", tiny, "--factors", factors, "--out", model).exit_code == 0
+    before = snapshot(model)
+    refused(_eval(tiny, model), str(model), "model written by posbias apply")
+    assert snapshot(model) == before
+    from posbias.models import load_model
+
+    load_model(str(model))  # still loads
+
+
+def test_apply_into_an_eval_run_is_refused(tiny, factors, tmp_path):
+    run = tmp_path / "run"
+    assert _eval(tiny, run).exit_code == 0
+    before = snapshot(run)
+    refused(cli("apply", "--model", tiny, "--factors", factors, "--out", run), "holds an eval run")
+    assert snapshot(run) == before
+
+
+def test_apply_into_its_own_output_is_allowed(tiny, factors, tmp_path):
+    model = tmp_path / "patched"
+    assert cli("apply", "--model", tiny, "--factors", factors, "--out", model).exit_code == 0
+    assert cli("apply", "--model", tiny, "--factors", factors, "--out", model).exit_code == 0
+
+
+@pytest.mark.parametrize("command", ["eval", "compare", "search", "analyze", "apply"])
+def test_a_hugging_face_model_folder_is_never_an_out_folder(tiny, factors, tmp_path, command):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny, model)
+    before = snapshot(model)
+    args = {"eval": KV, "compare": KV + ["--methods", "none"], "search": SEARCH + ["--generations", "1"],
+            "analyze": ["--factors", factors], "apply": ["--factors", factors]}[command]
+    refused(cli(command, "--model", model, *args, "--out", model), "holds a Hugging Face model", "model_type")
+    assert snapshot(model) == before
+
+
+@pytest.mark.parametrize("command", ["eval", "compare", "search", "analyze", "apply", "train", "study"])
+def test_a_foreign_non_empty_folder_is_refused(tiny, factors, tmp_path, command):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("my notes")
+    args = {"eval": ["--model", tiny, *KV], "compare": ["--model", tiny, *KV, "--methods", "none"],
+            "search": ["--model", tiny, *SEARCH, "--generations", "1"], "analyze": ["--model", tiny, "--factors", factors],
+            "apply": ["--model", tiny, "--factors", factors], "train": ["--steps", "2"], "study": ["--n", "1"]}[command]
+    refused(cli(command, *args, "--out", out), "is not empty", "notes.txt", "holds no posbias run")
+    assert snapshot(out) == {"notes.txt": b"my notes"}
+
+
+@pytest.mark.parametrize("command", ["search", "compare", "train", "study"])
+def test_another_kind_of_run_is_refused(tiny, tmp_path, command):
+    run = tmp_path / "run"
+    assert _eval(tiny, run).exit_code == 0
+    before = snapshot(run)
+    args = {"compare": ["--model", tiny, *KV, "--methods", "none"],
+            "search": ["--model", tiny, *SEARCH, "--generations", "1"], "train": [], "study": []}[command]
+    refused(cli(command, *args, "--out", run), "holds an eval run", f"not a {command} run")
+    assert snapshot(run) == before
+
+
+def test_a_file_is_not_an_out_folder(tiny, tmp_path):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    refused(_eval(tiny, f), "is a file, not a folder")
+    assert f.read_text() == "x"
+
+
+# -- 2. / 3. count options are checked while parsing -------------------------------------------------
+
+@pytest.mark.parametrize("command, option, value", [
+    ("eval", "--batch-size", "-2"), ("eval", "--batch-size", "0"), ("eval", "--n", "0"),
+    ("eval", "--max-new-tokens", "0"), ("eval", "--num-keys", "0"), ("eval", "--length", "0"),
+    ("eval", "--num-docs", "0"), ("eval", "--num-needles", "0"), ("eval", "--seed", "-1"),
+    ("compare", "--batch-size", "0"), ("compare", "--batch-size", "-1"), ("compare", "--n", "0"),
+    ("search", "--workers", "0"), ("search", "--population", "0"), ("search", "--generations", "0"),
+    ("search", "--n-per-depth", "0"), ("search", "--batch-size", "0"), ("search", "--heldout-n", "-1"),
+    ("search", "--control-points", "1"),
+    ("analyze", "--n", "0"), ("analyze", "--controls", "0"),
+    ("train", "--steps", "0"), ("train", "--batch-size", "0"), ("train", "--context", "-1"),
+    ("train", "--grad-accum", "0"), ("train", "--checkpoint-every", "0"), ("train", "--log-every", "0"),
+    ("train", "--probe-every", "-1"), ("train", "--warmup", "-1"),
+    ("study", "--n", "0"), ("study", "--train-steps", "0"), ("study", "--train-context", "0"),
+    ("study", "--batch-size", "0"), ("study", "--train-workers", "0"), ("study", "--token-budget", "0"),
+    ("study", "--ppl-tokens", "0"),
+    ("train-moice", "--steps", "0"), ("train-moice", "--top-k", "0"),
+])
+def test_count_options_are_refused_at_parse_time(tiny, factors, tmp_path, monkeypatch, command, option, value):
+    import posbias.models
+
+    monkeypatch.setattr(posbias.models, "load_model", _no_model)
+    out = tmp_path / "out"
+    extra = {"compare": ["--methods", "none"], "analyze": ["--factors", factors]}.get(command, [])
+    model = ["--model", tiny] if command not in ("train", "study") else []
+    refused(cli(command, *model, *extra, option, value, "--out", out), f"'{option}'", "Invalid value")
+    assert not out.exists()
+
+
+def _no_model(*a, **k):
+    raise AssertionError("the model was loaded before the input was checked")
+
+
+def test_compare_table_of_empty_summaries():
+    from posbias.evaluation.compare import comparison_table
+
+    table = comparison_table({"none": {"by_depth": [], "overall": 0.0}})
+    assert "| none |" in table and "n = 0 per depth" in table
+
+
+def test_evaluate_refuses_a_batch_size_below_one(tmp_path):
+    from posbias.evaluation.runner import evaluate
+
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        evaluate(None, None, [object()], tmp_path / "run", batch_size=-2)
+    assert not (tmp_path / "run").exists()
+
+
+# -- 4. broken data files and configs name the file and the cause ----------------------------------
+
+def _kv_file(path):
+    line = json.dumps({"ordered_kv_records": [[f"k{i}", f"v{i}"] for i in range(4)], "key": "k1", "value": "v1"})
+    data = ("\n".join([line] * 200) + "\n").encode()
+    if path.suffix == ".gz":
+        data = gzip.compress(data)
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("command", ["eval", "search"])
+@pytest.mark.parametrize("damage, message", [
+    ("truncated", "truncated gzip file"), ("plain", "not a valid gzip file"), ("latin1", "not UTF-8"),
+])
+def test_broken_data_file_names_file_and_cause(tiny, tmp_path, monkeypatch, command, damage, message):
+    import posbias.models
+
+    monkeypatch.setattr(posbias.models, "load_model", _no_model)  # checked before the model loads
+    path = tmp_path / ("data.jsonl" if damage == "latin1" else "data.jsonl.gz")
+    if damage == "truncated":
+        data = _kv_file(path).read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "plain":
+        _kv_file(tmp_path / "plain.jsonl").rename(path)
+    else:
+        path.write_bytes(_kv_file(tmp_path / "ok.jsonl").read_bytes() + b'{"key": "caf\xe9"}\n')
+    args = ["--task", "kv-uuid", "--path", path, "--n", "1"] if command == "eval" else \
+        ["--task", "kv-uuid", "--path", path, "--n-per-depth", "1", "--population", "3", "--generations", "1"]
+    out = tmp_path / "out"
+    refused(cli(command, "--model", tiny, *args, "--out", out), str(path), message)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["eval", "compare", "search", "analyze", "train", "study"])
+def test_corrupt_config_in_out_is_named(tiny, factors, tmp_path, command):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text("{'kind': 'eval'}")
+    args = {"eval": ["--model", tiny, *KV], "compare": ["--model", tiny, *KV, "--methods", "none"],
+            "search": ["--model", tiny, *SEARCH, "--generations", "1"],
+            "analyze": ["--model", tiny, "--factors", factors], "train": [], "study": []}[command]
+    refused(cli(command, *args, "--out", out), str(out / "config.json"), "not valid JSON",
+            "Expecting property name")
+    assert snapshot(out) == {"config.json": b"{'kind': 'eval'}"}
+
+
+# -- 5. a rejected run does not lock its folder ----------------------------------------------------
+
+@pytest.mark.parametrize("bad, good, message", [
+    (["--num-keys", "4", "--method", "foo"], ["--num-keys", "4"], "unknown method"),
+    (["--task", "passkey", "--length", "9000"], ["--task", "passkey", "--length", "200"], "longer than the model"),
+    (["--num-keys", "4", "--method", "lpes", "--factors", "NEG"], ["--num-keys", "4", "--method", "lpes",
+                                                                   "--factors", "POS"], "factor -1.0"),
+])
+def test_a_rejected_run_leaves_the_folder_free(tiny, tmp_path, bad, good, message):
+    neg = _factors(tmp_path / "neg.json", [1.0, -1.0, 1.0])
+    pos = _factors(tmp_path / "pos.json", [1.0, 1.2, 1.0])
+    sub = {"NEG": neg, "POS": pos}
+    base = ["eval", "--model", tiny, "--n", "1", "--depths", "0", "--out", tmp_path / "run"]
+    res = cli(*base, *[sub.get(a, a) for a in bad])
+    refused(res, message)
+    assert not (tmp_path / "run").exists()
+    res = cli(*base, *[sub.get(a, a) for a in good])
+    assert res.exit_code == 0, res.output
+
+
+def test_search_rejected_then_corrected_and_a_short_settings_diff(tiny, tmp_path):
+    out = tmp_path / "search"
+    refused(cli("search", "--model", tiny, *SEARCH, "--generations", "0", "--out", out), "'--generations'")
+    assert not out.exists()
+    assert cli("search", "--model", tiny, *SEARCH, "--generations", "1", "--out", out).exit_code == 0
+    res = cli("search", "--model", tiny, *[("4" if a == "3" and i == SEARCH.index("--population") + 1 else a)
+                                            for i, a in enumerate(SEARCH)], "--generations", "1", "--out", out)
+    refused(res, "other settings", "ga.population: 3 -> 4")
+    assert "crossover_rate" not in res.output  # only what differs
+
+
+# -- 6. compare: a refused run writes nothing; the recorded settings stay true ----------------------
+
+def test_refused_compare_leaves_its_config_alone(tiny, tmp_path):
+    out = tmp_path / "cmp"
+    assert cli("compare", "--model", tiny, *KV, "--methods", "none", "--out", out).exit_code == 0
+    before = snapshot(out)
+    refused(cli("compare", "--model", tiny, *KV, "--methods", "none", "--seed", "1", "--out", out),
+            "other settings", "seed: 0 -> 1")
+    assert snapshot(out) == before
+
+
+def test_compare_with_a_subset_of_depths_is_not_a_resume(tiny, tmp_path):
+    out = tmp_path / "cmp"
+    args = ["compare", "--model", tiny, "--task", "kv", "--num-keys", "4", "--n", "1", "--methods", "none"]
+    assert cli(*args, "--depths", "0,0.5,1", "--out", out).exit_code == 0
+    before = snapshot(out)
+    refused(cli(*args, "--depths", "0,1", "--out", out), "other settings", "depths: [0.0, 0.5, 1.0] -> [0.0, 1.0]")
+    assert snapshot(out) == before
+
+
+def test_compare_resume_records_the_settings_its_table_shows(tiny, tmp_path):
+    out = tmp_path / "cmp"
+    args = ["compare", "--model", tiny, *KV, "--out", out]
+    assert cli(*args, "--methods", "none").exit_code == 0
+    assert cli(*args, "--methods", "none,pi").exit_code == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["kind"] == "compare" and cfg["config"]["methods"] == ["none", "pi"]
+    assert "| pi |" in (out / "comparison.md").read_text()
+    assert len(read_jsonl(out / "none" / "results.jsonl")) == 2  # none was not scored twice
+
+
+# -- 7. an empty --out ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["eval", "compare", "search", "analyze", "apply", "train", "study", "demo"])
+def test_empty_out_is_refused(tiny, factors, tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    import posbias.models
+
+    monkeypatch.setattr(posbias.models, "load_model", _no_model)
+    args = {"eval": ["--model", tiny, *KV], "compare": ["--model", tiny, *KV, "--methods", "none"],
+            "search": ["--model", tiny, *SEARCH], "analyze": ["--model", tiny, "--factors", factors],
+            "apply": ["--model", tiny, "--factors", factors]}.get(command, [])
+    refused(cli(command, *args, "--out", ""), "--out is empty")
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- 8. / 9. search resumes on re-run; a killed search's factors file says it is interim --------------
+
+def test_killed_search_is_interim_and_resumes_on_rerun(tiny, tmp_path, monkeypatch):
+    from posbias.cli import lpes_cmd
+
+    out = tmp_path / "search"
+    args = ["search", "--model", tiny, *SEARCH, "--generations", "2", "--out", out]
+    real = lpes_cmd.generation_line
+
+    def kill_after_first(m):
+        if m["generation"] == 1:
+            raise KeyboardInterrupt
+        return real(m)
+
+    monkeypatch.setattr(lpes_cmd, "generation_line", kill_after_first)
+    assert cli(*args).exit_code != 0
+    doc = json.loads((out / "best_factors.json").read_text())
+    assert doc["interim"] is True and doc["generations"] == 1 and doc["generations_planned"] == 2
+    monkeypatch.setattr(lpes_cmd, "generation_line", real)
+    res = cli(*args)  # no --resume: re-running resumes
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "best_factors.json").read_text())
+    assert doc["interim"] is False and doc["generations"] == 2
+    assert [m["generation"] for m in read_jsonl(out / "metrics.jsonl")] == [0, 1]
+
+
+# -- 10. factors must be numbers ------------------------------------------------------------------------
+
+def _strict_factors() -> bool:
+    from posbias.patching.rope_scaling import validate_factors
+
+    try:
+        validate_factors(["1.0", True], 2)
+    except ValueError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("values", [["1.0", "1.1", "1.2"], [True, 1.0, 1.0]])
+@pytest.mark.parametrize("command", ["eval", "apply"])
+def test_factors_that_are_not_numbers_are_refused(tiny, tmp_path, command, values):
+    if not _strict_factors():
+        pytest.skip("needs posbias.patching.rope_scaling.validate_factors to reject strings and booleans "
+                    "(owned by the models/patching work, not the CLI)")
+    f = _factors(tmp_path / "f.json", values)
+    args = ["--method", "lpes", "--factors", f, *KV] if command == "eval" else ["--factors", f]
+    out = tmp_path / "out"
+    refused(cli(command, "--model", tiny, *args, "--out", out), str(f))
+    assert not out.exists()
+
+
+# -- 11. cheap checks come before the model loads ----------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["eval", *KV, "--method", "foo"], "unknown method 'foo'"),
+    (["eval", *KV, "--method", "pi", "--method-opt", "nope=1"], "has no option(s) nope"),
+    (["eval", *KV, "--method", "lpes"], "needs its factors file"),
+    (["eval", *KV, "--method", "lpes", "--factors", "MISSING"], "does not exist"),
+    (["eval", *KV, "--method", "lpes", "--factors", "NEG"], "every factor must be a finite number > 0"),
+    (["eval", *KV, "--mode", "sample"], "unknown mode 'sample'"),
+    (["eval", "--task", "bogus", "--n", "1"], "unknown task"),
+    (["compare", *KV, "--methods", "none,foo"], "unknown method 'foo'"),
+    (["compare", *KV, "--methods", "none,lpes", "--factors", "NEG"], "every factor must be a finite number > 0"),
+    (["compare", *KV, "--methods", "none,none"], "more than once"),
+    (["compare", *KV, "--methods", "none,pi", "--pi-factor", "0"], "--pi-factor must be > 0"),
+    (["analyze", "--factors", "NEG"], "every factor must be a finite number > 0"),
+    (["apply", "--factors", "NEG"], "every factor must be a finite number > 0"),
+    (["search", *SEARCH, "--preset", "huge"], "unknown preset"),
+    (["search", *SEARCH, "--weights", "1,2"], "fitness weights"),
+    (["search", *SEARCH, "--backend", "mpi"], "unknown backend"),
+    (["eval", *KV, "--opt", "shared_context=yes"], "shared_context must be true or false, got 'yes'"),
+    (["eval", *KV, "--opt", "shared_context=true", "--chat"], "scored without a chat template"),
+    (["eval", *KV, "--opt", "key_words=0"], "key_words must be >= 1"),
+])
+def test_input_is_checked_before_the_model_loads(tiny, tmp_path, monkeypatch, args, message):
+    import posbias.models
+
+    monkeypatch.setattr(posbias.models, "load_model", _no_model)
+    sub = {"NEG": _factors(tmp_path / "neg.json", [1.0, -1.0, 1.0]), "MISSING": str(tmp_path / "missing.json")}
+    out = tmp_path / "out"
+    refused(cli(*[sub.get(a, a) for a in args], "--model", tiny, "--out", out), message)
+    assert not out.exists()
+
+
+def test_passkey_length_beyond_the_model_is_refused_before_fitting(tiny, tmp_path, monkeypatch):
+    import posbias.tasks.passkey
+
+    def no_fit(*a, **k):
+        raise AssertionError("fitted a haystack for a length the model cannot hold")
+
+    monkeypatch.setattr(posbias.tasks.passkey, "fit_units", no_fit)
+    for command, extra in (("eval", ["--n", "1"]), ("search", ["--population", "3", "--generations", "1"])):
+        res = cli(command, "--model", tiny, "--task", "passkey", "--length", "1000000", *extra,
+                  "--out", tmp_path / command)
+        refused(res, "length 1000000 is longer than the model holds (4096 positions)")
+        assert not (tmp_path / command).exists()
+
+
+def test_study_with_a_missing_corpus_writes_nothing(tmp_path):
+    out = tmp_path / "study"
+    refused(cli("study", "--corpus", tmp_path / "nope.txt", "--out", out), "--corpus", "no such file or folder")
+    assert not out.exists()
+
+
+def test_train_with_a_missing_corpus_writes_nothing(tmp_path):
+    out = tmp_path / "train"
+    refused(cli("train", "--corpus", tmp_path / "nope.txt", "--out", out), "--corpus", "no such file or folder")
+    assert not out.exists()
+
+
+def test_study_with_a_too_small_tokenizer_writes_nothing(tmp_path):
+    out = tmp_path / "study"
+    refused(cli("study", "--tokenizer", "bpe:10", "--out", out), "needs at least 300 tokens")
+    assert not out.exists()
