@@ -421,3 +421,16 @@ def test_study_with_a_too_small_tokenizer_writes_nothing(tmp_path):
     out = tmp_path / "study"
     refused(cli("study", "--tokenizer", "bpe:10", "--out", out), "needs at least 300 tokens")
     assert not out.exists()
+
+
+def test_a_run_folder_written_before_kinds_were_recorded_still_resumes(tiny, tmp_path):
+    run = tmp_path / "run"
+    assert _eval(tiny, run).exit_code == 0
+    doc = json.loads((run / "config.json").read_text())
+    del doc["kind"]
+    (run / "config.json").write_text(json.dumps(doc))
+    results = (run / "results.jsonl").read_text()
+    assert _eval(tiny, run).exit_code == 0
+    assert (run / "results.jsonl").read_text() == results
+    assert json.loads((run / "config.json").read_text())["kind"] == "eval"
+    refused(cli("search", "--model", tiny, *SEARCH, "--generations", "1", "--out", run), "holds an eval run")
