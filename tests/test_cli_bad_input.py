@@ -434,3 +434,19 @@ def test_a_run_folder_written_before_kinds_were_recorded_still_resumes(tiny, tmp
     assert (run / "results.jsonl").read_text() == results
     assert json.loads((run / "config.json").read_text())["kind"] == "eval"
     refused(cli("search", "--model", tiny, *SEARCH, "--generations", "1", "--out", run), "holds an eval run")
+
+
+def test_a_rejected_train_run_leaves_the_folder_free(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The grass is green. The sky is blue. Here we go, there and back again. " * 200)
+    out = tmp_path / "run"
+    args = ["train", "--out", out, "--pe", "rope", "--steps", "1", "--context", "64", "--batch-size", "1",
+            "--warmup", "0", "--corpus", corpus, "--tokenizer", "bpe:320", "--model-opt", "num_hidden_layers=1",
+            "--model-opt", "hidden_size=32", "--model-opt", "intermediate_size=64", "--model-opt",
+            "num_attention_heads=2"]
+    # the tokenizer is trained into the folder, then the model's vocabulary is found too small
+    refused(cli(*args, "--model-opt", "vocab_size=64"), "vocabulary is 64")
+    res = cli(*args)  # the corrected command may use the folder
+    assert res.exit_code == 0, res.output
+    assert (out / "final").exists() and json.loads((out / "config.json").read_text())["kind"] == "train"
+    refused(cli(*args[:-8], "--tokenizer", "bpe:400", *args[-8:]), "other settings", "tokenizer: 'bpe:320' -> 'bpe:400'")

@@ -47,8 +47,11 @@ def train_command(
                                                        "ggd_init=alibi, num_hidden_layers=2"),
 ):
     """Pre-train a BAM decoder; the final model is saved with save_pretrained under OUT/final."""
+    from pathlib import Path
+
     from posbias.training import TrainConfig, train
-    from posbias.training.trainer import RESUME_KEYS
+    from posbias.training.trainer import CHECKPOINT, resume_check_keys
+    from posbias.utils.run_folder import out_path
 
     cfg = TrainConfig(
         out=out, pe=pe, ssmax=ssmax, preset=preset, model_overrides=parse_key_values(model_opt, "model-opt"),
@@ -57,7 +60,8 @@ def train_command(
         optimizer=optimizer, seed=seed, corpus=list(corpus) if corpus else None, tokenizer=tokenizer,
         passkey_rate=passkey_rate, checkpoint_every=checkpoint_every, probe_every=probe_every, log_every=log_every, resume=resume,
         precision=precision, device=device)
-    cfg.resume = check_training_run(cfg, "train", cfg.to_json(), RESUME_KEYS) or resume
+    check_training_run(cfg, "train", cfg.to_json(), resume_check_keys(out_path(out)))
+    cfg.resume = resume or (Path(out) / CHECKPOINT).exists()  # re-running resumes from the checkpoint
     path = train(cfg)
     typer.echo(str(path))
 

@@ -215,6 +215,17 @@ def _prior_summary(model) -> dict:
     return out
 
 
+def resume_check_keys(out: Path) -> tuple[str, ...]:
+    """The settings a run into ``out`` must share with the run already there: all of
+    :data:`RESUME_KEYS` once it holds a checkpoint, the inputs of a tokenizer trained there
+    (``bpe:<N>``) once it holds one, none before (nothing is trained yet, settings may be corrected)."""
+    if (out / CHECKPOINT).exists():
+        return RESUME_KEYS
+    if (out / "tokenizer").exists():
+        return ("tokenizer", "corpus")
+    return ()
+
+
 def train(config: TrainConfig | dict, *, tokenizer=None,
           callback: Callable[[int, Any, DistInfo], None] | None = None) -> Path:
     """Train a BAM decoder; return the folder of the final model (``out/final``).
@@ -245,6 +256,9 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
     ck_path = out / CHECKPOINT
     if ck_path.exists() and not cfg.resume:
         raise ValueError(f"{out} already holds a checkpoint: pass --resume to continue it, or use another --out")
+    if info.is_main:  # before the first file (a bpe:<N> tokenizer) is written into out
+        prepare_run_dir(out, cfg.to_json(), kind="train", check_keys=resume_check_keys(out))
+    barrier(info)
     texts = load_texts(cfg.corpus)
     if tokenizer is None:
         # "bpe:<N>": a byte-level BPE trained on this corpus, kept in out/tokenizer (reused on resume);
@@ -259,10 +273,6 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
     probe_docs = passkey_probe_docs(ds, cfg.probe_n) if cfg.probe_every > 0 and info.is_main else None
     if ds.max_token_id >= bam_cfg.vocab_size:
         raise ValueError(f"token id {ds.max_token_id} does not fit the model vocabulary ({bam_cfg.vocab_size})")
-
-    if info.is_main:
-        prepare_run_dir(out, cfg.to_json(), kind="train", check_keys=RESUME_KEYS if cfg.resume else ())
-    barrier(info)
 
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
