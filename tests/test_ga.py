@@ -288,7 +288,8 @@ def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer):
     for name in ("config.json", "checkpoint.json", "metrics.jsonl", "best_factors.json", "factors.png", "fitness.png"):
         assert (out / name).exists(), name
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(metrics) == 2 and metrics[0]["forward_passes"] == 3 * 3  # 3 individuals x 6 inst / batch 2
+    # 3 individuals x 2 shared contexts x (one prefill + one batch of its 3 questions)
+    assert len(metrics) == 2 and metrics[0]["forward_passes"] == 3 * 2 * 2
     assert metrics[1]["memo_hits"] >= 2
     r = runner.invoke(app, args + ["--generations", "3", "--resume"])
     assert r.exit_code == 0, r.output

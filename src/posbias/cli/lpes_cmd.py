@@ -14,7 +14,14 @@ DEFAULT_MODEL = "smollm2-135m"
 
 def search_command(
     model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
-    task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
+    task: Optional[str] = typer.Option(None, help="kv | kv-uuid | mdqa | passkey | niah (default: the model's "
+                                                  "lost-in-the-middle target, e.g. kv with 100 keys on "
+                                                  "qwen2.5-coder-0.5b; kv with 30 keys otherwise)"),
+    objective: str = typer.Option("accuracy", help="accuracy (exact match, log-prob tie-break) | logprob "
+                                                   "(depth-weighted mean gold log-prob)"),
+    shared_context: bool = typer.Option(True, "--shared-context/--no-shared-context",
+                                        help="score each search context at every depth from one prefill "
+                                             "(kv, multi-key niah); the held-out table is always per question"),
     preset: str = typer.Option("quick", help="quick (~5 min on 2 CPU cores) | standard (~25 min) | paper (GPU)"),
     out: str = typer.Option(..., help="run folder (re-running resumes a killed or shorter search)"),
     resume: bool = typer.Option(False, "--resume", hidden=True,
@@ -50,13 +57,20 @@ def search_command(
     overrides = {k: v for k, v in {"population": population, "generations": generations,
                                     "n_per_depth": n_per_depth, "batch_size": batch_size}.items() if v is not None}
     topts = task_options(num_keys, num_docs, length, path, haystack, num_needles, opt)
+    if task is None:
+        from posbias.models.loader import default_search_target
+
+        task, defaults = default_search_target(model)
+        topts = {**defaults, **topts}
+        console.print(f"search target: {task} {topts} (the model's default; --task to choose another)")
     res = run_search(model, task, out=out, preset=preset, resume=True, seed=seed, workers=workers, curve=curve,
                      control_points=control_points,
                      task_options=topts,
                      weights=parse_floats(weights, "weights") if weights else None, chat=chat,
                      grid=parse_floats(grid, "grid") if grid else None, round_to_grid=round_to_grid,
                      overrides=overrides, log=lambda m: console.print(generation_line(m)), prune=prune,
-                     backend=backend, ray_address=ray_address)
+                     backend=backend, ray_address=ray_address, objective=objective,
+                     shared_context=shared_context)
     base = f"{res.baseline_accuracy:.3f}" if res.baseline_accuracy is not None else "n/a"
     console.print(f"best fitness {res.accuracy:.3f} (unpatched {base}); factors: {res.factors_path}")
     console.print("factors: " + ", ".join(f"{f:.3f}" for f in res.factors))

@@ -181,7 +181,8 @@ def score_instances(model, tokenizer, instances, *, batch_size: int = 8, chat: b
             raise ValueError(f"instances of shared context {cid!r} do not start with the same context tokens")
         items = [Continuation(e.inst.id, e.prompt_ids[len(context):] + e.answer_ids, len(e.answer_ids),
                               len(e.prompt_ids)) for e in encoded]
-        for r in score_shared_context(model, context, items, pad_id, batch_size=max(batch_size, 1)):
+        # questions are short: up to 16 of them share one batch whatever the prompt batch size
+        for r in score_shared_context(model, context, items, pad_id, batch_size=max(batch_size, 16)):
             by_id[r["id"]] = r
     return [by_id[inst.id] for inst in instances]
 

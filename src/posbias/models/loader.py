@@ -61,6 +61,21 @@ ALIASES: dict[str, PackagedModel] = {m.alias: m for m in (
 )}
 
 
+# Each packaged model's default LPES search target: the setting of the README's lost-in-the-middle
+# table where its middle dips most while the beginning and end stay high (task, task options).
+DEFAULT_SEARCH_TARGETS: dict[str, tuple[str, dict]] = {
+    "smollm2-135m": ("kv", {"num_keys": 30}),
+    "qwen2.5-coder-0.5b": ("kv", {"num_keys": 100}),
+    "gemma-3-270m": ("kv", {"num_keys": 30, "key_words": 2}),
+}
+
+
+def default_search_target(spec: str) -> tuple[str, dict]:
+    """``(task, options)`` a search on ``spec`` uses when none is given (word KV, 30 keys, elsewhere)."""
+    task, options = DEFAULT_SEARCH_TARGETS.get(spec, ("kv", {"num_keys": 30}))
+    return task, dict(options)
+
+
 class ModelLoadError(RuntimeError):
     """A model spec that cannot be loaded; the message names the problem and the fix."""
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from posbias.search.fitness import DEFAULT_DEPTHS, FitnessResult
+from posbias.search.fitness import DEFAULT_DEPTHS, OBJECTIVES, FitnessResult
 from posbias.search.ga import GAConfig, GeneticAlgorithm, Genome, genome_factors, genome_points
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_json, read_jsonl
 from posbias.utils.run_folder import open_run
@@ -52,7 +52,7 @@ METRICS = "metrics.jsonl"
 BEST = "best_factors.json"
 # Settings that must match when a search folder is resumed (``generations`` may grow).
 RESUME_KEYS = ("model", "task", "seed", "curve", "control_points", "task_options", "weights", "chat", "ga",
-               "n_per_depth", "prune")
+               "n_per_depth", "prune", "objective", "shared_context")
 
 
 # -- evaluators ----------------------------------------------------------------------------------
@@ -314,10 +314,22 @@ class SearchResult:
     history: list[dict]
 
 
+def supports_shared_context(task: str, task_options: dict) -> bool:
+    """Whether ``task`` with these options has a shared-context form (``kv``; ``niah`` with several
+    needles and one query, the multi-key setting)."""
+    if task == "kv":
+        return True
+    if task == "niah":
+        return int(task_options.get("num_needles", 1)) >= 2 and int(task_options.get("num_queries", 1)) == 1
+    return False
+
+
 def build_fitness(model_spec: str, task: str, *, n_per_depth: int, seed: int, task_options: dict,
                   depths: Sequence[float] = DEFAULT_DEPTHS, weights=None, batch_size: int = 4,
-                  chat: bool = False, model=None, tokenizer=None):
-    """The teacher-forced fitness of ``model_spec`` on the *search* split of ``task``."""
+                  chat: bool = False, model=None, tokenizer=None, objective: str = "accuracy",
+                  shared_context: bool = False):
+    """The teacher-forced fitness of ``model_spec`` on the *search* split of ``task`` (with
+    ``shared_context``: each search context asked at every depth, scored from one prefill)."""
     from posbias.evaluation.runner import check_fits
     from posbias.evaluation.session import build_instances
     from posbias.models import get_decoder_layers, load_model
@@ -325,9 +337,11 @@ def build_fitness(model_spec: str, task: str, *, n_per_depth: int, seed: int, ta
 
     if model is None:
         model, tokenizer = load_model(model_spec)
-    instances = build_instances(model, tokenizer, task, list(depths), n_per_depth, seed, "search", task_options)
+    opts = {**task_options, "shared_context": True} if shared_context else task_options
+    instances = build_instances(model, tokenizer, task, list(depths), n_per_depth, seed, "search", opts)
     check_fits(model, tokenizer, instances, chat)
-    fit = TeacherForcedFitness(model, tokenizer, instances, weights=weights, batch_size=batch_size, chat=chat)
+    fit = TeacherForcedFitness(model, tokenizer, instances, weights=weights, batch_size=batch_size, chat=chat,
+                               objective=objective, shared=shared_context)
     fit.num_layers = len(get_decoder_layers(model))
     return fit
 
@@ -338,7 +352,8 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
                chat: bool = False, grid: Sequence[float] | None = None, round_to_grid: bool = False,
                overrides: dict | None = None, log: Callable[[dict], None] | None = None,
                loaded: tuple | None = None, prune: bool = True, backend: str = "processes",
-               ray_address: str | None = None) -> SearchResult:
+               ray_address: str | None = None, objective: str = "accuracy",
+               shared_context: bool = True) -> SearchResult:
     """Search per-layer factors for ``model`` on ``task`` and write the run folder ``out``.
 
     Args:
@@ -350,6 +365,11 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
             is passed to ``ray.init``, e.g. ``"auto"``).
         loaded: an already loaded ``(model, tokenizer)`` to use (workers must be 1).
         prune: stop scoring individuals that cannot reach the elite (see :mod:`posbias.search.fitness`).
+        objective: ``accuracy`` or ``logprob`` (see :mod:`posbias.search.fitness`).
+        shared_context: score the search split as shared contexts, one prefill per context asked at
+            every depth (tasks that offer it: ``kv``, multi-key ``niah``; ignored for the others and
+            under ``chat``). The
+            held-out table always uses the standard protocol (one question per prompt).
     Returns:
         :class:`SearchResult`; the factors file is ``out/best_factors.json``.
     """
@@ -373,20 +393,23 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
     cfg = GAConfig(n_control=control_points, curve=curve, grid=tuple(grid or DEFAULT_GRID),
                    round_to_grid=round_to_grid, **ga_kwargs)
     task_options = dict(task_options or {})
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    shared_context = bool(shared_context) and not chat and supports_shared_context(task, task_options)
     _normalise_weights([_dkey(d) for d in DEFAULT_DEPTHS], weights)
     precheck_instances(task, n=settings["n_per_depth"], depths=list(DEFAULT_DEPTHS), seed=seed, split="search",
                        **task_options)
     config = {"model": model, "task": task, "preset": preset, "seed": seed, "curve": curve,
               "control_points": control_points, "task_options": task_options, "weights": weights,
               "chat": chat, "ga": cfg.to_dict(), **{k: settings[k] for k in run_keys}, "workers": workers,
-              "prune": prune}
+              "prune": prune, "objective": objective, "shared_context": shared_context}
     folder = open_run(out, "search", config, check_keys=RESUME_KEYS)
     out = folder.path
     if not resume and (out / CHECKPOINT).exists():
         raise ValueError(already_searched(out))
     factory = functools.partial(build_fitness, model, task, n_per_depth=settings["n_per_depth"], seed=seed,
                                 task_options=task_options, weights=weights, batch_size=settings["batch_size"],
-                                chat=chat)
+                                chat=chat, objective=objective, shared_context=shared_context)
     if workers > 1 or backend == "ray":
         evaluator = RayEvaluator(factory, workers, ray_address) if backend == "ray" else PoolEvaluator(factory, workers)
         num_layers = evaluator.num_layers()
