@@ -121,3 +121,39 @@ def test_score_order_ratios_kept_during_cached_decoding():
         h.model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
         for i in range(3):
             assert torch.equal(h.state["ms_poe"].head_ratios(i), before[i])
+
+
+def test_rank_and_reference_permutation_mappings():
+    """The reference code indexes the ratios by the argsort of the scores; the rank mapping gives the
+    most position-aware head the smallest ratio (values checked by hand, H = 4, 1.2 .. 1.8)."""
+    scores = torch.tensor([0.05, 0.30, 0.10, 0.20])
+    grid = ratio_grid(4, 1.2, 1.8)
+    torch.testing.assert_close(ratios_from_scores(scores, grid, "rank"), torch.tensor([1.65, 1.2, 1.5, 1.35]))
+    torch.testing.assert_close(ratios_from_scores(scores, grid, "permutation"), torch.tensor([1.35, 1.65, 1.5, 1.2]))
+
+
+def test_score_rope_choice_and_bad_choices_are_refused(monkeypatch):
+    """``unrotated`` scores the raw q / k (the reference code), ``rotated`` the RoPE'd ones."""
+    import posbias.methods.ms_poe as M
+
+    model = make_tiny_model("llama", layers=3, seed=2)
+    ids = torch.randint(3, 500, (1, 40), generator=torch.Generator().manual_seed(3))
+    seen = {}
+    real = M.position_awareness
+
+    def spy(q_last, k, *a, **kw):
+        seen.setdefault(choice, (q_last.clone(), k.clone()))
+        return real(q_last, k, *a, **kw)
+
+    monkeypatch.setattr(M, "position_awareness", spy)
+    for choice in ("unrotated", "rotated"):
+        with apply_method(model, "ms-poe", skip_layers=0, score_rope=choice) as h, torch.no_grad():
+            h.model(input_ids=ids)
+            assert h.options["score_rope"] == choice and h.options["mapping"] == "rank"
+    (qu, ku), (qr, kr) = seen["unrotated"], seen["rotated"]
+    assert qu.shape == qr.shape and not torch.allclose(qu, qr) and not torch.allclose(ku, kr)
+    assert torch.allclose(ku[..., 0, :], kr[..., 0, :])  # position 0: RoPE is the identity
+    with pytest.raises(ValueError, match="mapping must be one of rank, permutation"):
+        apply_method(model, "ms-poe", mapping="sorted")
+    with pytest.raises(ValueError, match="score_rope"):
+        apply_method(model, "ms-poe", score_rope="both")

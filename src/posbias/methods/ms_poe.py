@@ -6,12 +6,19 @@ In every patched layer, query head ``h`` sees positions ``m / r_h``; the ratios 
 Which head gets which ratio (``order``):
 
 * ``"score"`` (default): at prefill the position-awareness score of every head is computed from the
-  attention of the last query token under the model's own RoPE: the fraction of (non-padding) keys
-  whose attention exceeds 3x the row mean. The most position-aware head gets the smallest ratio
-  ``r_0`` (kept closest to the pre-trained behaviour), the least aware the largest. Scores and
-  ratios are per batch row, so a batched prompt gets the same ratios as alone. The ratios are then
-  kept for the cached decoding steps of that prompt (recomputed at the next prefill, i.e. any call
-  that does not extend a cache).
+  attention of the last query token: the fraction of (non-padding) keys whose attention exceeds 3x
+  the row mean. Scores and ratios are per batch row, so a batched prompt gets the same ratios as
+  alone. The ratios are then kept for the cached decoding steps of that prompt (recomputed at the
+  next prefill, i.e. any call that does not extend a cache). Scorers prefill each prompt alone
+  (the model is marked prompt-dependent), so a gold answer never enters the order.
+
+  Two choices, each selectable (see ``docs/baselines_reference.md`` for what the reference code does):
+
+  - ``score_rope="unrotated"`` (default, as the reference code: the statistic is taken on q / k
+    before RoPE) or ``"rotated"`` (on the attention the model computes, under its own RoPE);
+  - ``mapping="rank"`` (default, the paper's stated intent: the most position-aware head gets the
+    smallest ratio ``r_0``, the least aware the largest) or ``"permutation"`` (the reference code:
+    the ``argsort`` of the scores used directly as an index, so head ``i`` gets ``r[argsort[i]]``).
 * ``"index"``: head ``h`` gets ``r_h`` (static; the incremental = full-recompute property holds).
 * explicit ``ratios=[...]`` (one per query head) overrides both.
 
@@ -38,12 +45,20 @@ def ratio_grid(num_heads: int, r_min: float, r_max: float) -> torch.Tensor:
     return r_min + (r_max - r_min) * i / num_heads
 
 
-def ratios_from_scores(scores: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
-    """Map per-head scores (..., H) to ratios (..., H): the highest score gets ``grid[0]`` (smallest).
+MAPPINGS = ("rank", "permutation")
+SCORE_ROPE = ("unrotated", "rotated")
 
-    Ties keep head order (stable sort).
+
+def ratios_from_scores(scores: torch.Tensor, grid: torch.Tensor, mapping: str = "rank") -> torch.Tensor:
+    """Map per-head scores (..., H) to ratios (..., H).
+
+    ``rank``: the highest score gets ``grid[0]`` (smallest). ``permutation``: head ``i`` gets
+    ``grid[order[i]]`` with ``order`` the heads sorted by descending score (the reference code's
+    ``cos[head_order]``). Ties keep head order (stable sort).
     """
     order = torch.argsort(-scores, dim=-1, stable=True)  # order[k] = head with k-th highest score
+    if mapping == "permutation":
+        return grid.to(scores.device)[order]
     rank = torch.argsort(order, dim=-1)  # rank[h] = position of head h in that order
     return grid.to(scores.device)[rank]
 
@@ -72,8 +87,10 @@ class MsPoE:
     """The per-layer state and attention function of Ms-PoE."""
 
     def __init__(self, model, layers: list[int], grid: torch.Tensor | None, order: str,
-                 fixed: torch.Tensor | None, threshold: float):
+                 fixed: torch.Tensor | None, threshold: float, mapping: str = "rank",
+                 score_rope: str = "unrotated"):
         self.layout = A.check_self_rotating(model, layers, "ms-poe")
+        self.mapping, self.score_rope = mapping, score_rope
         self.layers = layers
         self.grid = grid
         self.order = order
@@ -115,13 +132,15 @@ class MsPoE:
         is_prefill = kv_len == q_len
         if prev is not None and not is_prefill and prev.shape[0] == b:
             return prev
-        # position-awareness under the model's own RoPE, from the last query token
-        c1, s1 = A.cos_sin(q_pos[:, None, -1:], inv[None, None], att_scale, query.dtype)
-        ck, sk = A.cos_sin(k_pos[:, None, :], inv[None, None], att_scale, query.dtype)
-        q_last = A.rotate(query[:, :, -1:], c1, s1)
+        # position-awareness from the last query token, on un-rotated q / k or under the model's RoPE
+        q_last, keys = query[:, :, -1:], k_rep
+        if self.score_rope == "rotated":
+            c1, s1 = A.cos_sin(q_pos[:, None, -1:], inv[None, None], att_scale, query.dtype)
+            ck, sk = A.cos_sin(k_pos[:, None, :], inv[None, None], att_scale, query.dtype)
+            q_last, keys = A.rotate(q_last, c1, s1), A.rotate(k_rep, ck, sk)
         mask_last = None if mask is None else mask[:, :, -1:, :]
-        scores = position_awareness(q_last, A.rotate(k_rep, ck, sk), mask_last, scaling, self.threshold)
-        ratios = ratios_from_scores(scores, self.grid)
+        scores = position_awareness(q_last, keys, mask_last, scaling, self.threshold)
+        ratios = ratios_from_scores(scores, self.grid, self.mapping)
         self.current[layer] = ratios
         return ratios
 
@@ -131,7 +150,8 @@ class MsPoE:
                  aliases=("mspoe", "ms_poe"))
 def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int = 2,
                  layers: Sequence[int] | None = None, order: str = "score",
-                 ratios: Sequence[float] | None = None, threshold: float = 3.0) -> MethodHandle:
+                 ratios: Sequence[float] | None = None, threshold: float = 3.0, mapping: str = "rank",
+                 score_rope: str = "unrotated") -> MethodHandle:
     """Apply Ms-PoE.
 
     Args:
@@ -141,6 +161,8 @@ def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int
         order: ``"score"`` (position-awareness, per prompt) or ``"index"``.
         ratios: explicit per-query-head ratios (length H), overriding r_min/r_max/order.
         threshold: the "x row mean" threshold of the position-awareness score.
+        mapping: ``rank`` or ``permutation`` (scores -> ratios; see the module docstring).
+        score_rope: ``unrotated`` or ``rotated`` q / k for the score (see the module docstring).
     """
     n_layers = len(get_decoder_layers(model))
     n_heads = int(model.config.num_attention_heads)
@@ -154,6 +176,10 @@ def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int
         raise ValueError(f"ms-poe: r_max ({r_max}) must be >= r_min ({r_min})")
     if order not in ("score", "index"):
         raise ValueError(f"ms-poe: order must be 'score' or 'index', got {order!r}")
+    if mapping not in MAPPINGS:
+        raise ValueError(f"ms-poe: mapping must be one of {', '.join(MAPPINGS)}, got {mapping!r}")
+    if score_rope not in SCORE_ROPE:
+        raise ValueError(f"ms-poe: score_rope must be one of {', '.join(SCORE_ROPE)}, got {score_rope!r}")
     fixed = None
     if ratios is not None:
         ratios = as_list(ratios, float, "ms-poe: ratios")
@@ -175,7 +201,7 @@ def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int
         if bad:
             raise ValueError(f"ms-poe: layer indices {bad} out of range 0..{n_layers - 1}")
     grid = ratio_grid(n_heads, r_min, r_max)
-    state = MsPoE(model, layers, grid, order, fixed, float(threshold))
+    state = MsPoE(model, layers, grid, order, fixed, float(threshold), mapping, score_rope)
     patch = A.RopeAttentionPatch(model, layers, state.attention)
     per_prompt = fixed is None and order == "score"
     if per_prompt:  # scorers prefill each prompt alone (no answer in the head order; no shared contexts)
@@ -186,6 +212,7 @@ def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int
         model.__dict__.pop(PROMPT_DEPENDENT_ATTR, None)
 
     opts = {"r_min": r_min, "r_max": r_max, "layers": layers, "order": order,
-            "ratios": None if fixed is None else fixed.tolist(), "threshold": float(threshold)}
+            "ratios": None if fixed is None else fixed.tolist(), "threshold": float(threshold),
+            "mapping": mapping, "score_rope": score_rope}
     return MethodHandle("ms-poe", model, remove_fn=remove, options=opts, state={"ms_poe": state},
                         shared_prefill=not per_prompt)
