@@ -117,3 +117,67 @@ def test_train_moice_cli(tmp_path):
     bad = CliRunner().invoke(app, ["train-moice", "--model", str(mdir), "--out", str(out), "--data",
                                    str(tmp_path / "missing.jsonl")])
     assert bad.exit_code == 2
+
+
+def test_defaults_are_the_reference_runs():
+    """7 experts at the reference bases / 10000, dense routing, hidden = experts, normal(0, 0.02)."""
+    import warnings
+
+    from posbias.methods.moice import DEFAULT_MULTIPLIERS
+
+    model = make_tiny_model("llama")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        h = apply_method(model, "moice", seed=3)
+    r = h.state["routers"]
+    assert r.multipliers == list(DEFAULT_MULTIPLIERS) == [1.0, 1.75, 1.8, 1.9, 2.0, 2.25, 2.5]
+    assert r.top_k == 7 and r.hidden == 7
+    w = torch.cat([p.flatten() for p in r.parameters()])
+    assert abs(float(w.std()) - 0.02) < 0.004 and abs(float(w.mean())) < 0.004
+    h.remove()
+
+
+def test_options_that_define_routers_are_refused_with_a_routers_file(tmp_path):
+    import warnings
+
+    from posbias.methods.moice import save_routers
+
+    model = make_tiny_model("llama")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        h = apply_method(model, "moice")
+    save_routers(h.state["routers"], tmp_path / "r")
+    h.remove()
+    for opt in ({"multipliers": [1.0, 2.0]}, {"bases": [10000.0]}, {"hidden": 4}, {"layers": [0]}):
+        with pytest.raises(ValueError, match="cannot be combined with routers="):
+            apply_method(model, "moice", routers=str(tmp_path / "r"), **opt)
+    with apply_method(model, "moice", routers=str(tmp_path / "r"), top_k=2) as h2:  # top_k may be overridden
+        assert h2.state["routers"].top_k == 2
+
+
+def test_router_sees_the_query_rotated_with_the_layers_own_base():
+    import warnings
+
+    import posbias.methods.moice as M
+
+    model = make_tiny_model("llama")
+    ids = torch.randint(3, 500, (1, 12), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        h = apply_method(model, "moice")
+    seen = []
+    router = h.state["routers"].routers["0"]
+    hook = router.register_forward_pre_hook(lambda m, a: seen.append(a[0].detach().clone()))
+    captured = {}
+    attn = model.model.layers[0].self_attn
+    q_hook = attn.q_proj.register_forward_hook(lambda m, a, o: captured.__setitem__("q", o.detach().clone()))
+    with torch.no_grad():
+        h.model(input_ids=ids)
+    hook.remove(), q_hook.remove(), h.remove()
+    b, t = ids.shape
+    q = captured["q"].view(b, t, -1, 8).transpose(1, 2)  # (B, H, T, d), no q-norm in llama
+    cos, sin = model.model.rotary_emb(q, torch.arange(t)[None])
+    from posbias.methods._attention import rotate
+
+    torch.testing.assert_close(seen[0], rotate(q, cos[:, None], sin[:, None]), atol=1e-6, rtol=1e-5)
+    assert M.DEFAULT_TOP_K == 7

@@ -1,11 +1,16 @@
 """MoICE (Mixture of In-Context Experts, Lin et al. 2024): every RoPE base is an expert.
 
-One router per layer, shared by the layer's heads, is applied per head and token on the
-(un-rotated) query: ``logits = gate2(act(gate1(q)) * gate3(q))``; the top-k experts are kept with
-renormalised softmax weights; attention is computed once per selected base and the outputs are mixed
-with those weights. Keys are cached before RoPE (see :mod:`posbias.methods._attention`). Only the
-routers are trained (:func:`train_routers`), with the LM loss plus a Switch-style load-balancing
-loss (coef 0.3 by default).
+One router per layer, shared by the layer's heads, is applied per head and token on the query
+rotated with the layer's own base (the reference code routes on q after RoPE with its first base):
+``logits = gate2(act(gate1(q)) * gate3(q))``; the top-k experts are kept with renormalised softmax
+weights; attention is computed once per selected base and the outputs are mixed with those weights.
+Keys are cached before RoPE (see :mod:`posbias.methods._attention`). Only the routers are trained
+(:func:`train_routers`), with the LM loss plus a Switch-style load-balancing loss (coef 0.3).
+
+Defaults are the reference run's (``docs/baselines_reference.md``): 7 experts with the bases
+10000, 17500, 18000, 19000, 20000, 22500, 25000 relative to 10000 (multipliers of each layer's own
+base), dense routing (top-k 7; the load-balancing loss is then the constant 7 and has no gradient,
+as in the reference), router hidden width = number of experts, weights drawn from normal(0, 0.02).
 
 Router files: a folder (or its ``routers.safetensors``) holding ``routers.safetensors`` and
 ``moice_config.json`` (bases as multipliers of theta, top_k, hidden size, head_dim, layers).
@@ -28,7 +33,9 @@ from posbias.methods.registry import MethodHandle, as_list, register_method
 from posbias.models.loader import get_decoder_layers
 from posbias.models.rope_layout import rope_layout
 
-DEFAULT_MULTIPLIERS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5)
+DEFAULT_MULTIPLIERS = (1.0, 1.75, 1.8, 1.9, 2.0, 2.25, 2.5)  # the reference's 10000 .. 25000 / 10000
+DEFAULT_TOP_K = 7  # dense, as the reference run
+INIT_STD = 0.02  # Hugging Face's initializer_range, which the reference's gates get
 WEIGHTS_FILE = "routers.safetensors"
 CONFIG_FILE = "moice_config.json"
 
@@ -42,6 +49,8 @@ class Router(nn.Module):
         self.gate3 = nn.Linear(head_dim, hidden, bias=False)
         self.gate2 = nn.Linear(hidden, n_experts, bias=False)
         self.act = nn.SiLU()
+        for lin in (self.gate1, self.gate2, self.gate3):
+            nn.init.normal_(lin.weight, mean=0.0, std=INIT_STD)
 
     def forward(self, q: torch.Tensor) -> torch.Tensor:
         return self.gate2(self.act(self.gate1(q)) * self.gate3(q))
@@ -123,7 +132,8 @@ class MoICE:
         router = self.routers.routers[str(module.layer_idx)]
         n_exp, k = len(self.multipliers), min(self.routers.top_k, len(self.multipliers))
 
-        logits = router(query.to(router.gate1.weight.dtype))  # (B, H, q, E)
+        q_pos, k_pos = A.query_key_positions(query, key, kwargs.get("position_ids"))
+        logits = router(self._router_input(module.layer_idx, query, q_pos).to(router.gate1.weight.dtype))  # (B, H, q, E)
         probs = torch.softmax(logits.float(), dim=-1)
         top_p, top_i = probs.topk(k, dim=-1)
         top_w = top_p / top_p.sum(-1, keepdim=True)
@@ -134,7 +144,6 @@ class MoICE:
             self.aux.append(n_exp * (frac.detach() * mean_p).sum())
         self.last_weights[module.layer_idx] = weights.detach()
 
-        q_pos, k_pos = A.query_key_positions(query, key, kwargs.get("position_ids"))
         mask = A.float_mask(attention_mask, q_len, kv_len, query.dtype, query.device)
         att_scale = self.layout.layers[module.layer_idx].attention_scaling
         v_rep = A.repeat_kv(value, n_rep)
@@ -151,6 +160,13 @@ class MoICE:
             term = weights[..., e, None].to(o.dtype) * o
             out = term if out is None else out + term
         return out.transpose(1, 2).contiguous(), None
+
+    def _router_input(self, layer: int, query: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
+        """The query (B, H, q, d) rotated with the layer's own base at its positions."""
+        rope = self.layout.layers[layer]
+        inv = self.layout.inv_freq(rope.layer_type).to(query.device)[None, None]
+        cq, sq = A.cos_sin(q_pos[:, None, :], inv, rope.attention_scaling, query.dtype)
+        return A.rotate(query, cq, sq)
 
     def aux_loss(self) -> torch.Tensor:
         """Mean Switch load-balancing loss over the layers of the last forward (then cleared)."""
@@ -169,7 +185,9 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
     """Apply MoICE; with ``routers=PATH`` the saved routers (and their bases / top_k) are used,
     otherwise freshly initialised (untrained) routers are created (for training or tests).
 
-    ``top_k`` defaults to the saved value (routers file) or 3; given explicitly it overrides the saved one.
+    ``top_k`` defaults to the saved value (routers file) or 7 (dense); given explicitly it overrides the
+    saved one. ``multipliers`` / ``bases`` / ``hidden`` / ``layers`` define new routers: given together
+    with ``routers=PATH`` (whose file fixes them) they are refused, never silently ignored.
     """
     if top_k is not None:
         try:
@@ -182,6 +200,11 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
     head_dim = int(getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads)
     thetas = sorted(set(rope_layout(model).thetas.values()))
     if routers is not None:
+        clash = [name for name, v in (("multipliers", multipliers), ("bases", bases), ("hidden", hidden),
+                                      ("layers", layers)) if v is not None]
+        if clash:
+            raise ValueError(f"moice: {', '.join(clash)} cannot be combined with routers={routers}: the routers "
+                             "file fixes them (train new routers to change them)")
         mods = load_routers(routers)
         if mods.head_dim != head_dim or max(mods.layers, default=-1) >= n_layers:
             raise ValueError(f"moice: routers at {routers} were trained for head_dim {mods.head_dim} and layers "
@@ -200,7 +223,7 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
             mult = as_list(multipliers, float, "moice: multipliers") or list(DEFAULT_MULTIPLIERS)
         if not mult or any(not m > 0 for m in mult):
             raise ValueError(f"moice: need at least one expert base and all > 0, got {mult}")
-        top_k = 3 if top_k is None else top_k
+        top_k = DEFAULT_TOP_K if top_k is None else top_k
         if layers is None:
             layers = list(range(n_layers))
         layers = sorted(set(as_list(layers, int, "moice: layers")))
@@ -208,7 +231,7 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
             raise ValueError(f"moice: layer indices {layers} out of range 0..{n_layers - 1}")
         gen_state = torch.random.get_rng_state()
         torch.manual_seed(int(seed))
-        mods = MoICERouters(layers, head_dim, int(hidden or head_dim), mult, min(top_k, len(mult)))
+        mods = MoICERouters(layers, head_dim, int(hidden or len(mult)), mult, min(top_k, len(mult)))
         torch.random.set_rng_state(gen_state)
     try:
         dev = next(model.parameters()).device
