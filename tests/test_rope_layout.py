@@ -168,3 +168,17 @@ def test_model_without_position_embeddings_kwarg_is_refused():
     model.model.layers[0].__class__ = OldLayer
     with pytest.raises(RopeLayoutError, match="position_embeddings"):
         rope_layout(model)
+
+
+def test_float_mask_keeps_causality_with_a_2d_padding_mask():
+    from posbias.methods._attention import float_mask
+
+    pad = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    m = float_mask(pad, 4, 4, torch.float32, "cpu")
+    assert m.shape == (2, 1, 4, 4)
+    allowed = m == 0
+    causal = torch.tril(torch.ones(4, 4, dtype=torch.bool))
+    assert torch.equal(allowed[1, 0], causal)
+    assert torch.equal(allowed[0, 0], causal & pad[0].bool()[None])
+    step = float_mask(pad, 1, 4, torch.float32, "cpu")  # one decoding query sees every real key
+    assert step.shape == (2, 1, 1, 4) and torch.equal(step[:, 0, 0] == 0, pad.bool())

@@ -120,15 +120,18 @@ def query_key_positions(query: torch.Tensor, key: torch.Tensor, position_ids: to
 
 
 def float_mask(mask, q_len: int, kv_len: int, dtype: torch.dtype, device) -> torch.Tensor | None:
-    """Additive float mask (B|1, 1, q, kv) from an eager float mask, an sdpa bool mask or None."""
-    if mask is None:
-        if q_len == 1:
-            return None
+    """Additive float mask (B|1, 1, q, kv) from an eager float mask, an sdpa bool mask, a 2-D (B, kv)
+    padding mask (combined with causality) or None (causal)."""
+    if mask is None or mask.dim() == 2:
         i = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
         j = torch.arange(kv_len, device=device)[None]
-        mask = (j <= i)[None, None]
-    if mask.dim() == 2:
-        mask = mask[None, None]
+        causal = (j <= i)[None, None]  # (1, 1, q, kv): queries are the last q keys
+        if mask is None:
+            if q_len == 1:
+                return None
+            mask = causal
+        else:  # a 2-D (B, kv) padding mask (1 = attend): padding and causality together
+            mask = causal & mask[:, None, None, :kv_len].to(device).bool()
     mask = mask[..., :kv_len]
     if mask.dtype == torch.bool:
         zero = torch.zeros((), dtype=dtype, device=device)
