@@ -23,9 +23,11 @@ def train_moice_command(
                                                   "(blank-line separated); default synthetic passkey documents"),
     length: int = Count(512, help="synthetic passkey document length in tokens (no --data)"),
     max_tokens: int = Count(1024, help="truncate training texts to this many tokens"),
-    top_k: int = Count(3, help="experts per head and token"),
-    multipliers: str = typer.Option("1.0,1.25,1.5,1.75,2.0,2.25,2.5", help="expert RoPE bases as multiples of theta"),
-    hidden: Optional[int] = Count(None, help="router hidden size (default head_dim)"),
+    top_k: int = Count(7, help="experts per head and token (7 = dense, the reference run)"),
+    multipliers: str = typer.Option("1.0,1.75,1.8,1.9,2.0,2.25,2.5",
+                                    help="expert RoPE bases as multiples of each layer's base (the reference's "
+                                         "10000..25000 / 10000)"),
+    hidden: Optional[int] = Count(None, help="router hidden size (default: the number of experts, as the reference)"),
     seed: int = Seed,
 ):
     """Train MoICE routers on a small local dataset and save them (load with --method moice
