@@ -54,6 +54,8 @@ def compare_command(
     factors: Optional[str] = typer.Option(None, help="factors file for lpes"),
     pi_factor: float = typer.Option(1.1, help="global factor for pi"),
     routers: Optional[str] = typer.Option(None, help="router weights for moice (posbias train-moice)"),
+    settings: Optional[str] = typer.Option(None, help="best_settings.json from posbias tune: each listed method's "
+                                                      "options (chosen on the search split)"),
     depths: str = typer.Option("0,0.25,0.5,0.75,1"),
     n: int = Count(50, help="instances per depth"),
     out: str = typer.Option(..., help="comparison folder, one subfolder per method (re-running resumes)"),
@@ -80,6 +82,11 @@ def compare_command(
         raise ValueError(f"--pi-factor must be > 0, got {pi_factor}")
     if routers:
         options["moice"] = {"routers": routers}
+    if settings:
+        from posbias.evaluation.tune import read_settings
+
+        for name, opts in read_settings(settings).items():
+            options[name] = {**options.get(name, {}), **opts}
     compare_methods(model=model, task=task, methods=names, depths=parse_floats(depths, "depths"), n=n, out=out,
                     method_options=options, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
                     task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))

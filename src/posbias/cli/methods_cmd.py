@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import Count, Seed, friendly_errors, parse_floats
+from posbias.cli.common import (Count, DataPath, ExtraOpts, Haystack, Length, NumDocs, NumKeys, NumNeedles, Seed,
+                                friendly_errors, parse_floats, task_options)
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -58,5 +59,34 @@ def train_moice_command(
     return folder
 
 
+def tune_command(
+    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
+    methods: str = typer.Option("pi,ms-poe,attention-buckets", help="comma-separated methods to tune "
+                                                                    "(pi, ms-poe, attention-buckets, moice)"),
+    out: str = typer.Option(..., help="tuning folder: results.jsonl, tune.md, best_settings.json (re-running resumes)"),
+    n_per_depth: int = Count(8, help="search-split instances (contexts) per depth"),
+    routers: Optional[str] = typer.Option(None, help="trained MoICE routers (needed to tune moice)"),
+    batch_size: int = Count(8, help="instances per forward pass"),
+    seed: int = Seed,
+    num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
+    path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
+    opt: Optional[list[str]] = ExtraOpts,
+):
+    """Choose each baseline's settings on the search split (a small grid per method), as LPES's search
+    chooses its factors; `posbias compare --settings OUT/best_settings.json` uses them."""
+    from posbias.evaluation.tune import tune_methods
+
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    base = {"moice": {"routers": routers}} if routers else {}
+    best = tune_methods(model=model, task=task, methods=names, n_per_depth=n_per_depth, out=out, seed=seed,
+                        batch_size=batch_size, base_options=base, log=typer.echo,
+                        task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))
+    typer.echo((Path(out) / "tune.md").read_text())
+    typer.echo(f"best settings -> {Path(out) / 'best_settings.json'}: {json.dumps(best)}")
+    return best
+
+
 def register(app: typer.Typer) -> None:
     app.command("train-moice")(friendly_errors(train_moice_command))
+    app.command("tune")(friendly_errors(tune_command))

@@ -1,0 +1,141 @@
+"""Give every baseline the same chance as LPES: choose its settings on the search split.
+
+For each method, every setting of a small grid (:data:`DEFAULT_GRIDS`, or the user's) is applied and
+scored teacher-forced on the *search* split (shared contexts where the task has them and the method
+allows them, see :mod:`posbias.evaluation.scoring`), with the fitness of the LPES search: mean
+accuracy over depths 0 / 0.5 / 1, ties broken by the mean per-token gold log-probability. The best
+setting of each method goes to ``out/best_settings.json`` (``{method: options}``), which
+``posbias compare --settings`` reads, so the held-out comparison runs every method at the setting
+chosen on data it never sees. Every scored setting is one line of ``out/results.jsonl`` (a rerun
+resumes) and ``out/tune.md`` is the table.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from posbias.search.fitness import DEFAULT_DEPTHS
+
+# Small grids around each method's published default (first entry = that default).
+DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
+    "pi": [{"factor": f} for f in (1.1, 0.8, 0.9, 1.0, 1.2, 1.3, 1.5)],
+    "ms-poe": [{"r_min": a, "r_max": b} for a, b in ((1.2, 1.8), (1.0, 1.2), (1.0, 1.5), (1.0, 2.0), (1.5, 2.0))],
+    "attention-buckets": [{"multipliers": m} for m in (
+        [1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8],  # the paper's RAG set relative to 10000
+        [1.0, 1.75, 1.8, 1.9, 2.0, 2.5],       # its ToolBench set relative to 10000
+        [1.0, 1.1, 1.2, 1.3],                  # narrow
+        [1.0, 1.5, 2.0, 3.0, 4.0],             # wide
+    )],
+    "moice": [{"top_k": k} for k in (7, 1, 2, 3)],
+}
+TUNE_KEYS = ("model", "task", "seed", "n_per_depth", "task_options", "base_options")
+
+
+def setting_key(method: str, setting: dict) -> str:
+    return f"{method} {json.dumps(setting, sort_keys=True)}"
+
+
+def score_setting(model, tokenizer, method: str, options: dict, instances, batch_size: int) -> dict:
+    """Accuracy per depth, mean accuracy and mean per-token log-prob of one method setting."""
+    from posbias.evaluation.scoring import score_instances
+    from posbias.methods import apply_method
+
+    start = time.perf_counter()
+    with apply_method(model, method, **options) as handle:
+        rows = score_instances(handle.model, tokenizer, instances, batch_size=batch_size,
+                               shared=handle.shared_prefill)
+    by_depth: dict[str, list] = defaultdict(list)
+    for inst, r in zip(instances, rows):
+        by_depth[f"{inst.depth:g}"].append(r)
+    acc = {d: sum(r["em"] for r in rs) / len(rs) for d, rs in by_depth.items()}
+    logprob = sum(r["logprob"] / max(r["n_tokens"], 1) for r in rows) / len(rows)
+    return {"per_depth": acc, "accuracy": sum(acc.values()) / len(acc), "mean_logprob": logprob,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int, out: str | Path, seed: int = 0,
+                 batch_size: int = 8, task_options: dict | None = None, grids: dict | None = None,
+                 base_options: dict | None = None, loaded=None, log=print) -> dict[str, dict]:
+    """Score each method's grid on the search split; returns ``{method: best options}``.
+
+    ``base_options[method]`` are fixed options merged under every grid setting (e.g. MoICE's
+    ``routers``). MoICE is only tuned with trained routers (``base_options["moice"]["routers"]``).
+    """
+    from posbias.evaluation.session import build_instances, check_method
+    from posbias.models import load_model
+    from posbias.search.runner import supports_shared_context
+    from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
+    from posbias.utils.run_folder import open_run
+
+    task_options, base_options = dict(task_options or {}), dict(base_options or {})
+    grids = {m: list((grids or {}).get(m) or DEFAULT_GRIDS.get(m, [])) for m in methods}
+    for m in methods:
+        if not grids[m]:
+            raise ValueError(f"tune: no settings grid for method {m!r} (tunable: {', '.join(DEFAULT_GRIDS)})")
+        if m == "moice" and not base_options.get("moice", {}).get("routers"):
+            raise ValueError("tune: moice needs trained routers (--routers, from posbias train-moice)")
+        for setting in grids[m]:
+            check_method(m, {**base_options.get(m, {}), **setting})
+    config = {"model": model, "task": task, "seed": seed, "n_per_depth": n_per_depth, "task_options": task_options,
+              "base_options": base_options, "methods": methods, "grids": grids}
+    folder = open_run(out, "tune", config, check_keys=TUNE_KEYS)
+    lm, tok = loaded or load_model(model)
+    opts = {**task_options, "shared_context": True} if supports_shared_context(task, task_options) else task_options
+    instances = build_instances(lm, tok, task, list(DEFAULT_DEPTHS), n_per_depth, seed, "search", opts)
+    results = folder.path / "results.jsonl"
+    done = {r["key"]: r for r in read_jsonl(results)} if results.exists() else {}
+    for m in methods:
+        for setting in grids[m]:
+            key = setting_key(m, setting)
+            if key in done:
+                continue
+            folder.commit()
+            rec = {"key": key, "method": m, "setting": setting,
+                   **score_setting(lm, tok, m, {**base_options.get(m, {}), **setting}, instances, batch_size)}
+            append_jsonl(results, rec)
+            done[key] = rec
+            log(f"{m:18s} {json.dumps(setting):48s} acc {rec['accuracy']:.3f}  "
+                f"({' '.join(f'{d}:{a:.2f}' for d, a in rec['per_depth'].items())})  lp {rec['mean_logprob']:.3f}")
+    best = {m: {**base_options.get(m, {}), **_best(done, m, grids[m])["setting"]} for m in methods}
+    folder.commit()
+    atomic_write_json(folder.path / "best_settings.json", best)
+    atomic_write_text(folder.path / "tune.md", tune_table(done, methods, grids) + "\n")
+    return best
+
+
+def _best(done: dict, method: str, grid: list[dict]) -> dict:
+    rows = [done[setting_key(method, s)] for s in grid]
+    return max(rows, key=lambda r: (r["accuracy"], r["mean_logprob"] if math.isfinite(r["mean_logprob"]) else -1e9))
+
+
+def tune_table(done: dict, methods: list[str], grids: dict) -> str:
+    """Markdown: one row per (method, setting), the chosen one marked."""
+    lines = ["| method | setting | " + " | ".join(f"depth {d:g}" for d in DEFAULT_DEPTHS) + " | mean | log-prob | |",
+             "|---|---|" + "---:|" * (len(DEFAULT_DEPTHS) + 2) + "---|"]
+    for m in methods:
+        best = _best(done, m, grids[m])["key"]
+        for s in grids[m]:
+            r = done[setting_key(m, s)]
+            cells = " | ".join(f"{100 * r['per_depth'].get(f'{d:g}', float('nan')):.0f}" for d in DEFAULT_DEPTHS)
+            mark = "chosen" if r["key"] == best else ""
+            lines.append(f"| {m} | `{json.dumps(s)}` | {cells} | {100 * r['accuracy']:.1f} | "
+                         f"{r['mean_logprob']:.3f} | {mark} |")
+    return "\n".join(lines)
+
+
+def read_settings(path: str | Path) -> dict[str, dict]:
+    """``{method: options}`` from a ``best_settings.json``; a clear error for anything else."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"settings file not found: {p} (write one with posbias tune)")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
+        raise ValueError(f"{p}: expected an object {{method: {{option: value}}}}")
+    return doc

@@ -1,0 +1,74 @@
+"""posbias tune: each baseline's settings chosen on the search split, then used by compare."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.fixture
+def tiny_folder(tmp_path, tiny_tokenizer):
+    from conftest import make_tiny_model
+
+    src = tmp_path / "tiny"
+    make_tiny_model("qwen2", layers=3).save_pretrained(src)
+    tiny_tokenizer.save_pretrained(src)
+    return src
+
+
+def _app():
+    import typer
+
+    from posbias.cli import eval_cmd, methods_cmd
+
+    app = typer.Typer()
+    methods_cmd.register(app)
+    eval_cmd.register(app)
+    return app
+
+
+def test_tune_writes_every_setting_and_the_best_then_compare_uses_them(tiny_folder, tmp_path):
+    from typer.testing import CliRunner
+
+    from posbias.evaluation.tune import DEFAULT_GRIDS
+
+    runner = CliRunner()
+    out = tmp_path / "tune"
+    args = ["tune", "--model", str(tiny_folder), "--task", "kv", "--num-keys", "5", "--n-per-depth", "2",
+            "--methods", "pi,ms-poe", "--out", str(out)]
+    r = runner.invoke(_app(), args)
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == len(DEFAULT_GRIDS["pi"]) + len(DEFAULT_GRIDS["ms-poe"])
+    best = json.loads((out / "best_settings.json").read_text())
+    for m in ("pi", "ms-poe"):
+        mine = [x for x in rows if x["method"] == m]
+        top = max(mine, key=lambda x: (x["accuracy"], x["mean_logprob"]))
+        assert best[m] == top["setting"] and set(top["per_depth"]) == {"0", "0.5", "1"}
+    assert (out / "tune.md").read_text().count("chosen") == 2
+    assert json.loads((out / "config.json").read_text())["kind"] == "tune"
+    r = runner.invoke(_app(), args)  # a rerun resumes: nothing rescored
+    assert r.exit_code == 0 and len((out / "results.jsonl").read_text().splitlines()) == len(rows)
+
+    cmp_out = tmp_path / "cmp"
+    r = runner.invoke(_app(), ["compare", "--model", str(tiny_folder), "--task", "kv", "--num-keys", "5", "--n", "1",
+                               "--methods", "none,pi,ms-poe", "--settings", str(out / "best_settings.json"),
+                               "--out", str(cmp_out)])
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((cmp_out / "config.json").read_text())["config"]
+    assert cfg["method_options"]["pi"] == best["pi"] and cfg["method_options"]["ms-poe"] == best["ms-poe"]
+
+
+def test_tune_refuses_what_it_cannot_tune_before_loading(tiny_folder, tmp_path):
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    base = ["tune", "--model", str(tiny_folder), "--out", str(tmp_path / "t")]
+    r = runner.invoke(_app(), base + ["--methods", "lpes"])
+    assert r.exit_code == 2 and "no settings grid for method 'lpes'" in r.output
+    r = runner.invoke(_app(), base + ["--methods", "moice"])
+    assert r.exit_code == 2 and "moice needs trained routers" in r.output
+    assert not (tmp_path / "t").exists()
+    r = runner.invoke(_app(), ["compare", "--model", str(tiny_folder), "--methods", "none,pi", "--settings",
+                               str(tmp_path / "missing.json"), "--out", str(tmp_path / "c")])
+    assert r.exit_code == 2 and "settings file not found" in r.output
