@@ -147,3 +147,14 @@ def test_truncated_gguf_is_named(tmp_path, smollm2):
         cut.write_bytes(f.read(8 << 20))
     with pytest.raises(ModelLoadError, match="cannot read the GGUF file .*cut.gguf \\(truncated or corrupt"):
         load_model(str(cut))
+
+
+def test_default_search_targets():
+    from posbias.models.loader import ALIASES, DEFAULT_SEARCH_TARGETS, default_search_target
+
+    assert set(DEFAULT_SEARCH_TARGETS) == set(ALIASES)
+    assert default_search_target("qwen2.5-coder-0.5b") == ("kv", {"num_keys": 100})
+    target = default_search_target("/some/folder")
+    assert target == ("kv", {"num_keys": 30})
+    target[1]["num_keys"] = 5  # a copy: callers cannot change the table
+    assert default_search_target("/some/folder") == ("kv", {"num_keys": 30})
