@@ -6,7 +6,8 @@
 
 Each setting is one resumable ``posbias eval`` run folder under ``--out``; the combined table
 (accuracy by depth, n, 95% Wilson intervals, mean prompt tokens, seconds per instance) is printed
-and written to ``--out/table.md``. Settings whose folder is already complete are only summarised.
+and written to ``--out/table.md``, the curves to ``--out/lim.png``. Settings whose folder is already
+complete are only summarised.
 """
 from __future__ import annotations
 
@@ -67,6 +68,17 @@ def main() -> None:
     table = summary_table(Path(args.out), names)
     (Path(args.out) / "table.md").write_text(table + "\n")
     print(table)
+    plot_settings(Path(args.out), names, args.model)
+
+
+def plot_settings(root: Path, names: list[str], model: str) -> None:
+    """``root/lim.png``: accuracy against depth, one curve per finished setting."""
+    from posbias.evaluation.plots import plot_accuracy_by_depth
+
+    curves = {name: json.loads((root / name / "summary.json").read_text())["by_depth"]
+              for name in names if (root / name / "summary.json").exists()}
+    if curves:
+        plot_accuracy_by_depth(curves, root / "lim.png", title=f"{model}: accuracy by gold depth")
 
 
 def summary_table(root: Path, names: list[str]) -> str:
