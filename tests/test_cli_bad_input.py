@@ -450,3 +450,17 @@ def test_a_rejected_train_run_leaves_the_folder_free(tmp_path):
     assert res.exit_code == 0, res.output
     assert (out / "final").exists() and json.loads((out / "config.json").read_text())["kind"] == "train"
     refused(cli(*args[:-8], "--tokenizer", "bpe:400", *args[-8:]), "other settings", "tokenizer: 'bpe:320' -> 'bpe:400'")
+
+
+def test_a_study_rejected_before_any_result_does_not_lock_its_folder(tmp_path):
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("one short document.\n")
+    out = tmp_path / "study"
+    res = cli("study", "--corpus", corpus, "--out", out)
+    assert res.exit_code != 0 and "corpus too small" in res.output
+    assert not (out / "models.json").exists()
+    # the corrected command (a training context the corpus can fill) into the same --out is not refused
+    res = cli("study", "--corpus", corpus, "--out", out, "--train-context", "4", "--train-steps", "1",
+              "--schemes", "nope", "--multipliers", "1", "--n", "1", "--ppl-multipliers", "")
+    assert "other settings" not in res.output
+    assert not (out / "config.json").exists() and not (out / "data").exists()  # the unfinished run is gone

@@ -2,6 +2,8 @@
 (passkey / NIAH over lengths x depths, perplexity in both modes). See ``posbias.study.runner``."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from typing import Optional
 
 import typer
@@ -44,7 +46,7 @@ def study_command(
     train_opt: Optional[list[str]] = typer.Option(None, "--train-opt", help="extra training option key=value (same for all schemes)"),
 ):
     """Train each positional scheme on one budget and evaluate it from 1x to Kx its training length."""
-    from posbias.study.runner import CHECK_KEYS, StudyConfig, run_study
+    from posbias.study.runner import CHECK_KEYS, StudyConfig, discard_unfinished, run_study
 
     cfg = StudyConfig(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
@@ -55,6 +57,7 @@ def study_command(
         batch_size=batch_size, token_budget=token_budget, device=device,
         train_options=parse_key_values(train_opt, "train-opt"), tokenizer=tokenizer, train_workers=train_workers, resume=resume,
     )
+    discard_unfinished(Path(out), cfg.to_dict())  # a study without results does not lock its folder
     cfg.resume = check_training_run(cfg, "study", cfg.to_dict(), CHECK_KEYS) or resume
     result = run_study(cfg)
     typer.echo(open(result["summary"], encoding="utf-8").read())

@@ -71,7 +71,8 @@ from typing import Any, Callable, Sequence
 
 from posbias.study.grid import (DEFAULT_DEPTHS, DEFAULT_MULTIPLIERS, DEFAULT_PPL_MULTIPLIERS, DEFAULT_SCHEMES,
                                 NIAH_FILE, PASSKEY_FILE, PPL_FILE, grid_lengths, parse_scheme, parse_schemes)
-from posbias.utils.io import atomic_write_json, atomic_write_text, prepare_run_dir, read_jsonl
+from posbias.utils.io import atomic_write_json, atomic_write_text, read_jsonl
+from posbias.utils.run_folder import open_run
 
 MODELS_FILE = "models.json"
 METRICS_FILE = "metrics.jsonl"
@@ -324,7 +325,8 @@ def _load_texts(corpus: str | None) -> list[str]:
     return list(read_corpus_texts(corpus))
 
 
-def prepare_data(cfg: StudyConfig, log: Callable = print) -> tuple[str | None, str | None]:
+def prepare_data(cfg: StudyConfig, log: Callable = print, before_write: Callable = lambda: None
+                 ) -> tuple[str | None, str | None]:
     """Split the corpus into a training part and a held-out part for perplexity.
 
     Returns ``(training corpus path or None for the trainer's default, held-out text path or
@@ -333,6 +335,8 @@ def prepare_data(cfg: StudyConfig, log: Callable = print) -> tuple[str | None, s
     ``HELDOUT_CHARS_PER_TOKEN x`` the perplexity token budget (at most 30% of the corpus) is
     held out; both parts are written once to ``<out>/data/{train,heldout}.jsonl`` (reused on
     resume) and every scheme trains on the same ``train.jsonl``. No perplexity contexts: no split.
+    The split is computed (and a corpus too small for it refused) before ``before_write()`` runs
+    and anything is written, so a rejected corpus never locks the run folder.
     """
     if cfg.heldout:
         return cfg.corpus, cfg.heldout
@@ -342,6 +346,16 @@ def prepare_data(cfg: StudyConfig, log: Callable = print) -> tuple[str | None, s
     train_path, held_path = data / "train.jsonl", data / "heldout.jsonl"
     if train_path.exists() and held_path.exists():
         return str(train_path.resolve()), str(held_path.resolve())
+    train, held, got = split_heldout(cfg, log)
+    before_write()
+    atomic_write_text(train_path, "".join(json.dumps({"text": t}) + "\n" for t in train if t.strip()))
+    atomic_write_text(held_path, "".join(json.dumps({"text": t}) + "\n" for t in held if t.strip()))
+    log(f"[study] corpus split: {len(train)} documents for training, {got} characters held out for perplexity")
+    return str(train_path.resolve()), str(held_path.resolve())
+
+
+def split_heldout(cfg: StudyConfig, log: Callable = print) -> tuple[list[str], list[str], int]:
+    """``(training documents, held-out documents, held-out characters)`` (see :func:`prepare_data`)."""
     texts = _load_texts(cfg.corpus)
     total = sum(len(t) for t in texts)
     want = (cfg.ppl_tokens or 4 * max(cfg.ppl_contexts)) * HELDOUT_CHARS_PER_TOKEN
@@ -360,10 +374,7 @@ def prepare_data(cfg: StudyConfig, log: Callable = print) -> tuple[str | None, s
         got += len(doc)
     if not train:
         raise ValueError("corpus too small to hold out text for perplexity; pass --ppl-multipliers '' or --heldout")
-    atomic_write_text(train_path, "".join(json.dumps({"text": t}) + "\n" for t in train if t.strip()))
-    atomic_write_text(held_path, "".join(json.dumps({"text": t}) + "\n" for t in held if t.strip()))
-    log(f"[study] corpus split: {len(train)} documents for training, {got} characters held out for perplexity")
-    return str(train_path.resolve()), str(held_path.resolve())
+    return train, held, got
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -390,8 +401,10 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         raise ValueError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
     config = cfg.to_dict()
     _check_n_grows(out, cfg.n)
-    prepare_run_dir(out, config, kind="study", check_keys=CHECK_KEYS)
-    train_corpus, heldout = prepare_data(cfg, log=log)
+    discard_unfinished(out, config)
+    folder = open_run(out, "study", config, check_keys=CHECK_KEYS)
+    train_corpus, heldout = prepare_data(cfg, log=log, before_write=folder.commit)
+    folder.commit()
     prepare_tokenizer(cfg, train_corpus, log=log)
     models = ensure_models(cfg, train_fn=train_fn, corpus=train_corpus, log=log)
 
@@ -410,6 +423,30 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         del model
     metrics = write_report(cfg)
     return {"models": models, "metrics": metrics, "summary": str(out / SUMMARY_FILE)}
+
+
+RESULT_FILES = (MODELS_FILE, METRICS_FILE, PASSKEY_FILE, NIAH_FILE, PPL_FILE)
+DERIVED = (DATA_DIR, "tokenizer", "models")  # what a study derives before its first result
+
+
+def discard_unfinished(out: Path, config: dict) -> None:
+    """A study that produced no result (no trained model, no score) does not lock its folder: when
+    the settings differ (e.g. a corpus too small for the training context was rejected while training),
+    the inputs it derived (corpus split, tokenizer, unfinished model folders) and its config are
+    removed, so the corrected command starts afresh. Nothing else is touched."""
+    import shutil
+
+    from posbias.utils.run_folder import CONFIG, folder_kind, settings_diff
+
+    path = out / CONFIG
+    if folder_kind(out) != "study" or any((out / f).exists() for f in RESULT_FILES):
+        return
+    old = json.loads(path.read_text()).get("config", {})
+    if not settings_diff(old, json.loads(json.dumps(config)), CHECK_KEYS):
+        return
+    for name in DERIVED:
+        shutil.rmtree(out / name, ignore_errors=True)
+    path.unlink()
 
 
 def _check_n_grows(out: Path, n: int) -> None:
