@@ -464,3 +464,12 @@ def test_a_study_rejected_before_any_result_does_not_lock_its_folder(tmp_path):
               "--schemes", "rope", "--multipliers", "1", "--n", "1", "--ppl-multipliers", "")
     assert "other settings" not in res.output
     assert json.loads((out / "config.json").read_text())["config"]["train_context"] == 4
+
+
+def test_train_moice_refuses_a_foreign_folder_before_loading(tiny, tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    res = cli("train-moice", "--model", tiny, "--steps", "1", "--out", foreign)
+    refused(res, "not empty (notes.txt)")
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]

@@ -37,10 +37,15 @@ def train_moice_command(
     from posbias.methods.moice import passkey_texts, read_texts, save_routers, train_routers
     from posbias.models import load_model
 
+    from posbias.utils.run_folder import open_run
+
     if steps < 1:
         raise ValueError("--steps must be >= 1")
     if lr <= 0:
         raise ValueError("--lr must be > 0")
+    settings = {"model": model, "steps": steps, "lr": lr, "aux_coef": aux_coef, "data": data, "length": length,
+                "max_tokens": max_tokens, "top_k": top_k, "multipliers": multipliers, "hidden": hidden, "seed": seed}
+    folder = open_run(out, "train-moice", settings, check_keys=tuple(settings))  # checked before the model loads
     lm, tok = load_model(model)
     texts = read_texts(data) if data else passkey_texts(max(steps, 1), length, tok, seed=seed)
     with warnings.catch_warnings():
@@ -50,6 +55,7 @@ def train_moice_command(
     log = lambda r: typer.echo(f"step {r['step']:4d}  loss {r['loss']:.4f}  lm {r['lm']:.4f}  aux {r['aux']:.4f}")  # noqa: E731
     history = train_routers(handle, tok, texts, steps=steps, lr=lr, aux_coef=aux_coef, max_tokens=max_tokens,
                             seed=seed, log=log)
+    folder.commit()
     folder = save_routers(handle.state["routers"], out, extra={
         "model": model, "steps": steps, "lr": lr, "aux_coef": aux_coef, "data": data or f"synthetic passkey ({length})",
         "seed": seed, "final": history[-1]})
