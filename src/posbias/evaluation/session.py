@@ -72,14 +72,9 @@ def check_method(name: str, options: dict[str, Any]) -> None:
     options name, and (lpes) that its factors file is valid."""
     if name == "none" and not options:
         return
-    from posbias.methods.registry import method_options, resolve_method
+    from posbias.methods.registry import check_option_names
 
-    spec = resolve_method(name)
-    allowed = method_options(spec.name)
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ValueError(f"method {spec.name!r} has no option(s) {', '.join(unknown)}; "
-                         f"options: {', '.join(allowed) or '(none)'}")
+    spec = check_option_names(name, options)
     key = PATH_OPTIONS.get(spec.name)
     if spec.name == "lpes" and options.get(key) is None:
         raise ValueError("method lpes needs its factors file (from posbias search): --factors PATH")

@@ -97,14 +97,20 @@ def method_options(name: str) -> dict[str, Any]:
             if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
 
 
-def apply_method(model, name: str, **options) -> MethodHandle:
-    """Apply method ``name`` to ``model``; unknown names / options raise :class:`ValueError`."""
+def check_option_names(name: str, options: dict) -> MethodSpec:
+    """The spec of method ``name``; :class:`ValueError` for an unknown name or option name."""
     spec = resolve_method(name)
     allowed = method_options(spec.name)
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"method {spec.name!r} has no option(s) {', '.join(unknown)}; "
                          f"options: {', '.join(allowed) or '(none)'}")
+    return spec
+
+
+def apply_method(model, name: str, **options) -> MethodHandle:
+    """Apply method ``name`` to ``model``; unknown names / options raise :class:`ValueError`."""
+    spec = check_option_names(name, options)
     handle = spec.factory(model, **options)
     handle.name = spec.name
     return handle
@@ -148,5 +154,6 @@ def _none(model) -> MethodHandle:
     return MethodHandle("none", model)
 
 
-__all__ = ["METHODS", "MethodHandle", "MethodSpec", "apply_method", "method_options", "parse_options",
+__all__ = ["METHODS", "MethodHandle", "MethodSpec", "apply_method", "check_option_names", "method_options",
+           "parse_options",
            "register_method", "resolve_method", "as_list"]
