@@ -2,8 +2,6 @@
 (passkey / NIAH over lengths x depths, perplexity in both modes). See ``posbias.study.runner``."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from typing import Optional
 
 import typer
@@ -57,7 +55,9 @@ def study_command(
         batch_size=batch_size, token_budget=token_budget, device=device,
         train_options=parse_key_values(train_opt, "train-opt"), tokenizer=tokenizer, train_workers=train_workers, resume=resume,
     )
-    discard_unfinished(Path(out), cfg.to_dict())  # a study without results does not lock its folder
+    from posbias.utils.run_folder import out_path
+
+    discard_unfinished(out_path(out), cfg.to_dict())  # a study without results does not lock its folder
     cfg.resume = check_training_run(cfg, "study", cfg.to_dict(), CHECK_KEYS) or resume
     result = run_study(cfg)
     typer.echo(open(result["summary"], encoding="utf-8").read())
