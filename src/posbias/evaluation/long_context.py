@@ -55,7 +55,9 @@ def check_lengths(model, lengths: Iterable[int], *, allow_extrapolation: bool | 
     """
     if allow_extrapolation or supports_extrapolation(model):
         return
-    limit = int(getattr(getattr(model, "config", None), "max_position_embeddings", 0) or 0)
+    from posbias.evaluation.batching import model_max_positions
+
+    limit = model_max_positions(model)  # the one max-length rule (0: no limit)
     if not limit:
         return
     too_long = sorted(int(L) for L in lengths if int(L) > limit)

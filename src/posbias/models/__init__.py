@@ -5,7 +5,6 @@ from posbias.models.loader import (
     get_decoder_layers,
     get_rotary_modules,
     load_model,
-    max_positions,
 )
 
-__all__ = ["ModelLoadError", "check_rope_model", "get_decoder_layers", "get_rotary_modules", "load_model", "max_positions"]
+__all__ = ["ModelLoadError", "check_rope_model", "get_decoder_layers", "get_rotary_modules", "load_model"]

@@ -295,11 +295,6 @@ def check_rope_model(model) -> None:
         raise ModelLoadError(f"{e} ({SUPPORTED_HINT})") from None
 
 
-def max_positions(model) -> int:
-    """The longest input the model is configured for (``max_position_embeddings``)."""
-    return int(getattr(model.config, "max_position_embeddings", 0) or 0)
-
-
 def _restore_saved_patches(model, path: Path) -> None:
     """Re-apply a per-layer RoPE scaling saved by ``posbias apply`` (``posbias_factors.json``)."""
     factors_file = path / "posbias_factors.json"
