@@ -41,12 +41,16 @@ def check_fits(model, tokenizer, instances: Sequence[Instance], chat: bool, extr
 
 def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch_size: int, chat: bool,
                 max_new_tokens: int) -> list[dict]:
-    """Score a chunk of instances; one record per instance with ``correct`` (the headline score)."""
+    """Score a chunk of instances; one record per instance with ``correct`` (the headline score).
+
+    Per-instance fields are those of the study grid's records: ``tf_em, tf_logprob, n_tokens,
+    prompt_tokens`` (teacher-forced) and ``prediction, gen_score`` (generation)."""
     records = [{"id": i.id, "depth": i.depth, "gold_index": i.gold_index, "num_items": i.num_items,
                 "answers": i.answers} for i in chunk]
     if mode in ("teacher-forced", "both"):
         for rec, r in zip(records, score_teacher_forced(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
-            rec.update(tf_em=r["em"], logprob=r["logprob"], prompt_tokens=r["prompt_tokens"])
+            rec.update(tf_em=r["em"], tf_logprob=r["logprob"], n_tokens=r["n_tokens"],
+                       prompt_tokens=r["prompt_tokens"])
     if mode in ("generate", "both"):
         preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens, batch_size=batch_size, chat=chat)
         for rec, inst, pred in zip(records, chunk, preds):
