@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--mdqa-path", default=None, help="nq-open-oracle.jsonl.gz (mdqa is skipped without it)")
     ap.add_argument("--kv-path", default=None, help="kv-retrieval-75_keys.jsonl.gz (kv75file is skipped without it)")
     ap.add_argument("--n", type=int, default=None, help="instances per depth for every setting (default: per setting)")
+    ap.add_argument("--depths", default=None, help="comma-separated depths (default 0,0.25,0.5,0.75,1)")
     ap.add_argument("--only", default=None, help="comma-separated subset of: " + ",".join(SETTINGS))
     args = ap.parse_args()
 
@@ -58,12 +59,13 @@ def main() -> None:
         if data:
             opts = {**opts, "path": data}
         start = time.time()
-        run_eval(model=args.model, task=task, depths=DEPTHS, n=n, out=Path(args.out) / name, batch_size=bs,
+        depths = [float(d) for d in args.depths.split(",")] if args.depths else DEPTHS
+        run_eval(model=args.model, task=task, depths=depths, n=n, out=Path(args.out) / name, batch_size=bs,
                  task_options=opts, loaded=loaded)
         seconds = time.time() - start
         timing = Path(args.out) / name / "timing.json"
         if not timing.exists():  # the wall time of the run that scored it (a resume of a finished folder: 0)
-            timing.write_text(json.dumps({"seconds": seconds, "instances": n * len(DEPTHS)}))
+            timing.write_text(json.dumps({"seconds": seconds, "instances": n * len(depths)}))
         print(f"{name}: {seconds:.0f} s", flush=True)
     table = summary_table(Path(args.out), names)
     (Path(args.out) / "table.md").write_text(table + "\n")

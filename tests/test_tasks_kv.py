@@ -149,3 +149,16 @@ def test_compound_keys_are_distinct_words_and_single_word_keys_unchanged():
         assert inst.meta["key"] == keys[inst.gold_index] and f"Key: {inst.meta['key']}\n" in inst.prompt
     with pytest.raises(ValueError, match="key_words"):
         make_kv(n=1, depths=[0.5], seed=0, split="eval", num_keys=400, key_words=2)
+
+
+def test_kv_uuid_teacher_forced_target_opens_the_json_string(tiny_tokenizer):
+    """The JSON format makes a model answer '"<uuid>'; the teacher-forced gold follows it (the
+    generation metric, value in prediction, is unchanged)."""
+    from posbias.evaluation.batching import encode
+
+    inst = make_instances("kv-uuid", n=1, depths=[0.5], seed=0, split="eval", num_keys=5)[0]
+    assert inst.meta["tf_target"] == '"' + inst.answers[0]
+    enc = encode(tiny_tokenizer, inst, chat=False)
+    assert tiny_tokenizer.decode(enc.answer_ids) == ' "' + inst.answers[0]
+    word = make_instances("kv", n=1, depths=[0.5], seed=0, split="eval", num_keys=5)[0]
+    assert "tf_target" not in word.meta

@@ -46,6 +46,9 @@ class Encoded:
 def encode(tokenizer, inst: Instance, chat: bool, max_positions: int = 0) -> Encoded:
     """Tokenise prompt and gold answer separately (so the answer tokens are exactly known).
 
+    The teacher-forced target is ``inst.meta["tf_target"]`` when the task sets one (the answer as the
+    prompt's format writes it, e.g. a JSON value with its opening quote), else ``inst.answers[0]``.
+
     An instance of a shared context (``meta["context_chars"]``, see ``shared_context`` in the task
     generators) is tokenised as context + rest, so every question of one context starts with the
     same context ids whichever scorer runs it.
@@ -59,7 +62,8 @@ def encode(tokenizer, inst: Instance, chat: bool, max_positions: int = 0) -> Enc
         prompt_ids = context_ids + tokenizer(text[cut:], add_special_tokens=False)["input_ids"]
     else:
         context_ids, prompt_ids = [], tokenizer(text, add_special_tokens=not chat)["input_ids"]
-    answer_ids = tokenizer(answer_text(text, inst.answers[0]), add_special_tokens=False)["input_ids"]
+    target = inst.meta.get("tf_target", inst.answers[0])  # the gold continuation as the format writes it
+    answer_ids = tokenizer(answer_text(text, target), add_special_tokens=False)["input_ids"]
     total = len(prompt_ids) + len(answer_ids)
     if max_positions and total > max_positions:
         raise ContextTooLongError(

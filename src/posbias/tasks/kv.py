@@ -105,7 +105,7 @@ def format_json_records(records: list[tuple[str, str]]) -> str:
 
 
 def _kv_instances(task: str, samples: list[dict[str, Any]], *, depths, split, seed, template,
-                  fmt, metric="substring") -> list[Instance]:
+                  fmt, metric="substring", quoted: bool = False) -> list[Instance]:
     """samples: dicts with records (gold at ``gold``), key, value, and meta."""
     out = []
     for depth in depths:
@@ -119,7 +119,8 @@ def _kv_instances(task: str, samples: list[dict[str, Any]], *, depths, split, se
                 prompt=template.format(records=fmt(moved), key=s["key"]),
                 answers=[s["value"]], gold_index=idx, num_items=len(moved), depth=float(depth),
                 metric=metric,
-                meta={"key": s["key"], "realised_depth": realised_depth(idx, len(moved)), **s["meta"]},
+                meta={"key": s["key"], "realised_depth": realised_depth(idx, len(moved)), **s["meta"],
+                      **({"tf_target": json.dumps(s["value"])[:-1]} if quoted else {})},
             ))
     return out
 
@@ -278,5 +279,7 @@ def make_kv_uuid(*, tokenizer=None, n, depths, seed, split, num_keys=None, path=
                 records, gold = [records[j] for j in keep], keep.index(gold)
             samples.append({"records": records, "gold": gold, "key": d["key"], "value": d["value"],
                             "meta": {"source": f"{path}:{d['line']}", "example": ex}})
+    # values are JSON strings: a model continues "Corresponding value:" with the opening quote, so
+    # the teacher-forced target is '"<value>' (the substring metric of generation is unchanged)
     return _kv_instances(task, samples, depths=depths, split=split, seed=seed,
-                         template=KV_JSON_PROMPT, fmt=format_json_records)
+                         template=KV_JSON_PROMPT, fmt=format_json_records, quoted=True)
