@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import left_padded_batch, make_tiny_model
+from conftest import left_padded_batch, make_tiny_model, make_variant_model
 from posbias.methods import METHODS, apply_method, method_options, parse_options
 
 # options that make each method an exact no-op
@@ -62,11 +62,14 @@ def test_registry_lists_all_methods():
                                                                         "order": "index"}
 
 
-@pytest.mark.parametrize("arch,impl", [("llama", "eager"), ("qwen3", "eager"), ("llama", "sdpa")])
+@pytest.mark.filterwarnings("ignore:moice")
+@pytest.mark.parametrize("arch,impl", [("llama", "eager"), ("qwen3", "eager"), ("llama", "sdpa"),
+                                       ("qwen2-gqa7", "eager"), ("qwen2-gqa7", "sdpa"),  # Qwen2.5's 14:2 heads
+                                       ("gemma3", "eager"), ("gemma3", "sdpa")])  # two bases, sliding window 4
 @pytest.mark.parametrize("name", list(IDENTITY))
 def test_identity_settings_equal_unpatched(arch, impl, name):
     _skip_missing(name)
-    model = make_tiny_model(arch)
+    model = make_variant_model(arch)
     model.set_attn_implementation(impl)
     ids, mask, pos = left_padded_batch()
     ref = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
