@@ -75,6 +75,13 @@ def make_variant_model(name: str, seed: int = 0, **overrides):
     return make_tiny_model(arch, layers=layers, seed=seed, **size, **fields)
 
 
+def save_tiny_folder(path, arch: str = "llama", **kw) -> str:
+    """A tiny model + tokenizer saved as a Hugging Face folder (what the CLI's --model takes)."""
+    make_tiny_model(arch, **kw).save_pretrained(path)
+    make_tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
 def left_padded_batch(seed=0, b=3, t=11, vocab=500):
     """A left-padded batch: row ``i`` has ``2 i`` pad tokens; returns ``(ids, mask, position_ids)``."""
     g = torch.Generator().manual_seed(seed)

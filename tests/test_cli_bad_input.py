@@ -7,7 +7,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from conftest import make_tiny_model, make_tiny_tokenizer
+from conftest import save_tiny_folder
 from posbias.cli.main import app
 from posbias.utils.io import read_jsonl
 
@@ -19,10 +19,7 @@ SEARCH = ["--task", "kv", "--num-keys", "4", "--population", "3", "--n-per-depth
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    make_tiny_model("llama", max_positions=4096).save_pretrained(path)
-    make_tiny_tokenizer().save_pretrained(path)
-    return str(path)
+    return save_tiny_folder(tmp_path_factory.mktemp("tiny-llama"), max_positions=4096)
 
 
 @pytest.fixture(scope="module")

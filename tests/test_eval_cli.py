@@ -4,7 +4,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conftest import make_tiny_model, make_tiny_tokenizer
+from conftest import save_tiny_folder
 from posbias.cli.main import app
 from posbias.utils.io import read_jsonl
 
@@ -13,10 +13,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    make_tiny_model("llama", max_positions=4096).save_pretrained(path)
-    make_tiny_tokenizer().save_pretrained(path)
-    return str(path)
+    return save_tiny_folder(tmp_path_factory.mktemp("tiny-llama"), max_positions=4096)
 
 
 def _eval(folder, out, *extra):
@@ -80,9 +77,7 @@ def test_malformed_data_file_names_file_and_line(tiny_folder, tmp_path):
 
 
 def test_prompt_longer_than_model_is_refused_before_writing_results(tmp_path):
-    folder = tmp_path / "short"
-    make_tiny_model("llama", max_positions=64).save_pretrained(folder)
-    make_tiny_tokenizer().save_pretrained(folder)
-    res = _eval(str(folder), tmp_path / "run")
+    folder = save_tiny_folder(tmp_path / "short", max_positions=64)
+    res = _eval(folder, tmp_path / "run")
     assert res.exit_code == 2 and "maximum of 64 positions" in res.output
     assert not (tmp_path / "run" / "results.jsonl").exists()

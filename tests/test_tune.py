@@ -7,13 +7,10 @@ import pytest
 
 
 @pytest.fixture
-def tiny_folder(tmp_path, tiny_tokenizer):
-    from conftest import make_tiny_model
+def tiny_folder(tmp_path):
+    from conftest import save_tiny_folder
 
-    src = tmp_path / "tiny"
-    make_tiny_model("qwen2", layers=3).save_pretrained(src)
-    tiny_tokenizer.save_pretrained(src)
-    return src
+    return save_tiny_folder(tmp_path / "tiny", "qwen2", layers=3)
 
 
 def _app():
