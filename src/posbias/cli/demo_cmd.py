@@ -6,7 +6,6 @@ lost-in-the-middle setting), then accuracy by depth before / after on held-out i
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import typer
 
