@@ -67,7 +67,7 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
     """
     from posbias.evaluation.session import build_instances, check_method
     from posbias.models import load_model
-    from posbias.search.runner import supports_shared_context
+    from posbias.tasks.registry import supports_shared_context
     from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
     from posbias.utils.run_folder import open_run
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from posbias.search.fitness import DEFAULT_DEPTHS, OBJECTIVES, FitnessResult
+from posbias.tasks.registry import supports_shared_context
 from posbias.search.ga import GAConfig, GeneticAlgorithm, Genome, genome_factors, genome_points
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_json, read_jsonl
 from posbias.utils.run_folder import open_run
@@ -312,16 +313,6 @@ class SearchResult:
     baseline_accuracy: float | None
     generations: int
     history: list[dict]
-
-
-def supports_shared_context(task: str, task_options: dict) -> bool:
-    """Whether ``task`` with these options has a shared-context form (``kv``; ``niah`` with several
-    needles and one query, the multi-key setting)."""
-    if task == "kv":
-        return True
-    if task == "niah":
-        return int(task_options.get("num_needles", 1)) >= 2 and int(task_options.get("num_queries", 1)) == 1
-    return False
 
 
 def build_fitness(model_spec: str, task: str, *, n_per_depth: int, seed: int, task_options: dict,

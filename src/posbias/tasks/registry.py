@@ -108,3 +108,13 @@ def make_instances(name: str, *, tokenizer: Any = None, n: int, depths: list[flo
     ids = [x.id for x in instances]
     assert len(set(ids)) == len(ids), "duplicate instance ids"
     return instances
+
+
+def supports_shared_context(task: str, task_options: dict) -> bool:
+    """Whether ``task`` with these options has a shared-context form (``kv``; ``niah`` with several
+    needles and one query, the multi-key setting)."""
+    if task == "kv":
+        return True
+    if task == "niah":
+        return int(task_options.get("num_needles", 1)) >= 2 and int(task_options.get("num_queries", 1)) == 1
+    return False
