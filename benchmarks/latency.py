@@ -10,7 +10,8 @@ holds the raw timings too.
 
 Methods and options: ``--methods none,pi,ms-poe,attention-buckets,moice`` (``lpes`` needs a factors
 file: ``--lpes-factors PATH``). MoICE uses untrained routers (same cost as trained ones); PI uses
-factor 1.5.
+factor 1.5. A variant with other options is ``name@key=value@key=value`` (e.g.
+``ms-poe@rotated_cache=false``, the decoding path that re-rotates the whole key cache each step).
 """
 from __future__ import annotations
 
@@ -57,6 +58,14 @@ def time_method(callable_model, ids: torch.Tensor, decode_steps: int) -> tuple[f
     return t1 - t0, (t3 - t2) / max(decode_steps, 1)
 
 
+def method_spec(spec: str) -> tuple[str, dict]:
+    """``"ms-poe@rotated_cache=false"`` -> ``("ms-poe", {**defaults, "rotated_cache": False})``."""
+    from posbias.utils.options import parse_key_values
+
+    name, *pairs = spec.split("@")
+    return name, {**DEFAULT_OPTIONS.get(name, {}), **parse_key_values(pairs, "methods")}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -79,18 +88,20 @@ def main(argv: list[str] | None = None) -> dict:
     if "none" not in methods:
         methods.insert(0, "none")
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
-    options = {m: dict(DEFAULT_OPTIONS.get(m, {})) for m in methods}
-    if "lpes" in methods:
-        if not args.lpes_factors:
-            raise SystemExit("--methods lpes needs --lpes-factors PATH")
-        options["lpes"] = {"factors": args.lpes_factors}
+    specs = {m: method_spec(m) for m in methods}
+    options = {m: opts for m, (_, opts) in specs.items()}
+    for m, (name, opts) in specs.items():
+        if name == "lpes":
+            if not args.lpes_factors:
+                raise SystemExit("--methods lpes needs --lpes-factors PATH")
+            opts.setdefault("factors", args.lpes_factors)
 
     model, tok = load_model(args.model)
     prompts = {n: prompt_ids(tok, n) for n in lengths}
     raw = {m: {n: {"prefill": [], "decode": []} for n in lengths} for m in methods}
 
     def run(method: str, n: int, record: bool) -> None:
-        handle = apply_method(model, method, **options[method])
+        handle = apply_method(model, specs[method][0], **options[method])
         try:
             pre, dec = time_method(handle.model, prompts[n], args.decode)
         finally:
@@ -98,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
         if record:
             raw[method][n]["prefill"].append(pre)
             raw[method][n]["decode"].append(dec)
-            print(f"  {method:18s} {n:6d} tokens: prefill {pre:7.3f} s  decode {dec * 1000:8.1f} ms/token", flush=True)
+            print(f"  {method:26s} {n:6d} tokens: prefill {pre:7.3f} s  decode {dec * 1000:8.1f} ms/token", flush=True)
 
     for _ in range(args.warmup):
         for m in methods:
@@ -120,11 +131,11 @@ def main(argv: list[str] | None = None) -> dict:
             summary[m][n] = {"prefill_s": pre, "decode_s_per_token": dec, "prefill_ratio": pre / base_pre,
                              "decode_ratio": dec / base_dec}
 
-    header = f"{'method':18s}" + "".join(f" | {f'{n} tok prefill':>14s} {'decode/token':>16s}" for n in lengths)
+    header = f"{'method':26s}" + "".join(f" | {f'{n} tok prefill':>14s} {'decode/token':>16s}" for n in lengths)
     print("\n" + header)
     print("-" * len(header))
     for m in methods:
-        row = f"{m:18s}"
+        row = f"{m:26s}"
         for n in lengths:
             s = summary[m][n]
             pre = f"{s['prefill_s']:.2f}s x{s['prefill_ratio']:.2f}"

@@ -253,6 +253,11 @@ def test_pruned_search_keeps_each_generations_elite(stub_fitness):
             assert i["accuracy"] <= full[g][0]  # pruned: lower bound
     # pruned individuals were not scored to the end
     assert n_pruned < 18 * sum(h["scored"] for h in pruned.history)
+    # each generation reports the objective's best / mean and the questions it scored
+    for h in pruned.history:
+        assert h["objective"] == "accuracy" and h["best_value"] == h["best_accuracy"]
+        assert h["mean_value"] == pytest.approx(sum(i["value"] for i in h["individuals"]) / h["unique"])
+    assert sum(h["questions_scored"] for h in pruned.history) == n_pruned
 
 
 def test_fitness_result_roundtrip():

@@ -81,3 +81,30 @@ def test_simple_evaluate_on_local_multiple_choice_task(tmp_path, tiny_tokenizer,
         lm.close()
     acc = res["results"]["posbias_tiny_mc"]["acc,none"]
     assert 0.0 <= acc <= 1.0
+
+
+@pytest.mark.parametrize("method", ["none", "attention-buckets"])
+def test_choices_of_one_question_are_scored_from_one_prefill(tiny_tokenizer, method):
+    """Requests sharing their context (multiple-choice) take the shared-prefill path; the scores
+    equal scoring each (context + choice) row alone."""
+    model = make_tiny_model("qwen2")
+    ctx = "Question: what colour is the sky on a clear day?\nAnswer:"
+    reqs = [(ctx, " blue"), (ctx, " green"), (ctx, " yellow and orange"), ("The grass", " is green.")]
+    with_shared = PosbiasLM(model, tiny_tokenizer, method=method, batch_size=2)
+    calls = []
+    import posbias.evaluation.scoring as scoring
+
+    real = scoring.score_shared_context
+    try:
+        scoring.score_shared_context = lambda *a, **k: calls.append(len(a[2])) or real(*a, **k)
+        got = with_shared.loglikelihood([_Req(c, x) for c, x in reqs], disable_tqdm=True)
+    finally:
+        scoring.score_shared_context = real
+        with_shared.close()
+    assert calls == [3]  # the three choices, one prefill; the lone request row by row
+    alone = PosbiasLM(model, tiny_tokenizer, method=method, batch_size=1)
+    want = [alone._loglikelihood_tokens([(None, alone.tok_encode(c), alone.tok_encode(x))])[0]
+            for c, x in [(ctx + "", x) for _c, x in reqs[:3]]]
+    alone.close()
+    for (ll, greedy), (ll2, greedy2) in zip(got[:3], want):
+        assert ll == pytest.approx(ll2, abs=1e-4) and greedy == greedy2

@@ -9,7 +9,9 @@ import torch
 from conftest import make_tiny_model, make_tiny_tokenizer
 from posbias.methods import apply_method
 from posbias.methods._attention import base_inv_freq
-from posbias.methods.moice import load_routers, save_routers, train_routers
+from posbias.methods.moice import load_routers, save_routers
+from posbias.training.moice import RouterBudget, train_routers, training_windows
+from posbias.utils.io import read_jsonl
 
 
 def _inputs(seed=0, t=20):
@@ -59,10 +61,13 @@ def test_train_save_load_roundtrip(tmp_path):
     tok = make_tiny_tokenizer()
     params_before = {k: v.clone() for k, v in model.state_dict().items()}
     flags = [p.requires_grad for p in model.parameters()]
-    texts = ["The pass key is 12345. Remember it. The grass is green. What is the pass key? The pass key is 12345."]
+    texts = ["The grass is green. The sky is blue. Here we go, there and back again."] * 4
+    windows = training_windows(tok, texts, seq_len=24, count=3, seed=0)
     h = apply_method(model, "moice", top_k=2, multipliers=[1.0, 1.5, 2.0])
     r0 = {k: v.clone() for k, v in h.state["routers"].state_dict().items()}
-    hist = train_routers(h, tok, texts, steps=3, lr=1e-2)
+    hist = []
+    spent = train_routers(h, windows, RouterBudget(steps=3, seq_len=24, lr=1e-2), progress=False, log=hist.append)
+    assert spent["steps_done"] == 3 and spent["tokens"] == 72 and spent["stopped_by"] == "steps"
     assert len(hist) == 3 and all(torch.isfinite(torch.tensor(r["loss"])) for r in hist)
     assert hist[0]["aux"] > 0
     r1 = h.state["routers"].state_dict()
@@ -71,10 +76,11 @@ def test_train_save_load_roundtrip(tmp_path):
     assert [p.requires_grad for p in model.parameters()] == flags
     inputs, valid = _inputs()
     out = h.model(**inputs).logits
-    folder = save_routers(h.state["routers"], tmp_path / "routers")
+    folder = save_routers(h.state["routers"], tmp_path / "routers", extra={"budget": spent})
     h.remove()
     cfg = json.loads((folder / "moice_config.json").read_text())
     assert cfg["top_k"] == 2 and cfg["multipliers"] == [1.0, 1.5, 2.0]
+    assert cfg["training"]["budget"]["steps_done"] == 3
     assert load_routers(folder / "routers.safetensors").top_k == 2
     with apply_method(model, "moice", routers=str(folder)) as h2:
         torch.testing.assert_close(h2.model(**inputs).logits, out, atol=1e-6, rtol=1e-6)
@@ -105,18 +111,24 @@ def test_train_moice_cli(tmp_path):
     model.save_pretrained(mdir)
     tok.save_pretrained(mdir)
     data = tmp_path / "d.jsonl"
-    data.write_text("\n".join(json.dumps({"text": "The pass key is 12345. The sky is blue. " * 3})
-                              for _ in range(2)))
+    data.write_text("\n".join(json.dumps({"text": f"Essay {i}. The sky is blue and the grass is green. " * 3})
+                              for i in range(4)))
     out = tmp_path / "routers"
-    res = CliRunner().invoke(app, ["train-moice", "--model", str(mdir), "--out", str(out), "--steps", "2",
-                                   "--data", str(data), "--top-k", "2"])
+    args = ["train-moice", "--model", str(mdir), "--out", str(out), "--corpus", str(data), "--top-k", "2",
+            "--seq-len", "16"]
+    res = CliRunner().invoke(app, args + ["--steps", "2"])
     assert res.exit_code == 0, res.output
-    assert (out / "routers.safetensors").exists() and (out / "moice_config.json").exists()
+    assert (out / "routers.safetensors").exists() and (out / "checkpoint.pt").exists()
+    budget = json.loads((out / "moice_config.json").read_text())["training"]["budget"]
+    assert budget["steps_done"] == 2 and budget["seq_len"] == 16 and budget["tokens"] == 32
     with apply_method(model, "moice", routers=str(out)) as h:
         assert h.options["top_k"] == 2
-    bad = CliRunner().invoke(app, ["train-moice", "--model", str(mdir), "--out", str(out), "--data",
-                                   str(tmp_path / "missing.jsonl")])
-    assert bad.exit_code == 2
+    more = CliRunner().invoke(app, args + ["--steps", "3"])  # a larger budget resumes from step 2
+    assert more.exit_code == 0, more.output
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+    bad = CliRunner().invoke(app, ["train-moice", "--model", str(mdir), "--out", str(tmp_path / "other"),
+                                   "--corpus", str(tmp_path / "missing.jsonl")])
+    assert bad.exit_code == 2 and "missing.jsonl" in bad.output
 
 
 def test_defaults_are_the_reference_runs():
@@ -181,3 +193,56 @@ def test_router_sees_the_query_rotated_with_the_layers_own_base():
 
     torch.testing.assert_close(seen[0], rotate(q, cos[:, None], sin[:, None]), atol=1e-6, rtol=1e-5)
     assert M.DEFAULT_TOP_K == 7
+
+
+def test_router_training_resumes_exactly(tmp_path):
+    """Killed after 4 of 6 steps (checkpoint every 2) and rerun = one uninterrupted run of 6 steps."""
+    tok = make_tiny_tokenizer()
+    windows = training_windows(tok, [f"Document {i}: the grass is green, the sky is blue." for i in range(5)],
+                               seq_len=12, count=6, seed=1)
+    budget = RouterBudget(steps=6, seq_len=12, lr=1e-2, checkpoint_every=2)
+
+    def run(out, steps=None, fail_at=None):
+        model = make_tiny_model("llama", layers=2, seed=3)
+        h = apply_method(model, "moice", top_k=2, multipliers=[1.0, 2.0], seed=0)
+        if fail_at is not None:
+            def log(rec):
+                if rec["step"] == fail_at:
+                    raise KeyboardInterrupt
+            with pytest.raises(KeyboardInterrupt):
+                train_routers(h, windows, budget, out=out, progress=False, log=log)
+        else:
+            train_routers(h, windows, budget, out=out, progress=False)
+        return {k: v.clone() for k, v in h.state["routers"].state_dict().items()}
+
+    whole = run(tmp_path / "a")
+    run(tmp_path / "b", fail_at=5)  # step 5 logged, last checkpoint at step 4
+    resumed = run(tmp_path / "b")
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    steps = [r["step"] for r in read_jsonl(tmp_path / "b" / "metrics.jsonl")]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    losses = lambda p: [r["loss"] for r in read_jsonl(p / "metrics.jsonl")]  # noqa: E731
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+
+
+def test_training_windows_are_seeded_general_text_windows():
+    tok = make_tiny_tokenizer()
+    texts = [f"Document number {i} says something." for i in range(7)]
+    a = training_windows(tok, texts, seq_len=10, count=8, seed=0)
+    assert len(a) == 8 and all(w.shape == (10,) for w in a)
+    assert all(torch.equal(x, y) for x, y in zip(a, training_windows(tok, texts, 10, 8, seed=0)))
+    assert not all(torch.equal(x, y) for x, y in zip(a, training_windows(tok, texts, 10, 8, seed=1)))
+    with pytest.raises(ValueError, match="no documents"):
+        training_windows(tok, [], 10, 1)
+    with pytest.raises(ValueError, match="steps >= 1"):
+        RouterBudget(steps=0)
+
+
+def test_router_training_stops_at_the_time_budget_and_says_so(tmp_path):
+    tok = make_tiny_tokenizer()
+    windows = training_windows(tok, ["The grass is green. The sky is blue."] * 3, seq_len=8, count=2)
+    h = apply_method(make_tiny_model("llama", layers=2), "moice", top_k=2, multipliers=[1.0, 2.0])
+    spent = train_routers(h, windows, RouterBudget(steps=2, seq_len=8, max_minutes=1e-9), out=tmp_path,
+                          progress=False)
+    assert spent["stopped_by"] == "time" and spent["steps_done"] == 0
+    assert (tmp_path / "checkpoint.pt").exists()

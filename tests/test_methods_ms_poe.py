@@ -157,3 +157,69 @@ def test_score_rope_choice_and_bad_choices_are_refused(monkeypatch):
         apply_method(model, "ms-poe", mapping="sorted")
     with pytest.raises(ValueError, match="score_rope"):
         apply_method(model, "ms-poe", score_rope="both")
+
+
+def _decode(model, ids, steps=5, cache=None):
+    """Greedy steps from a prefill of ``ids`` (B, T): the stacked last-position logits (steps + 1, B, V)."""
+    out = model(input_ids=ids, use_cache=True)
+    cache, logits = out.past_key_values, [out.logits[:, -1]]
+    nxt = out.logits[:, -1:].argmax(-1)
+    for _ in range(steps):
+        out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        logits.append(out.logits[:, -1])
+        nxt = out.logits[:, -1:].argmax(-1)
+    return torch.stack(logits)
+
+
+@pytest.mark.parametrize("method,opts", [("ms-poe", {"skip_layers": 0}), ("ms-poe", {"order": "index"}),
+                                         ("moice", {"seed": 3})])
+def test_rotated_key_cache_equals_re_rotating_the_whole_cache(method, opts):
+    """Decoding with the rotated keys kept between steps gives the very logits of re-rotating every step."""
+    import warnings
+
+    model = make_tiny_model("qwen3", heads=4, kv_heads=2, layers=3, seed=1)
+    ids = torch.randint(3, 500, (2, 30), generator=torch.Generator().manual_seed(0))
+    got = {}
+    for kept in (True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            h = apply_method(model, method, rotated_cache=kept, **opts)
+        with h:
+            got[kept] = _decode(model, ids)
+            state = h.state["ms_poe" if method == "ms-poe" else "moice"]
+            if kept:
+                assert state.rotated.reused >= 5  # every decoding step reused the earlier rotated keys
+            else:
+                assert state.rotated is None
+    assert torch.equal(got[True], got[False])
+
+
+def test_rotated_key_cache_is_not_reused_for_another_or_cropped_cache():
+    """Prefill A, prefill B, then decode A: A's steps must not reuse B's rotated keys (same length,
+    same last token); a cropped cache extended again is rotated afresh."""
+    model = make_tiny_model("llama", layers=2, seed=4)
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randint(3, 500, (1, 20), generator=g), torch.randint(3, 500, (1, 20), generator=g)
+    b[:, -1] = a[:, -1]  # layer 0's last keys of A and B are equal
+    nxt = torch.tensor([[7]])
+    with apply_method(model, "ms-poe", order="index", skip_layers=0):
+        ca = model(input_ids=a, use_cache=True).past_key_values
+        model(input_ids=b, use_cache=True)
+        interleaved = model(input_ids=nxt, past_key_values=ca, use_cache=True).logits
+        cache = model(input_ids=a, use_cache=True).past_key_values
+        model(input_ids=torch.tensor([[9, 10, 11]]), past_key_values=cache, use_cache=True)
+        cache.crop(-3)  # back to the 20 prompt tokens
+        cropped = model(input_ids=torch.tensor([[12, 13, 14]]), past_key_values=cache, use_cache=True).logits
+    with apply_method(model, "ms-poe", order="index", skip_layers=0, rotated_cache=False):
+        ca = model(input_ids=a, use_cache=True).past_key_values
+        alone = model(input_ids=nxt, past_key_values=ca, use_cache=True).logits
+        cache = model(input_ids=a, use_cache=True).past_key_values
+        fresh = model(input_ids=torch.tensor([[12, 13, 14]]), past_key_values=cache, use_cache=True).logits
+    torch.testing.assert_close(interleaved, alone, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(cropped, fresh, atol=1e-6, rtol=1e-6)
+
+
+def test_rotated_cache_option_must_be_a_bool():
+    model = make_tiny_model("llama", layers=2, seed=4)
+    with pytest.raises(ValueError, match="rotated_cache must be true or false"):
+        apply_method(model, "ms-poe", rotated_cache="yes")

@@ -516,3 +516,12 @@ def test_resume_may_raise_n_but_not_lower_it(tmp_path, fake_train):
     assert "Note (passkey)" not in (out / "summary.md").read_text()
     with pytest.raises(ValueError, match="raise n, not lower it"):
         run_study(StudyConfig(**kw, n=2, resume=True), **quiet)
+
+
+def test_one_mode_spelling_with_the_old_one_accepted():
+    from posbias.evaluation.modes import canonical_mode
+    from posbias.study.runner import StudyConfig
+
+    assert StudyConfig(out="x", modes=["teacher_forced", "generate"]).modes == ["teacher-forced", "generate"]
+    assert StudyConfig(out="x").modes == ["teacher-forced", "generate"]
+    assert canonical_mode("tf") == "teacher-forced" and canonical_mode("bogus") == "bogus"

@@ -49,7 +49,7 @@ def check_training_run(cfg: Any, kind: str, settings: dict, check_keys) -> bool:
     resumes."""
     from pathlib import Path
 
-    from posbias.training.data import BUILTIN_CORPORA
+    from posbias.utils.corpus import BUILTIN_CORPORA
     from posbias.training.tokenizer import parse_bpe_spec
     from posbias.utils.run_folder import open_run
 
@@ -89,3 +89,26 @@ Haystack = typer.Option(None, "--haystack", help="niah: noise | essay | needle")
 NumNeedles = Count(None, "--num-needles", help="niah: number of needles (multi-key)")
 Seed = Count(0, "--seed", minimum=0, help="random seed of the instances (and of the search / training)")
 ExtraOpts = typer.Option(None, "--opt", help="other task option as key=value (repeatable)")
+
+
+def method_options_from_flags(names: list[str], *, factors: str | None, pi_factor: float, routers: str | None,
+                              settings: str | None) -> dict:
+    """Per-method options from the shared flags of ``compare`` / ``ability`` (``--factors`` for lpes,
+    ``--pi-factor``, ``--routers`` for moice, ``--settings`` from ``posbias tune``)."""
+    options: dict = {"pi": {"factor": pi_factor}}
+    if "lpes" in names:
+        if not factors:
+            raise ValueError("--methods includes lpes: give its factors file with --factors (from posbias search)")
+        options["lpes"] = {"factors": factors}
+    elif factors:
+        raise ValueError("--factors is only used by lpes, which --methods does not list")
+    if "pi" in names and not pi_factor > 0:
+        raise ValueError(f"--pi-factor must be > 0, got {pi_factor}")
+    if routers:
+        options["moice"] = {"routers": routers}
+    if settings:
+        from posbias.evaluation.tune import read_settings
+
+        for name, opts in read_settings(settings).items():
+            options[name] = {**options.get(name, {}), **opts}
+    return options

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from posbias.cli.common import (Count, DataPath, ExtraOpts, Haystack, Length, NumDocs, NumKeys, NumNeedles, Seed,
-                                friendly_errors, parse_floats, parse_key_values, task_options)
+                                friendly_errors, method_options_from_flags, parse_floats, parse_key_values, task_options)
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -71,22 +71,8 @@ def compare_command(
     from posbias.evaluation.compare import compare_methods
 
     names = [m.strip() for m in methods.split(",") if m.strip()]
-    options: dict = {"pi": {"factor": pi_factor}}
-    if "lpes" in names:
-        if not factors:
-            raise ValueError("--methods includes lpes: give its factors file with --factors (from posbias search)")
-        options["lpes"] = {"factors": factors}
-    elif factors:
-        raise ValueError("--factors is only used by lpes, which --methods does not list")
-    if "pi" in names and not pi_factor > 0:
-        raise ValueError(f"--pi-factor must be > 0, got {pi_factor}")
-    if routers:
-        options["moice"] = {"routers": routers}
-    if settings:
-        from posbias.evaluation.tune import read_settings
-
-        for name, opts in read_settings(settings).items():
-            options[name] = {**options.get(name, {}), **opts}
+    options = method_options_from_flags(names, factors=factors, pi_factor=pi_factor, routers=routers,
+                                        settings=settings)
     compare_methods(model=model, task=task, methods=names, depths=parse_floats(depths, "depths"), n=n, out=out,
                     method_options=options, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
                     task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))

@@ -87,9 +87,12 @@ def search_command(
 def generation_line(m: dict) -> str:
     """One line per GA generation: best / mean fitness, scoring work and wall time."""
     pd = " ".join(f"{d}:{a:.2f}" for d, a in m["best_per_depth"].items())
-    return (f"gen {m['generation']:>2}  best {m['best_accuracy']:.3f} ({pd})  mean {m['mean_accuracy']:.3f}"
-            f"  scored {m['scored']} (pruned {m['pruned']}, memo {m['memo_hits']})"
-            f"  fwd {m['forward_passes']}  {m['wall_s']:.0f}s")
+    value = ""
+    if m.get("objective") == "logprob":
+        value = f"  {m['objective']} best {m['best_value']:.4f} mean {m['mean_value']:.4f} |"
+    return (f"gen {m['generation']:>2} {value} accuracy best {m['best_accuracy']:.3f} ({pd})"
+            f"  mean {m['mean_accuracy']:.3f}  scored {m['scored']} (pruned {m['pruned']}, memo {m['memo_hits']})"
+            f"  questions {m.get('questions_scored', '?')}  fwd {m['forward_passes']}  {m['wall_s']:.0f}s")
 
 
 def apply_command(

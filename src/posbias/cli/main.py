@@ -49,6 +49,7 @@ SUBCOMMAND_MODULES = [
     "posbias.cli.study_cmd",
     "posbias.cli.methods_cmd",
     "posbias.cli.train_cmd",
+    "posbias.cli.ability_cmd",
 ]
 
 for _name in SUBCOMMAND_MODULES:

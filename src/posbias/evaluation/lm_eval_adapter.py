@@ -110,6 +110,7 @@ class PosbiasLM(TemplateLM):
             inp = whole[:-1]
             n_cont = min(len(cont), len(inp))
             items.append((i, key, inp, list(cont)[-n_cont:]))
+        items = self._score_shared_contexts(items, results)
         items.sort(key=lambda x: -len(x[2]))  # similar lengths together; results restored by index
         for start in range(0, len(items), self.batch_size):
             chunk = items[start:start + self.batch_size]
@@ -119,6 +120,34 @@ class PosbiasLM(TemplateLM):
                 results[i] = (r["logprob"], r["em"])
                 self.cache_hook.add_partial("loglikelihood", key, results[i])
         return results  # type: ignore[return-value]
+
+    def _score_shared_contexts(self, items: list, results: list) -> list:
+        """Score requests that share their whole context (the choices of a multiple-choice question)
+        from one prefill of it (:func:`~posbias.evaluation.scoring.score_shared_context`, equal to
+        scoring each row within float tolerance); returns the items left to score row by row. A
+        :func:`~posbias.evaluation.teacher_forced.prompt_dependent` model scores every row alone."""
+        from posbias.evaluation.scoring import Continuation, score_shared_context
+        from posbias.evaluation.teacher_forced import prompt_dependent
+
+        if prompt_dependent(self.handle.model):
+            return items
+        groups: dict[tuple, list] = {}
+        for item in items:
+            _i, _key, inp, cont = item
+            groups.setdefault(tuple(inp[: len(inp) - len(cont) + 1]), []).append(item)
+        rest = []
+        for context, members in groups.items():
+            if len(members) < 2:
+                rest += members
+                continue
+            conts = [Continuation(str(n), list(cont), len(cont), len(context)) for n, (_i, _k, _inp, cont)
+                     in enumerate(members)]
+            rows = score_shared_context(self.handle.model, list(context), conts, self._pad_id(),
+                                        batch_size=max(self.batch_size, 4))
+            for r, (i, key, _inp, _cont) in zip(rows, members):
+                results[i] = (r["logprob"], r["em"])
+                self.cache_hook.add_partial("loglikelihood", key, results[i])
+        return rest
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window

@@ -28,9 +28,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from posbias.evaluation.modes import GENERATE, TEACHER_FORCED, canonical_mode
 from posbias.utils.io import append_jsonl, read_jsonl
 
-MODES = ("teacher_forced", "generate")
+MODES = (TEACHER_FORCED, GENERATE)
 
 
 class LengthBeyondModelError(ValueError):
@@ -118,7 +119,7 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
         lengths: input lengths in tokens (passed to the task generator as ``length``).
         depths: relative needle depths in [0, 1].
         n: instances per cell.
-        modes: subset of ``("teacher_forced", "generate")``.
+        modes: subset of ``("teacher-forced", "generate")`` (``teacher_forced`` is accepted).
         batch_size: upper bound for the two-pass scorers; the actual batch is
             ``min(batch_size, token_budget // length)`` (at least 1), so long inputs run one at a time.
         max_new_tokens: generation budget (default: answer tokens + 4, per cell).
@@ -135,6 +136,7 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
     Each record: ``model, task, length, depth, id, prompt_tokens, answers`` plus
     ``tf_em, tf_logprob, n_tokens`` (teacher-forced) and ``prediction, gen_score`` (generation).
     """
+    modes = [canonical_mode(m) for m in modes]
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown grid modes {sorted(unknown)}; known: {', '.join(MODES)}")
@@ -186,7 +188,7 @@ def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_s
             return [{"id": inst.id, "answers": list(inst.answers), "metric": inst.metric, **res,
                      "gen_score": float(score(inst.metric, res["prediction"], inst.answers))}]
     out = [{"id": inst.id, "answers": list(inst.answers), "metric": inst.metric} for inst in chunk]
-    if "teacher_forced" in modes:
+    if TEACHER_FORCED in modes:
         from posbias.evaluation.teacher_forced import score_teacher_forced
 
         for o, r in zip(out, score_teacher_forced(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):

@@ -16,13 +16,14 @@ from tqdm.auto import tqdm
 from posbias.evaluation.batching import encode, model_max_positions
 from posbias.evaluation.generation import greedy_generate
 from posbias.evaluation.metrics import score
+from posbias.evaluation.modes import GENERATE, TEACHER_FORCED
 from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.stats import accuracy_by_depth, format_table
 from posbias.evaluation.teacher_forced import score_teacher_forced
 from posbias.tasks.base import Instance, check_int
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl
 
-MODES = ("teacher-forced", "generate", "both")
+MODES = (TEACHER_FORCED, GENERATE, "both")
 
 
 def check_fits(model, tokenizer, instances: Sequence[Instance], chat: bool, extra_tokens: int = 0) -> int:
@@ -47,11 +48,11 @@ def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch
     prompt_tokens`` (teacher-forced) and ``prediction, gen_score`` (generation)."""
     records = [{"id": i.id, "depth": i.depth, "gold_index": i.gold_index, "num_items": i.num_items,
                 "answers": i.answers} for i in chunk]
-    if mode in ("teacher-forced", "both"):
+    if mode in (TEACHER_FORCED, "both"):
         for rec, r in zip(records, score_teacher_forced(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
             rec.update(tf_em=r["em"], tf_logprob=r["logprob"], n_tokens=r["n_tokens"],
                        prompt_tokens=r["prompt_tokens"])
-    if mode in ("generate", "both"):
+    if mode in (GENERATE, "both"):
         preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens, batch_size=batch_size, chat=chat)
         for rec, inst, pred in zip(records, chunk, preds):
             rec.update(prediction=pred, gen_score=score(inst.metric, pred, inst.answers))

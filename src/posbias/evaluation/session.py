@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from posbias.evaluation.modes import canonical_mode
 from posbias.evaluation.runner import check_mode, evaluate
 from posbias.tasks.base import check_int
 from posbias.utils.run_folder import RunFolder, open_run
@@ -53,6 +54,7 @@ def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | 
     task_options = dict(task_options or {})
     check_int("batch_size", batch_size)
     check_int("max_new_tokens", max_new_tokens)
+    mode = canonical_mode(mode)
     check_mode(mode)
     depths = check_request(task, n=n, depths=depths, seed=seed, split=split, **task_options)
     if instances is None:

@@ -25,6 +25,7 @@ configuration reproduces the model bit for bit), else ``kv - 1``.
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Callable
 
 import torch
@@ -145,6 +146,48 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
 
 
+class RotatedKeyCache:
+    """Rotated keys of the last call, per ``(layer, tag)``, so a decoding step rotates only its new keys.
+
+    The KV cache holds un-rotated keys; a method whose rotation of a key is fixed once the prompt is
+    prefilled (Ms-PoE's per-head ratios, MoICE's expert bases) can keep the rotated keys and extend
+    them. A call *continues* the stored keys when it is not a prefill (``q_len < kv``), extends the
+    very cache object of the stored call (see :func:`module_cache`), the stored length is exactly
+    ``kv - q_len``, the batch size matches and the stored last key equals the cache's key at that
+    index; anything else (a cropped, repeated or other cache) is rotated afresh. Memory: one rotated
+    copy per tag of the (possibly query-head-expanded) key cache.
+    """
+
+    def __init__(self):
+        self._store: dict[tuple, tuple] = {}
+        self.reused = 0  # calls that rotated only their new keys
+
+    def keys(self, module, tag, key: torch.Tensor, q_len: int,
+             rotate_from: Callable[[int], torch.Tensor]) -> torch.Tensor:
+        """Rotated keys (B, *, kv, d) for the un-rotated ``key`` (B, KV, kv, d) of ``module``'s call;
+        ``rotate_from(start)`` rotates ``key[:, :, start:]`` (B, *, kv - start, d)."""
+        kv, cache = key.shape[2], module_cache(module)
+        slot = (module.layer_idx, tag)
+        prev = self._store.get(slot)
+        start = 0
+        if prev is not None and q_len < kv and cache is not None:
+            rot, n, last, owner = prev
+            if (owner() is cache and n == kv - q_len and rot.shape[0] == key.shape[0]
+                    and torch.equal(last, key[:, :, n - 1])):
+                start = n
+                self.reused += 1
+        new = rotate_from(start)
+        rot = new if start == 0 else torch.cat([prev[0], new], dim=2)
+        if cache is None:
+            self._store.pop(slot, None)
+        else:
+            self._store[slot] = (rot, kv, key[:, :, kv - 1].clone(), weakref.ref(cache))
+        return rot
+
+    def clear(self) -> None:
+        self._store.clear()
+
+
 # ----------------------------------------------------------------------------- the patch
 
 class RopeAttentionPatch:
@@ -180,14 +223,35 @@ class RopeAttentionPatch:
         for attn, cfg in reversed(self._saved):
             attn.config = cfg
             attn.__dict__.pop("_posbias_attention", None)
+            attn.__dict__.pop("_posbias_cache", None)
             attn.__dict__.pop("forward", None)
         self._saved = []
+
+
+CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")  # its name across transformers versions
+
+
+def module_cache(module) -> object | None:
+    """The KV cache object of ``module``'s current forward call (None without a cache)."""
+    ref = module.__dict__.get("_posbias_cache")
+    return None if ref is None else ref()
+
+
+def _remember_cache(attn, args, kwargs) -> None:
+    cache = next((kwargs[k] for k in CACHE_KWARGS if kwargs.get(k) is not None), None)
+    if cache is None and len(args) > 3:
+        cache = args[3]
+    try:
+        attn.__dict__["_posbias_cache"] = None if cache is None else weakref.ref(cache)
+    except TypeError:  # an object without weak references: never reuse rotated keys
+        attn.__dict__["_posbias_cache"] = None
 
 
 def _identity_rope_forward(attn: torch.nn.Module):
     orig = type(attn).forward.__get__(attn)
 
     def forward(*args, **kwargs):
+        _remember_cache(attn, args, kwargs)
         if "position_embeddings" in kwargs and kwargs["position_embeddings"] is not None:
             cos, sin = kwargs["position_embeddings"]
             kwargs["position_embeddings"] = (torch.ones_like(cos), torch.zeros_like(sin))

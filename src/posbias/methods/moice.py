@@ -4,8 +4,10 @@ One router per layer, shared by the layer's heads, is applied per head and token
 rotated with the layer's own base (the reference code routes on q after RoPE with its first base):
 ``logits = gate2(act(gate1(q)) * gate3(q))``; the top-k experts are kept with renormalised softmax
 weights; attention is computed once per selected base and the outputs are mixed with those weights.
-Keys are cached before RoPE (see :mod:`posbias.methods._attention`). Only the routers are trained
-(:func:`train_routers`), with the LM loss plus a Switch-style load-balancing loss (coef 0.3).
+Keys are cached before RoPE (see :mod:`posbias.methods._attention`); each expert's rotated keys are
+kept between decoding steps (``rotated_cache``). Only the routers are trained
+(:func:`posbias.training.moice.train_routers`), with the LM loss plus a Switch-style load-balancing
+loss (coef 0.3), on general text.
 
 Defaults are the reference run's (``docs/baselines_reference.md``): 7 experts with the bases
 10000, 17500, 18000, 19000, 20000, 22500, 25000 relative to 10000 (multipliers of each layer's own
@@ -18,20 +20,18 @@ Router files: a folder (or its ``routers.safetensors``) holding ``routers.safete
 from __future__ import annotations
 
 import json
-import math
-import random
 import warnings
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
 from posbias.methods import _attention as A
-from posbias.tasks.haystack import NOISE
-from posbias.methods.registry import MethodHandle, as_list, register_method
+from posbias.methods.registry import MethodHandle, as_bool, as_list, register_method
 from posbias.models.loader import get_decoder_layers
 from posbias.models.rope_layout import rope_layout
+from posbias.utils.io import atomic_write_bytes, atomic_write_json
 
 DEFAULT_MULTIPLIERS = (1.0, 1.75, 1.8, 1.9, 2.0, 2.25, 2.5)  # the reference's 10000 .. 25000 / 10000
 DEFAULT_TOP_K = 7  # dense, as the reference run
@@ -74,16 +74,16 @@ class MoICERouters(nn.Module):
 
 def save_routers(routers: MoICERouters, out_dir: str | Path, extra: dict | None = None) -> Path:
     """Write ``routers.safetensors`` + ``moice_config.json`` into ``out_dir``; returns the folder."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in routers.state_dict().items()}
-    save_file(state, str(out / WEIGHTS_FILE))
+    atomic_write_bytes(out / WEIGHTS_FILE, save(state))
     cfg = routers.config()
     if extra:
         cfg["training"] = extra
-    (out / CONFIG_FILE).write_text(json.dumps(cfg, indent=2))
+    atomic_write_json(out / CONFIG_FILE, cfg)
     return out
 
 
@@ -110,8 +110,9 @@ def load_routers(path: str | Path) -> MoICERouters:
 class MoICE:
     """Attention function and bookkeeping (load-balancing statistics) of an applied MoICE."""
 
-    def __init__(self, model, routers: MoICERouters):
+    def __init__(self, model, routers: MoICERouters, rotated_cache: bool = True):
         self.layout = A.check_self_rotating(model, routers.layers, "moice")
+        self.rotated = A.RotatedKeyCache() if rotated_cache else None  # each expert's keys, kept between steps
         self.routers = routers
         self.multipliers = list(routers.multipliers)
         self.collect_aux = False
@@ -154,8 +155,13 @@ class MoICE:
                 continue
             inv = self._inv(module.layer_idx, e, query.device)[None, None]  # (1, 1, d/2)
             cq, sq = A.cos_sin(q_pos[:, None, :], inv, att_scale, query.dtype)  # (B, 1, q, d)
-            ck, sk = A.cos_sin(k_pos[:, None, :], inv, att_scale, query.dtype)
-            k_rot = A.repeat_kv(A.rotate(key, ck, sk), n_rep)
+
+            def rotate_keys(start: int, inv=inv) -> torch.Tensor:  # (B, KV, kv - start, d) under expert e's base
+                ck, sk = A.cos_sin(k_pos[:, None, start:], inv, att_scale, query.dtype)
+                return A.rotate(key[:, :, start:], ck, sk)
+
+            rotated = rotate_keys(0) if self.rotated is None else self.rotated.keys(module, e, key, q_len, rotate_keys)
+            k_rot = A.repeat_kv(rotated, n_rep)
             o = A.attend(A.rotate(query, cq, sq), k_rot, v_rep, mask, scaling)  # (B, H, q, d)
             term = weights[..., e, None].to(o.dtype) * o
             out = term if out is None else out + term
@@ -181,14 +187,17 @@ class MoICE:
                            "multipliers/bases, hidden, layers, seed)", aliases=("mixture-of-in-context-experts",))
 def apply_moice(model, routers: str | None = None, top_k: int | None = None, multipliers: Sequence[float] | None = None,
                 bases: Sequence[float] | None = None, hidden: int | None = None,
-                layers: Sequence[int] | None = None, seed: int = 0) -> MethodHandle:
+                layers: Sequence[int] | None = None, seed: int = 0, rotated_cache: bool = True) -> MethodHandle:
     """Apply MoICE; with ``routers=PATH`` the saved routers (and their bases / top_k) are used,
     otherwise freshly initialised (untrained) routers are created (for training or tests).
 
     ``top_k`` defaults to the saved value (routers file) or 7 (dense); given explicitly it overrides the
     saved one. ``multipliers`` / ``bases`` / ``hidden`` / ``layers`` define new routers: given together
     with ``routers=PATH`` (whose file fixes them) they are refused, never silently ignored.
+    ``rotated_cache`` keeps each expert's rotated keys between decoding steps (``False``: re-rotate
+    the whole cache at every step; same outputs).
     """
+    rotated_cache = as_bool(rotated_cache, "moice: rotated_cache")
     if top_k is not None:
         try:
             top_k = int(top_k)
@@ -238,101 +247,12 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
     except StopIteration:  # pragma: no cover
         dev = torch.device("cpu")
     mods.to(dev).eval()
-    state = MoICE(model, mods)
+    state = MoICE(model, mods, rotated_cache)
     patch = A.RopeAttentionPatch(model, mods.layers, state.attention)
     opts = {"routers": None if routers is None else str(routers), "top_k": mods.top_k,
-            "multipliers": mods.multipliers, "layers": mods.layers, "hidden": mods.hidden}
+            "multipliers": mods.multipliers, "layers": mods.layers, "hidden": mods.hidden,
+            "rotated_cache": rotated_cache}
     if len(thetas) == 1:
         opts["bases"] = [thetas[0] * m for m in mods.multipliers]
     return MethodHandle("moice", model, remove_fn=patch.remove, options=opts,
                         state={"moice": state, "routers": mods})
-
-
-# ----------------------------------------------------------------------------- training
-
-FILLER = NOISE + " "
-
-
-def passkey_texts(n: int, tokens: int, tokenizer, seed: int = 0) -> list[str]:
-    """Synthetic passkey-retrieval documents of about ``tokens`` tokens (needle at a random depth)."""
-    rng = random.Random(seed)
-    per = max(1, len(tokenizer(FILLER, add_special_tokens=False)["input_ids"]))
-    reps = max(1, tokens // per - 2)
-    out = []
-    for _ in range(n):
-        key = rng.randint(10000, 99999)
-        depth = rng.randint(0, reps)
-        needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
-        body = FILLER * depth + needle + FILLER * (reps - depth)
-        out.append("There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-                   + body + f"What is the pass key? The pass key is {key}.")
-    return out
-
-
-def read_texts(path: str | Path) -> list[str]:
-    """Training texts from a file: ``.jsonl`` (field ``text``, else ``prompt`` + ``answer``/``target``) or plain
-    text (documents separated by blank lines)."""
-    p = Path(path)
-    if not p.exists():
-        raise ValueError(f"moice: data file {p} does not exist")
-    if p.suffix == ".jsonl":
-        texts = []
-        for line in p.read_text().splitlines():
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            if "text" in rec:
-                texts.append(str(rec["text"]))
-            else:
-                texts.append(str(rec.get("prompt", "")) + " " + str(rec.get("answer", rec.get("target", ""))))
-        return texts
-    return [t.strip() for t in p.read_text().split("\n\n") if t.strip()]
-
-
-def train_routers(handle: MethodHandle, tokenizer, texts: Iterable[str], *, steps: int = 20, lr: float = 1e-4,
-                  aux_coef: float = 0.3, max_tokens: int = 1024, seed: int = 0, log=None) -> list[dict]:
-    """Train only the routers of an applied MoICE ``handle`` (LM loss + ``aux_coef`` x load balancing).
-
-    One text per step (cycled). The model's own parameters are frozen during training and their
-    ``requires_grad`` flags restored afterwards. Returns a per-step log.
-    """
-    state: MoICE = handle.state["moice"]
-    routers: MoICERouters = handle.state["routers"]
-    model = handle.base_model
-    texts = list(texts)
-    if not texts:
-        raise ValueError("moice: no training texts")
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    for p, _ in flags:
-        p.requires_grad_(False)
-    torch.manual_seed(seed)
-    opt = torch.optim.AdamW(routers.parameters(), lr=lr, weight_decay=0.0)
-    dev = next(model.parameters()).device
-    history = []
-    routers.train()
-    state.collect_aux = True
-    try:
-        for step in range(int(steps)):
-            enc = tokenizer(texts[step % len(texts)], return_tensors="pt", truncation=True, max_length=max_tokens)
-            ids = enc["input_ids"].to(dev)
-            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
-            logits = out.logits[:, :-1].float()
-            lm = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-            aux = state.aux_loss().to(lm.device)
-            loss = lm + aux_coef * aux
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            rec = {"step": step + 1, "loss": float(loss.detach()), "lm": float(lm.detach()), "aux": float(aux.detach())}
-            if not math.isfinite(rec["loss"]):
-                raise RuntimeError(f"moice training diverged at step {step + 1}: {rec}")
-            history.append(rec)
-            if log is not None:
-                log(rec)
-    finally:
-        state.collect_aux = False
-        state.aux = []
-        routers.eval()
-        for p, flag in flags:
-            p.requires_grad_(flag)
-    return history

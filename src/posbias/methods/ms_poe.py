@@ -25,7 +25,9 @@ Which head gets which ratio (``order``):
 Grouped-query attention: several query heads share one key head, but with per-query-head ratios
 the *key* rotation differs per query head, so keys are expanded to query heads (HF layout: query
 head ``h`` reads key head ``h // (H / KV)``) and rotated with the ratio of the query head that
-reads them. The cache stores un-rotated keys (see :mod:`posbias.methods._attention`).
+reads them. The cache stores un-rotated keys (see :mod:`posbias.methods._attention`); the rotated,
+head-expanded keys are kept between decoding steps (``rotated_cache``, default on), so a step
+rotates only its new keys.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ import torch
 
 from posbias.evaluation.teacher_forced import PROMPT_DEPENDENT_ATTR
 from posbias.methods import _attention as A
-from posbias.methods.registry import MethodHandle, as_list, register_method
+from posbias.methods.registry import MethodHandle, as_bool, as_list, register_method
 from posbias.models.loader import get_decoder_layers
 
 
@@ -88,7 +90,7 @@ class MsPoE:
 
     def __init__(self, model, layers: list[int], grid: torch.Tensor | None, order: str,
                  fixed: torch.Tensor | None, threshold: float, mapping: str = "rank",
-                 score_rope: str = "unrotated"):
+                 score_rope: str = "unrotated", rotated_cache: bool = True):
         self.layout = A.check_self_rotating(model, layers, "ms-poe")
         self.mapping, self.score_rope = mapping, score_rope
         self.layers = layers
@@ -97,6 +99,7 @@ class MsPoE:
         self.fixed = fixed
         self.threshold = threshold
         self.current: dict[int, torch.Tensor] = {}  # layer -> (B, H) ratios of the current prompt
+        self.rotated = A.RotatedKeyCache() if rotated_cache else None  # ratios are fixed after the prefill
 
     def head_ratios(self, layer: int) -> torch.Tensor | None:
         """The (B, H) ratios used at the last call of ``layer`` (None before the first call)."""
@@ -112,18 +115,23 @@ class MsPoE:
         att_scale = rope.attention_scaling
         q_pos, k_pos = A.query_key_positions(query, key, kwargs.get("position_ids"))
         mask = A.float_mask(attention_mask, q_len, kv_len, query.dtype, query.device)
-        k_rep = A.repeat_kv(key, n_rep)  # (B, H, kv, d): query head h reads key head h // n_rep
-        v_rep = A.repeat_kv(value, n_rep)
+        v_rep = A.repeat_kv(value, n_rep)  # query head h reads key / value head h // n_rep
         layer = module.layer_idx
 
-        ratios = self._ratios(layer, b, h, q_len, kv_len, query, k_rep, q_pos, k_pos, mask, inv, att_scale, scaling)
+        ratios = self._ratios(layer, b, h, q_len, kv_len, query, key, n_rep, q_pos, k_pos, mask, inv, att_scale,
+                              scaling)
         inv_h = inv[None, None, :] / ratios[..., None].to(inv.dtype)  # (B, H, d/2)
         cq, sq = A.cos_sin(q_pos[:, None, :], inv_h, att_scale, query.dtype)  # (B, H, q, d)
-        ck, sk = A.cos_sin(k_pos[:, None, :], inv_h, att_scale, query.dtype)  # (B, H, kv, d)
-        out = A.attend(A.rotate(query, cq, sq), A.rotate(k_rep, ck, sk), v_rep, mask, scaling)
+
+        def rotate_keys(start: int) -> torch.Tensor:  # keys start.. expanded to query heads: (B, H, kv - start, d)
+            ck, sk = A.cos_sin(k_pos[:, None, start:], inv_h, att_scale, query.dtype)
+            return A.rotate(A.repeat_kv(key[:, :, start:], n_rep), ck, sk)
+
+        k_rot = rotate_keys(0) if self.rotated is None else self.rotated.keys(module, "k", key, q_len, rotate_keys)
+        out = A.attend(A.rotate(query, cq, sq), k_rot, v_rep, mask, scaling)
         return out.transpose(1, 2).contiguous(), None
 
-    def _ratios(self, layer, b, h, q_len, kv_len, query, k_rep, q_pos, k_pos, mask, inv, att_scale, scaling):
+    def _ratios(self, layer, b, h, q_len, kv_len, query, key, n_rep, q_pos, k_pos, mask, inv, att_scale, scaling):
         if self.fixed is not None:
             return self.fixed.to(query.device).expand(b, h)
         if self.order == "index":
@@ -133,11 +141,11 @@ class MsPoE:
         if prev is not None and not is_prefill and prev.shape[0] == b:
             return prev
         # position-awareness from the last query token, on un-rotated q / k or under the model's RoPE
-        q_last, keys = query[:, :, -1:], k_rep
+        q_last, keys = query[:, :, -1:], A.repeat_kv(key, n_rep)
         if self.score_rope == "rotated":
             c1, s1 = A.cos_sin(q_pos[:, None, -1:], inv[None, None], att_scale, query.dtype)
             ck, sk = A.cos_sin(k_pos[:, None, :], inv[None, None], att_scale, query.dtype)
-            q_last, keys = A.rotate(q_last, c1, s1), A.rotate(k_rep, ck, sk)
+            q_last, keys = A.rotate(q_last, c1, s1), A.rotate(keys, ck, sk)
         mask_last = None if mask is None else mask[:, :, -1:, :]
         scores = position_awareness(q_last, keys, mask_last, scaling, self.threshold)
         ratios = ratios_from_scores(scores, self.grid, self.mapping)
@@ -151,7 +159,7 @@ class MsPoE:
 def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int = 2,
                  layers: Sequence[int] | None = None, order: str = "score",
                  ratios: Sequence[float] | None = None, threshold: float = 3.0, mapping: str = "rank",
-                 score_rope: str = "unrotated") -> MethodHandle:
+                 score_rope: str = "unrotated", rotated_cache: bool = True) -> MethodHandle:
     """Apply Ms-PoE.
 
     Args:
@@ -163,6 +171,9 @@ def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int
         threshold: the "x row mean" threshold of the position-awareness score.
         mapping: ``rank`` or ``permutation`` (scores -> ratios; see the module docstring).
         score_rope: ``unrotated`` or ``rotated`` q / k for the score (see the module docstring).
+        rotated_cache: keep the rotated keys between decoding steps (the ratios are fixed after the
+            prefill), so a step rotates only its new keys; ``False`` re-rotates the whole cache each
+            step (same outputs, the cost of the earlier implementation).
     """
     n_layers = len(get_decoder_layers(model))
     n_heads = int(model.config.num_attention_heads)
@@ -201,7 +212,8 @@ def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int
         if bad:
             raise ValueError(f"ms-poe: layer indices {bad} out of range 0..{n_layers - 1}")
     grid = ratio_grid(n_heads, r_min, r_max)
-    state = MsPoE(model, layers, grid, order, fixed, float(threshold), mapping, score_rope)
+    rotated_cache = as_bool(rotated_cache, "ms-poe: rotated_cache")
+    state = MsPoE(model, layers, grid, order, fixed, float(threshold), mapping, score_rope, rotated_cache)
     patch = A.RopeAttentionPatch(model, layers, state.attention)
     per_prompt = fixed is None and order == "score"
     if per_prompt:  # scorers prefill each prompt alone (no answer in the head order; no shared contexts)
@@ -213,6 +225,6 @@ def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int
 
     opts = {"r_min": r_min, "r_max": r_max, "layers": layers, "order": order,
             "ratios": None if fixed is None else fixed.tolist(), "threshold": float(threshold),
-            "mapping": mapping, "score_rope": score_rope}
+            "mapping": mapping, "score_rope": score_rope, "rotated_cache": rotated_cache}
     return MethodHandle("ms-poe", model, remove_fn=remove, options=opts, state={"ms_poe": state},
                         shared_prefill=not per_prompt)

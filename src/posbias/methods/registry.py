@@ -138,6 +138,15 @@ def as_list(value, cast=float, name: str = "option") -> list | None:
         raise ValueError(f"{name} must be a list of numbers, got {value!r}") from None
 
 
+def as_bool(value, name: str = "option") -> bool:
+    """A bool option (``True`` / ``False``, or 0 / 1 as parsed from ``key=value``); anything else is refused."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
 _LOADED = False
 
 

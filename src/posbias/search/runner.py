@@ -203,7 +203,8 @@ def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed:
         todo = [g for g in unique if g not in memo
                 or (memo[g].pruned and (thr is None or memo[g].upper_bound >= thr))]
         jobs = [(factors_of(g), thr, memo.get(g)) for g in todo]
-        before = {g: (memo[g].forward_passes, memo[g].seconds) if g in memo else (0, 0.0) for g in todo}
+        before = {g: (memo[g].forward_passes, memo[g].seconds, memo[g].n_scored) if g in memo else (0, 0.0, 0)
+                  for g in todo}
         for g, r in zip(todo, evaluator.evaluate(jobs)):
             memo[g] = r
         fitness = {g: memo[g].key for g in unique}
@@ -211,9 +212,12 @@ def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed:
         best = ranked[0]
         br = memo[best]
         accs = [memo[g].accuracy for g in unique]
+        values = [memo[g].value for g in unique]
         record = {
-            "generation": gen,
+            "generation": gen, "objective": br.objective,
+            "best_value": br.value, "mean_value": sum(values) / len(values),
             "best_accuracy": br.accuracy, "best_mean_logprob": br.mean_logprob,
+            "best_weighted_logprob": br.weighted_logprob,
             "mean_accuracy": sum(accs) / len(accs),
             "best_per_depth": br.per_depth_accuracy(),
             "best_factors": factors_of(best), "best_control_points": genome_points(best, cfg),
@@ -221,9 +225,10 @@ def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed:
             "memo_hits": len(unique) - len(todo),
             "pruned": sum(1 for g in todo if memo[g].pruned), "threshold": thr,
             "forward_passes": sum(memo[g].forward_passes - before[g][0] for g in todo),
+            "questions_scored": sum(memo[g].n_scored - before[g][2] for g in todo),
             "scoring_s": sum(memo[g].seconds - before[g][1] for g in todo),
             "wall_s": time.perf_counter() - t0,
-            "individuals": [{"genome": g.to_list(), "accuracy": memo[g].accuracy,
+            "individuals": [{"genome": g.to_list(), "value": memo[g].value, "accuracy": memo[g].accuracy,
                              "mean_logprob": memo[g].mean_logprob, "pruned": memo[g].pruned} for g in ranked],
         }
         ga.tell(fitness)

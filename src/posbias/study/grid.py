@@ -9,11 +9,10 @@
 """
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from posbias.utils.corpus import load_texts
 from posbias.utils.io import append_jsonl, read_jsonl
 
 PES = ("rope", "sinusoidal", "nope", "alibi", "ggd")
@@ -67,33 +66,6 @@ def grid_lengths(train_context: int, multipliers: Iterable[float]) -> list[int]:
 
 # ----------------------------------------------------------------------------- perplexity data
 
-def read_corpus_texts(path: str | Path) -> Iterable[str]:
-    """Documents of a corpus: a ``.txt`` file (one document, or several separated by form feeds
-    ``\\f``), a ``.jsonl``/``.jsonl.gz`` file (a ``"text"`` field per line), or a folder of
-    ``.txt`` files (one document each, sorted by path)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"corpus not found: {path}")
-    if path.is_dir():
-        for f in sorted(path.rglob("*.txt")):
-            yield f.read_text(encoding="utf-8", errors="replace")
-        return
-    name = path.name
-    if name.endswith((".jsonl", ".jsonl.gz", ".json.gz")):
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    rec = json.loads(line)
-                    text = rec.get("text") if isinstance(rec, dict) else None
-                    if isinstance(text, str):
-                        yield text
-        return
-    opener = gzip.open if name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        yield from f.read().split("\f")
-
-
 def eval_tokens_from_corpus(tokenizer, path: str | Path, n_tokens: int) -> list[int]:
     """The **last** ``n_tokens`` tokens of the corpus (documents joined by EOS).
 
@@ -102,7 +74,7 @@ def eval_tokens_from_corpus(tokenizer, path: str | Path, n_tokens: int) -> list[
     it consumed the whole corpus).
     """
     eos = tokenizer.eos_token_id
-    docs = list(read_corpus_texts(path))
+    docs = load_texts(path)
     out: list[int] = []
     for text in reversed(docs):
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -148,7 +120,7 @@ def run_perplexity(model, token_ids, *, model_name: str, out_jsonl: str | Path, 
 
 def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Sequence[int],
                    depths: Sequence[float] = DEFAULT_DEPTHS, n: int = 5, seed: int = 0,
-                   modes: Sequence[str] = ("teacher_forced", "generate"), niah: bool = False,
+                   modes: Sequence[str] = ("teacher-forced", "generate"), niah: bool = False,
                    niah_options: dict | None = None, ppl_tokens: Sequence[int] | None = None,
                    ppl_contexts: Sequence[int] = (), batch_size: int = 4, token_budget: int = 8192,
                    extra: dict | None = None, make_instances: Callable | None = None,

