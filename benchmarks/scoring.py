@@ -40,7 +40,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from posbias.evaluation.generation import greedy_generate
-    from posbias.evaluation.scoring import score_instances
+    from posbias.evaluation.teacher_forced import score_instances
     from posbias.models import load_model
 
     model, tok = load_model(args.model)

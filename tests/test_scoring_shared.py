@@ -99,7 +99,7 @@ def test_ms_poe_score_order_comes_from_the_prompt_alone():
 
 @pytest.mark.parametrize("name", ["none", "lpes"])
 def test_kv_shared_contexts_score_like_their_own_prompts(name, tiny_tokenizer, tmp_path):
-    from posbias.evaluation.scoring import score_instances
+    from posbias.evaluation.teacher_forced import score_instances
     from posbias.tasks.kv import make_kv
 
     model = make_tiny_model("qwen2")
@@ -119,7 +119,7 @@ def test_kv_shared_contexts_score_like_their_own_prompts(name, tiny_tokenizer, t
 
 
 def test_niah_shared_contexts_score_like_their_own_prompts(tiny_tokenizer):
-    from posbias.evaluation.scoring import score_instances
+    from posbias.evaluation.teacher_forced import score_instances
     from posbias.tasks.niah import make_niah
 
     model = make_tiny_model("llama")
@@ -143,7 +143,7 @@ def test_niah_shared_contexts_score_like_their_own_prompts(tiny_tokenizer):
 @pytest.mark.smollm2
 @pytest.mark.parametrize("name", ["none", "pi", "lpes"])
 def test_smollm2_shared_kv_context_equals_own_prompts(smollm2, name, tmp_path):
-    from posbias.evaluation.scoring import score_instances
+    from posbias.evaluation.teacher_forced import score_instances
     from posbias.patching.rope_scaling import save_factors_file
     from posbias.tasks.kv import make_kv
 

@@ -125,9 +125,9 @@ class PosbiasLM(TemplateLM):
         """Score requests that share their whole context (the choices of a multiple-choice question)
         from one prefill of it (:func:`~posbias.evaluation.scoring.score_shared_context`, equal to
         scoring each row within float tolerance); returns the items left to score row by row. A
-        :func:`~posbias.evaluation.teacher_forced.prompt_dependent` model scores every row alone."""
+        :func:`~posbias.evaluation.scoring.prompt_dependent` model scores every row alone."""
         from posbias.evaluation.scoring import Continuation, score_shared_context
-        from posbias.evaluation.teacher_forced import prompt_dependent
+        from posbias.evaluation.scoring import prompt_dependent
 
         if prompt_dependent(self.handle.model):
             return items

@@ -6,7 +6,8 @@ Two uses of one mechanism:
   answer is fed through the cache. A method whose behaviour depends on where the prompt ends
   (Ms-PoE orders its heads by the attention of the prompt's last token) then sees exactly what it
   sees under generation: the answer can never leak into the prefill.
-* **one context, many questions** (:func:`score_shared_context`): the KV cache of a shared context
+* **one context, many questions** (:func:`score_shared_context`; instances grouped by context in
+  :func:`posbias.evaluation.teacher_forced.score_instances`): the KV cache of a shared context
   (e.g. a KV list with N records) is computed once, under whatever method or scaling is active,
   repeated once per question, and every ``question + gold answer`` suffix runs against it in one
   batch. Exact match and log-probabilities equal those of scoring each ``context + question`` as its
@@ -30,6 +31,15 @@ from typing import Sequence
 import torch
 
 from posbias.evaluation.batching import left_pad
+
+
+PROMPT_DEPENDENT_ATTR = "_posbias_prompt_dependent"
+
+
+def prompt_dependent(model) -> bool:
+    """True when ``model`` (or the model a wrapper scores with) must see each prompt prefilled alone
+    (a method whose behaviour depends on where the prompt ends, e.g. Ms-PoE's head order)."""
+    return bool(getattr(model, PROMPT_DEPENDENT_ATTR, False))
 
 
 @dataclass
@@ -102,8 +112,6 @@ def score_token_rows(model, prompts: Sequence[Sequence[int]], answers: Sequence[
     (logits only at the answer positions); a :func:`prompt_dependent` model is scored through the
     cache instead (:func:`score_via_cache`). Records as in the module docstring (``id`` = ``ids[b]``
     or the row index)."""
-    from posbias.evaluation.teacher_forced import prompt_dependent
-
     ids = [str(b) for b in range(len(prompts))] if ids is None else list(ids)
     if prompt_dependent(model):
         return score_rows_via_cache(model, prompts, answers, pad_id, ids)
@@ -153,38 +161,6 @@ def score_shared_context(model, context_ids: Sequence[int], items: Sequence[Cont
         results += score_continuations(model, rep, mask.expand(k, -1), next_pos.expand(k, -1),
                                        last.expand(k, -1), chunk, pad_id)
     return results
-
-
-def score_instances(model, tokenizer, instances, *, batch_size: int = 8, chat: bool = False, shared: bool = True,
-                    progress: bool = False) -> list[dict]:
-    """Teacher-forced scores of ``instances``, in their order: the questions of each shared context
-    (``meta["context_id"]``) from one prefill of that context, everything else (and everything when
-    ``shared`` is False, under a chat template, or for a :func:`prompt_dependent` model) one prompt
-    per question (:func:`posbias.evaluation.teacher_forced.score_teacher_forced`)."""
-    from collections import defaultdict
-
-    from posbias.evaluation.batching import encode, model_max_positions, pad_id_of
-    from posbias.evaluation.teacher_forced import prompt_dependent, score_teacher_forced
-
-    groups: dict[str, list] = defaultdict(list)
-    singles = []
-    for inst in instances:
-        cid = inst.meta.get("context_id") if shared and not chat and not prompt_dependent(model) else None
-        (groups[cid] if cid is not None else singles).append(inst)
-    by_id = {r["id"]: r for r in score_teacher_forced(model, tokenizer, singles, batch_size=batch_size, chat=chat)} \
-        if singles else {}
-    limit, pad_id = (model_max_positions(model), pad_id_of(tokenizer)) if groups else (0, 0)
-    for cid, members in groups.items():
-        encoded = [encode(tokenizer, inst, False, limit) for inst in members]
-        context = encoded[0].prompt_ids[:encoded[0].context_len]
-        if any(e.prompt_ids[:e.context_len] != context for e in encoded):
-            raise ValueError(f"instances of shared context {cid!r} do not start with the same context tokens")
-        items = [Continuation(e.inst.id, e.prompt_ids[len(context):] + e.answer_ids, len(e.answer_ids),
-                              len(e.prompt_ids)) for e in encoded]
-        # questions are short: up to 16 of them share one batch whatever the prompt batch size
-        for r in score_shared_context(model, context, items, pad_id, batch_size=max(batch_size, 16)):
-            by_id[r["id"]] = r
-    return [by_id[inst.id] for inst in instances]
 
 
 def _repeat_cache(cache, k: int):

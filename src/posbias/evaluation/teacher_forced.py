@@ -16,21 +16,13 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from posbias.evaluation.batching import encode, length_sorted_batches, model_max_positions, pad_id_of
+from posbias.evaluation.scoring import (PROMPT_DEPENDENT_ATTR, Continuation, prompt_dependent,  # noqa: F401
+                                        score_shared_context, score_token_rows)
 from posbias.tasks.base import Instance
-
-
-PROMPT_DEPENDENT_ATTR = "_posbias_prompt_dependent"
-
-
-def prompt_dependent(model) -> bool:
-    """True when ``model`` (or the model a wrapper scores with) must see each prompt prefilled alone."""
-    return bool(getattr(model, PROMPT_DEPENDENT_ATTR, False))
 
 
 def score_batch(model, batch, pad_id: int) -> list[dict]:
     """Score one batch of :class:`Encoded` instances; returns one dict per row (batch order)."""
-    from posbias.evaluation.scoring import score_token_rows
-
     return score_token_rows(model, [e.prompt_ids for e in batch], [e.answer_ids for e in batch], pad_id,
                             ids=[e.inst.id for e in batch])
 
@@ -56,4 +48,33 @@ def score_teacher_forced(model, tokenizer, instances: Sequence[Instance], *, bat
             by_id[r["id"]] = r
         bar.update(len(batch))
     bar.close()
+    return [by_id[inst.id] for inst in instances]
+
+
+def score_instances(model, tokenizer, instances, *, batch_size: int = 8, chat: bool = False, shared: bool = True,
+                    progress: bool = False) -> list[dict]:
+    """Teacher-forced scores of ``instances``, in their order: the questions of each shared context
+    (``meta["context_id"]``) from one prefill of that context, everything else (and everything when
+    ``shared`` is False, under a chat template, or for a :func:`prompt_dependent` model) one prompt
+    per question (:func:`posbias.evaluation.teacher_forced.score_teacher_forced`)."""
+    from collections import defaultdict
+
+    groups: dict[str, list] = defaultdict(list)
+    singles = []
+    for inst in instances:
+        cid = inst.meta.get("context_id") if shared and not chat and not prompt_dependent(model) else None
+        (groups[cid] if cid is not None else singles).append(inst)
+    by_id = {r["id"]: r for r in score_teacher_forced(model, tokenizer, singles, batch_size=batch_size, chat=chat)} \
+        if singles else {}
+    limit, pad_id = (model_max_positions(model), pad_id_of(tokenizer)) if groups else (0, 0)
+    for cid, members in groups.items():
+        encoded = [encode(tokenizer, inst, False, limit) for inst in members]
+        context = encoded[0].prompt_ids[:encoded[0].context_len]
+        if any(e.prompt_ids[:e.context_len] != context for e in encoded):
+            raise ValueError(f"instances of shared context {cid!r} do not start with the same context tokens")
+        items = [Continuation(e.inst.id, e.prompt_ids[len(context):] + e.answer_ids, len(e.answer_ids),
+                              len(e.prompt_ids)) for e in encoded]
+        # questions are short: up to 16 of them share one batch whatever the prompt batch size
+        for r in score_shared_context(model, context, items, pad_id, batch_size=max(batch_size, 16)):
+            by_id[r["id"]] = r
     return [by_id[inst.id] for inst in instances]

@@ -41,7 +41,7 @@ def setting_key(method: str, setting: dict) -> str:
 
 def score_setting(model, tokenizer, method: str, options: dict, instances, batch_size: int) -> dict:
     """Accuracy per depth, mean accuracy and mean per-token log-prob of one method setting."""
-    from posbias.evaluation.scoring import score_instances
+    from posbias.evaluation.teacher_forced import score_instances
     from posbias.methods import apply_method
 
     start = time.perf_counter()

@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from posbias.models.loader import get_decoder_layers
+from posbias.models.architecture import get_decoder_layers
 
 ATTN_NAME = "posbias_rope_override"
 

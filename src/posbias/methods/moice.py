@@ -29,7 +29,7 @@ from torch import nn
 
 from posbias.methods import _attention as A
 from posbias.methods.registry import MethodHandle, as_bool, as_list, register_method
-from posbias.models.loader import get_decoder_layers
+from posbias.models.architecture import get_decoder_layers
 from posbias.models.rope_layout import rope_layout
 from posbias.utils.io import atomic_write_bytes, atomic_write_json
 

@@ -35,10 +35,10 @@ from typing import Sequence
 
 import torch
 
-from posbias.evaluation.teacher_forced import PROMPT_DEPENDENT_ATTR
+from posbias.evaluation.scoring import PROMPT_DEPENDENT_ATTR
 from posbias.methods import _attention as A
 from posbias.methods.registry import MethodHandle, as_bool, as_list, register_method
-from posbias.models.loader import get_decoder_layers
+from posbias.models.architecture import get_decoder_layers
 
 
 def ratio_grid(num_heads: int, r_min: float, r_max: float) -> torch.Tensor:

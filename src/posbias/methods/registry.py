@@ -82,7 +82,6 @@ def _norm(name: str) -> str:
 
 
 def resolve_method(name: str) -> MethodSpec:
-    _load_builtin()
     key = _ALIASES.get(_norm(str(name)))
     if key is None:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
@@ -145,17 +144,6 @@ def as_bool(value, name: str = "option") -> bool:
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
     raise ValueError(f"{name} must be true or false, got {value!r}")
-
-
-_LOADED = False
-
-
-def _load_builtin() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    from posbias.methods import attention_buckets, moice, ms_poe, pi, lpes  # noqa: F401
 
 
 @register_method("none", "no change (baseline)", aliases=("baseline", "identity"))

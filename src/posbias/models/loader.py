@@ -24,8 +24,7 @@ from pathlib import Path
 
 import torch
 
-SUPPORTED_HINT = "Llama, Qwen2, Qwen3, Mistral, Gemma 2/3, Phi-3, Cohere, OLMo 2, Granite and other RoPE causal LMs"
-
+from posbias.models.architecture import SUPPORTED_HINT, ModelLoadError, get_decoder_layers  # noqa: F401 (re-exported)
 
 @dataclass(frozen=True)
 class PackagedModel:
@@ -76,10 +75,6 @@ def default_search_target(spec: str) -> tuple[str, dict]:
     """``(task, options)`` a search on ``spec`` uses when none is given (word KV, 30 keys, elsewhere)."""
     task, options = DEFAULT_SEARCH_TARGETS.get(spec, ("kv", {"num_keys": 30}))
     return task, dict(options)
-
-
-class ModelLoadError(RuntimeError):
-    """A model spec that cannot be loaded; the message names the problem and the fix."""
 
 
 def cache_dir() -> Path:
@@ -271,18 +266,6 @@ def get_rotary_modules(model) -> list[torch.nn.Module]:
     from posbias.models.rope_layout import is_rotary_module
 
     return [m for name, m in model.named_modules() if is_rotary_module(name, m)]
-
-
-def get_decoder_layers(model) -> torch.nn.ModuleList:
-    """The decoder layers (``model.model.layers`` for Llama-family models)."""
-    base = getattr(model, "model", model)
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise ModelLoadError(
-            f"unsupported architecture {type(model).__name__}: no decoder layers at model.model.layers "
-            f"(supported: {SUPPORTED_HINT})"
-        )
-    return layers
 
 
 def check_rope_model(model) -> None:

@@ -217,7 +217,7 @@ class TeacherForcedFitness:
 
         ``partial`` (an earlier pruned result of the same factors) is continued, not redone.
         """
-        from posbias.evaluation.scoring import score_instances
+        from posbias.evaluation.teacher_forced import score_instances
         from posbias.patching.rope_scaling import apply_layer_scaling
 
         res = FitnessResult.from_dict(partial.to_dict()) if partial is not None else self.empty_result()

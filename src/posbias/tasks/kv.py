@@ -131,7 +131,7 @@ def make_kv(*, tokenizer=None, n, depths, seed, split, num_keys=30, value_digits
 
     ``shared_context=True``: ``n`` record lists, each asked once per depth about the record that
     already sits there (nothing moves), so the questions of one list share its context and can be
-    scored from one prefill (:func:`posbias.evaluation.scoring.score_instances`).
+    scored from one prefill (:func:`posbias.evaluation.teacher_forced.score_instances`).
 
     ``key_words > 1`` makes compound keys of that many distinct words joined by ``-``
     (``apple-river: 1234567``); no word occurs in two keys. The format decides whether a model shows a

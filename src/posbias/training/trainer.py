@@ -24,7 +24,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from posbias.utils.io import append_jsonl, atomic_write_bytes, atomic_write_text, prepare_run_dir, read_jsonl
+from posbias.utils.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
+from posbias.utils.run_folder import prepare_run_dir
 
 from .data import PackedDataset, load_texts, load_tokenizer
 from .probe import passkey_probe, passkey_probe_docs

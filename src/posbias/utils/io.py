@@ -14,7 +14,7 @@ import platform
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 
 def _default_file_mode() -> int:
@@ -123,18 +123,6 @@ def versions() -> dict[str, str]:
         except Exception:
             pass
     return out
-
-
-def prepare_run_dir(out: str | Path, config: dict, *, kind: str, check_keys: Iterable[str] = ()) -> Path:
-    """Check ``out`` for a ``kind`` run with ``config`` and write its ``config.json`` now.
-
-    Shorthand for ``open_run(...).commit()`` (see :mod:`posbias.utils.run_folder`), for runs that
-    have nothing left to validate; the commands open the folder first and commit it only when
-    their first result is written.
-    """
-    from posbias.utils.run_folder import open_run
-
-    return open_run(out, kind, config, check_keys=check_keys).commit()
 
 
 def read_text(path: str | Path) -> str:

@@ -86,6 +86,12 @@ def open_run(out: str | Path, kind: str, config: dict, *, check_keys: Iterable[s
     return RunFolder(path, kind, config, resuming=True, parent=parent)
 
 
+def prepare_run_dir(out: str | Path, config: dict, *, kind: str, check_keys: Iterable[str] = ()) -> Path:
+    """Check ``out`` for a ``kind`` run with ``config`` and write its ``config.json`` now: shorthand
+    for ``open_run(...).commit()``, for runs that have nothing left to validate."""
+    return open_run(out, kind, config, check_keys=check_keys).commit()
+
+
 def folder_kind(path: Path) -> str | None:
     """The kind of run in ``path`` (None: missing or empty); ``ValueError`` for anything else."""
     if not path.exists():

@@ -1,0 +1,21 @@
+"""What posbias needs to know of a decoder architecture, importing nothing else of posbias: where the
+decoder layers are, and the one error type for a model that cannot be loaded or patched."""
+from __future__ import annotations
+
+SUPPORTED_HINT = "Llama, Qwen2, Qwen3, Mistral, Gemma 2/3, Phi-3, Cohere, OLMo 2, Granite and other RoPE causal LMs"
+
+
+class ModelLoadError(RuntimeError):
+    """A model spec that cannot be loaded; the message names the problem and the fix."""
+
+
+def get_decoder_layers(model):
+    """The decoder layers (``model.model.layers`` for Llama-family models), a ``torch.nn.ModuleList``."""
+    base = getattr(model, "model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ModelLoadError(
+            f"unsupported architecture {type(model).__name__}: no decoder layers at model.model.layers "
+            f"(supported: {SUPPORTED_HINT})"
+        )
+    return layers
