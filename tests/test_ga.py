@@ -11,7 +11,8 @@ import pytest
 from posbias.search.fitness import FitnessResult, SyntheticFitness, TeacherForcedFitness, bump_objective
 from posbias.search.ga import (GAConfig, GeneticAlgorithm, Genome, crossover, genome_factors, genome_points,
                                identity_genome, mutate, random_genome, repair_x)
-from posbias.search.runner import PoolEvaluator, SerialEvaluator, run_ga
+from posbias.search.evaluators import PoolEvaluator, SerialEvaluator
+from posbias.search.loop import run_ga
 
 CFG = dict(population=6, elite=2, n_control=4)
 
@@ -160,7 +161,7 @@ def test_pool_workers_match_serial():
 def test_ray_actors_match_serial():
     """Ray actors (the cross-node backend) give the serial search's result."""
     ray = pytest.importorskip("ray")
-    from posbias.search.runner import RayEvaluator
+    from posbias.search.evaluators import RayEvaluator
 
     cfg = GAConfig(**CFG)
     serial = run_ga(SerialEvaluator(SyntheticFitness(bump_objective)), cfg, num_layers=12, generations=2, seed=5)

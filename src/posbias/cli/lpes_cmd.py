@@ -134,7 +134,7 @@ def analyze_command(
     from posbias.evaluation.session import build_instances
     from posbias.models import get_decoder_layers, load_model
     from posbias.patching.rope_scaling import load_factors_file
-    from posbias.search.analysis import analyze_scaling
+    from posbias.search.analysis import analysis_table, analyze_scaling, plot_analysis
     from posbias.tasks import precheck_instances
     from posbias.utils.io import atomic_write_json, atomic_write_text
     from posbias.utils.run_folder import open_run
@@ -153,37 +153,11 @@ def analyze_command(
     res = analyze_scaling(m, inputs, doc["factors"], n_controls=controls, sigma=sigma, seed=seed)
     outdir = folder.commit()
     atomic_write_json(outdir / "analysis.json", res)
-    lines = ["| variant | mean 1-CKA | max 1-CKA | last layer |", "|---|---|---|---|"]
-    for name, r in res["variants"].items():
-        d = r["deviation"]
-        lines.append(f"| {name} | {r['mean_deviation']:.4f} | {max(d):.4f} | {d[-1]:.4f} |")
-    lines.append("")
-    lines.append("mean over variants: " + ", ".join(f"{k} {v:.4f}" for k, v in res["summary"].items()))
-    table = "\n".join(lines) + "\n"
+    table = analysis_table(res)
     atomic_write_text(outdir / "analysis.md", table)
-    _plot_analysis(outdir / "analysis.png", res)
+    plot_analysis(outdir / "analysis.png", res)
     typer.echo(table)
     return res
-
-
-def _plot_analysis(path: Path, res: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    colors = {"found": "tab:blue", "noisy": "tab:orange", "shuffled": "tab:grey"}
-    for name, r in res["variants"].items():
-        kind = next(k for k in colors if name.startswith(k))
-        ax.plot(range(len(r["deviation"])), r["deviation"], color=colors[kind], lw=2 if kind == "found" else 1,
-                alpha=1 if kind == "found" else 0.6, label=kind if name in ("found", "noisy0", "shuffled0") else None)
-    ax.set_xlabel("decoder layer")
-    ax.set_ylabel("1 - linear CKA vs unpatched")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def register(app: typer.Typer) -> None:

@@ -10,12 +10,9 @@ def plot_accuracy_by_depth(curves: dict[str, list[dict]], path: str | Path, titl
     Args:
         curves: label -> rows from :func:`posbias.evaluation.stats.accuracy_by_depth`.
     """
-    import matplotlib
+    from posbias.utils.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     for label, rows in curves.items():
         if not rows:
             continue
@@ -31,10 +28,4 @@ def plot_accuracy_by_depth(curves: dict[str, list[dict]], path: str | Path, titl
         ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path)

@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-__all__ = ["linear_cka", "layer_hidden_states", "cka_deviation", "analyze_scaling"]
+__all__ = ["linear_cka", "layer_hidden_states", "cka_deviation", "analyze_scaling", "analysis_table", "plot_analysis"]
 
 
 def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -67,3 +67,31 @@ def analyze_scaling(model, inputs, factors: Sequence[float], *, n_controls: int 
                for kind in ("found", "noisy", "shuffled") if any(n.startswith(kind) for n in rows)}
     return {"variants": rows, "summary": summary, "sigma": sigma, "n_controls": n_controls, "seed": seed,
             "tokens": int(sum(len(i) for i in inputs))}
+
+
+def analysis_table(res: dict) -> str:
+    """Markdown table of :func:`analyze_scaling`'s result: mean / max / last-layer ``1 - CKA`` per variant."""
+    lines = ["| variant | mean 1-CKA | max 1-CKA | last layer |", "|---|---|---|---|"]
+    for name, r in res["variants"].items():
+        d = r["deviation"]
+        lines.append(f"| {name} | {r['mean_deviation']:.4f} | {max(d):.4f} | {d[-1]:.4f} |")
+    lines.append("")
+    lines.append("mean over variants: " + ", ".join(f"{k} {v:.4f}" for k, v in res["summary"].items()))
+    return "\n".join(lines) + "\n"
+
+
+def plot_analysis(path, res: dict) -> None:
+    """``1 - CKA`` per layer: the found factors in bold, noisy and shuffled controls thin."""
+    from posbias.utils.figures import pyplot, save_figure
+
+    fig, ax = pyplot().subplots(figsize=(6, 3.5))
+    colors = {"found": "tab:blue", "noisy": "tab:orange", "shuffled": "tab:grey"}
+    for name, r in res["variants"].items():
+        kind = next(k for k in colors if name.startswith(k))
+        ax.plot(range(len(r["deviation"])), r["deviation"], color=colors[kind], lw=2 if kind == "found" else 1,
+                alpha=1 if kind == "found" else 0.6, label=kind if name in ("found", "noisy0", "shuffled0") else None)
+    ax.set_xlabel("decoder layer")
+    ax.set_ylabel("1 - linear CKA vs unpatched")
+    ax.legend()
+    fig.tight_layout()
+    save_figure(fig, path)

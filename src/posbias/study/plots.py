@@ -10,7 +10,6 @@ path. The learned-prior and attention-map views are in :mod:`posbias.study.prior
 """
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -20,17 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from posbias.utils.io import atomic_write_bytes  # noqa: E402
-
-
-def save_figure(fig, path: str | Path, *, dpi: int = 120) -> Path:
-    """Save ``fig`` as a PNG atomically and close it."""
-    path = Path(path)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+from posbias.utils.figures import save_figure  # noqa: E402,F401 (the one figure writer)
 
 
 def _fmt_len(n: int) -> str:
