@@ -323,9 +323,9 @@ def test_attention_maps_bam_and_hf_and_plot(tmp_path):
 @pytest.fixture
 def fake_train(tmp_path, monkeypatch, tiny_tokenizer):
     """``posbias.training.train`` stand-in: saves an untrained tiny BAM model of the asked scheme."""
-    import posbias.study.runner as runner
+    import posbias.study.training as training
 
-    monkeypatch.setattr(runner, "_train_config_class", lambda: None)  # plain dict configs
+    monkeypatch.setattr(training, "_train_config_class", lambda: None)  # plain dict configs
     calls = []
 
     def train(config):
@@ -423,11 +423,11 @@ def test_train_config_is_the_trainers(tmp_path):
 def test_study_cli(tmp_path, fake_train, monkeypatch):
     from typer.testing import CliRunner
 
-    import posbias.study.runner as runner
+    import posbias.study.training as training
     from posbias.cli.main import app
 
     train, calls = fake_train
-    monkeypatch.setattr(runner, "default_train_fn", lambda: train)
+    monkeypatch.setattr(training, "default_train_fn", lambda: train)
     out = tmp_path / "s"
     args = ["study", "--out", str(out), "--schemes", "nope", "--train-steps", "2", "--train-context", "160",
             "--multipliers", "1", "--depths", "0.5", "--n", "1", "--ppl-multipliers", "", "--niah",
@@ -472,10 +472,10 @@ def _picklable_fake_train(config):
 def test_study_trains_schemes_in_parallel_workers(tmp_path, monkeypatch):
     import os
 
-    import posbias.study.runner as runner
+    import posbias.study.training as training
     from posbias.study.runner import StudyConfig, ensure_models
 
-    monkeypatch.setattr(runner, "_train_config_class", lambda: None)
+    monkeypatch.setattr(training, "_train_config_class", lambda: None)
     cfg = StudyConfig(out=str(tmp_path / "s"), schemes="rope,alibi,nope", train_steps=2, train_context=160,
                       train_workers=2)
     models = ensure_models(cfg, train_fn=_picklable_fake_train, log=lambda *a: None)
@@ -489,7 +489,7 @@ def test_study_trains_schemes_in_parallel_workers(tmp_path, monkeypatch):
 
 
 def test_training_table_reads_trainer_metrics(tmp_path):
-    from posbias.study.runner import _training_table
+    from posbias.study.report import _training_table
 
     folder = tmp_path / "models" / "ggd_ssmax"
     folder.mkdir(parents=True)

@@ -1,0 +1,75 @@
+"""Settings of a length-extrapolation study (:class:`StudyConfig`) and the names of its files."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from posbias.study.grid import (DEFAULT_DEPTHS, DEFAULT_MULTIPLIERS, DEFAULT_PPL_MULTIPLIERS, DEFAULT_SCHEMES,
+                                grid_lengths, parse_schemes)
+from posbias.evaluation.modes import canonical_mode
+
+
+MODELS_FILE = "models.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.md"
+CHECK_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "passkey_rate", "depths",
+              "train_options", "tokenizer",
+              "ppl_multipliers", "ppl_tokens")
+DATA_DIR = "data"
+HELDOUT_CHARS_PER_TOKEN = 6  # generous: English BPE averages ~4-5 characters per token
+MAX_HELDOUT_FRACTION = 0.3
+
+
+@dataclass
+class StudyConfig:
+    """Settings of one study (see the module docstring)."""
+
+    out: str
+    preset: str = "tiny"
+    schemes: list[str] = field(default_factory=lambda: list(DEFAULT_SCHEMES))
+    train_steps: int | None = None
+    train_context: int = 512
+    multipliers: list[float] = field(default_factory=lambda: list(DEFAULT_MULTIPLIERS))
+    depths: list[float] = field(default_factory=lambda: list(DEFAULT_DEPTHS))
+    n: int = 5
+    seed: int = 0
+    corpus: str | None = None
+    heldout: str | None = None
+    passkey_rate: float | None = 0.1
+    niah: bool = False
+    niah_options: dict = field(default_factory=dict)
+    modes: list[str] = field(default_factory=lambda: ["teacher-forced", "generate"])
+    ppl_multipliers: list[float] = field(default_factory=lambda: list(DEFAULT_PPL_MULTIPLIERS))
+    ppl_tokens: int | None = None
+    batch_size: int = 4
+    token_budget: int = 8192
+    device: str = "auto"
+    train_options: dict = field(default_factory=dict)
+    train_workers: int = 1  # schemes trained at once, in separate processes
+    tokenizer: str | None = None  # None = the trainer's (SmolLM2's); "bpe:<N>" = one BPE trained on the training split
+    resume: bool = False
+
+    def __post_init__(self):
+        self.schemes = parse_schemes(self.schemes)
+        self.modes = [canonical_mode(m) for m in self.modes]
+        self.multipliers = [float(m) for m in self.multipliers]
+        self.depths = [float(d) for d in self.depths]
+        self.ppl_multipliers = [float(m) for m in self.ppl_multipliers]
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.train_workers < 1:
+            raise ValueError(f"train_workers must be >= 1, got {self.train_workers}")
+        if self.train_steps is not None and self.train_steps < 1:
+            raise ValueError(f"train_steps must be >= 1, got {self.train_steps}")
+        grid_lengths(self.train_context, self.multipliers)  # validates
+
+    @property
+    def lengths(self) -> list[int]:
+        return grid_lengths(self.train_context, self.multipliers)
+
+    @property
+    def ppl_contexts(self) -> list[int]:
+        return grid_lengths(self.train_context, self.ppl_multipliers) if self.ppl_multipliers else []
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -1,0 +1,151 @@
+"""The study's report: ``summary.md`` tables (training, accuracy by length, perplexity) and plots."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+from posbias.study.grid import (NIAH_FILE, PASSKEY_FILE, PPL_FILE)
+from posbias.utils.io import atomic_write_text, read_jsonl
+from posbias.study.config import METRICS_FILE, MODELS_FILE, SUMMARY_FILE, StudyConfig
+from posbias.study.training import model_dir_name
+
+
+def write_report(cfg: StudyConfig) -> list[dict]:
+    """Aggregate the jsonl results into metrics.jsonl, summary.md and the PNGs; returns the metrics."""
+    from posbias.evaluation.long_context import accuracy_by_length, summarize_grid
+    from posbias.study.plots import plot_accuracy_vs_length, plot_heatmap, plot_perplexity_vs_length
+
+    out = Path(cfg.out)
+    plots = out / "plots"
+    # every model of the study folder, not only this invocation's (a later run may add lengths
+    # for a few schemes only); this invocation's schemes first, in their order
+    schemes = list(cfg.schemes)
+    models_file = out / MODELS_FILE
+    if models_file.exists():
+        schemes += [m for m in json.loads(models_file.read_text()) if m not in schemes]
+    lengths = sorted({int(r["length"]) for f in (PASSKEY_FILE, NIAH_FILE) for r in read_jsonl(out / f)}
+                     | set(cfg.lengths))
+    metrics: list[dict] = []
+    options = ", ".join(f"{k}={v}" for k, v in sorted(cfg.train_options.items())) or "none"
+    sections = [f"# Length-extrapolation study\n\npreset `{cfg.preset}`, training context {cfg.train_context}, "
+                f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus `{cfg.corpus or 'trainer default'}`, "
+                f"tokenizer `{cfg.tokenizer or 'trainer default'}`, passkey rate {cfg.passkey_rate}, "
+                f"training options: {options}; n = {cfg.n} per cell, depths {cfg.depths}.\n"]
+    training = _training_table(out, schemes)
+    if training:
+        sections.append(training)
+    for task, fname in (("passkey", PASSKEY_FILE), ("niah", NIAH_FILE)):
+        recs = [r for r in read_jsonl(out / fname) if r.get("model") in schemes and int(r["length"]) in lengths]
+        if not recs:
+            continue
+        cells = summarize_grid(recs)
+        metrics += [{"kind": f"{task}_cell", **c} for c in cells]
+        sizes = sorted({c["n"] for c in cells})
+        if sizes != [cfg.n]:  # cells of earlier invocations (other schemes / lengths) may hold fewer
+            sections.append(f"Note ({task}): cells hold {sizes[0]}-{sizes[-1]} instances, not {cfg.n} each "
+                            f"(see metrics.jsonl, kind {task}_cell, field n).\n")
+        for mode, label in (("tf", "teacher-forced"), ("gen", "generation")):
+            curves = accuracy_by_length(recs, mode=mode)
+            if not curves:
+                continue
+            for m, by in curves.items():
+                metrics += [{"kind": f"{task}_{mode}_by_length", "model": m, "length": L, "acc": a} for L, a in by.items()]
+            plot_accuracy_vs_length(curves, plots / f"{task}_{mode}_accuracy_vs_length.png",
+                                    title=f"{task} accuracy ({label})", train_context=cfg.train_context)
+            sections.append(_accuracy_table(f"{task}, {label} accuracy (%), mean over depths", curves, schemes,
+                                            lengths, cfg.train_context))
+        for m in schemes:
+            rows = [c for c in cells if c["model"] == m]
+            for value, label in (("tf_acc", "teacher-forced"), ("gen_acc", "generation")):
+                if any(r[value] is not None for r in rows):
+                    plot_heatmap(rows, plots / f"{task}_heatmap_{model_dir_name(m)}_{value.split('_')[0]}.png",
+                                 title=f"{m}: {task} ({label})", value=value, train_context=cfg.train_context)
+    ppl = [r for r in read_jsonl(out / PPL_FILE) if r.get("model") in schemes]
+    if ppl:
+        metrics += [{"kind": "perplexity", **{k: r[k] for k in ("model", "context", "mode", "ppl", "nll", "tokens")}}
+                    for r in ppl]
+        plot_perplexity_vs_length(ppl, plots / "perplexity_vs_length.png", train_context=cfg.train_context)
+        sections.append(_ppl_table(ppl, schemes))
+    priors_dir = out / "priors"
+    for m in schemes:
+        f = priors_dir / f"{model_dir_name(m)}.md"
+        if f.exists():
+            sections.append(f"## Learned GGD priors: {m}\n\nbeta = theta_beta, alpha = exp(-theta_alpha / theta_beta) "
+                            f"(bias = -|d/alpha|^beta); beta <= 0 marks a head without locality.\n\n{f.read_text()}")
+    figs = sorted(p.name for p in plots.glob("*.png")) if plots.exists() else []
+    if figs:
+        sections.append("## Figures\n\n" + "\n".join(f"- plots/{p}" for p in figs) + "\n")
+    atomic_write_text(out / METRICS_FILE, "".join(json.dumps(m) + "\n" for m in metrics))
+    atomic_write_text(out / SUMMARY_FILE, "\n".join(sections))
+    return metrics
+
+
+def _training_table(out: Path, schemes: Sequence[str]) -> str:
+    """Final training loss (mean of the last 10% of logged steps), tokens and time per scheme,
+    read from each model's ``metrics.jsonl`` (trainer runs inside the study folder only; a resumed
+    run counts the minutes of its last invocation only), plus the last passkey probe when the
+    trainer ran with ``probe_every`` (retrieval at the training length)."""
+    rows, probes = [], False
+    for m in schemes:
+        logged = read_jsonl(out / "models" / model_dir_name(m) / "metrics.jsonl")
+        recs = [r for r in logged if "loss" in r]
+        if not recs:
+            continue
+        tail = recs[-max(1, len(recs) // 10):]
+        loss = sum(r["loss"] for r in tail) / len(tail)
+        last = recs[-1]
+        probe = [r for r in logged if r.get("passkey_em") is not None]
+        probes = probes or bool(probe)
+        probe_cell = f" {100 * probe[-1]['passkey_em']:.0f}% ({probe[-1]['passkey_logprob']:.1f}) |" if probe else " |"
+        rows.append((f"| {m} | {last['step']} | {last.get('tokens', 0) / 1e6:.2f}M | {loss:.3f} | "
+                     f"{last.get('elapsed_s', 0) / 60:.1f} |", probe_cell))
+    if not rows:
+        return ""
+    head = "| scheme | steps | tokens | final loss | minutes (last invocation) |"
+    rule = "|---|---|---|---|---|"
+    if probes:
+        head += " passkey probe at 1x: exact (log-prob) |"
+        rule += "---|"
+    return f"## Training\n\n{head}\n{rule}\n" + "\n".join(r + (c if probes else "") for r, c in rows) + "\n"
+
+
+def _fmt_len(L: int, train_context: int) -> str:
+    x = L / train_context
+    return f"{L} ({x:g}x)"
+
+
+def _accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: Sequence[int], train_context: int) -> str:
+    head = "| scheme | " + " | ".join(_fmt_len(L, train_context) for L in lengths) + " |"
+    sep = "|---|" + "---|" * len(lengths)
+    rows = []
+    for m in schemes:
+        by = curves.get(m, {})
+        cells = [f"{100 * by[L]:.0f}" if L in by else "" for L in lengths]
+        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    return f"## {title}\n\n" + "\n".join([head, sep, *rows]) + "\n"
+
+
+def _ppl_table(rows: list[dict], schemes: Sequence[str]) -> str:
+    contexts = sorted({int(r["context"]) for r in rows})
+    parts = ["## Perplexity on held-out text (non-overlapping / sliding window, stride = context/2)\n"]
+    head = "| scheme | " + " | ".join(str(c) for c in contexts) + " |"
+    sep = "|---|" + "---|" * len(contexts)
+    lines = [head, sep]
+    for m in schemes:
+        cells = []
+        for c in contexts:
+            v = {r["mode"]: r["ppl"] for r in rows if r["model"] == m and int(r["context"]) == c}
+            cells.append(" / ".join(_fmt_ppl(v.get(k)) for k in ("non-overlapping", "sliding")))
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(parts + lines) + "\n"
+
+
+def _fmt_ppl(v) -> str:
+    if v is None:
+        return "-"
+    v = float(v)
+    if not math.isfinite(v):
+        return "inf"
+    return f"{v:.1f}" if v < 1e4 else f"{v:.1e}"

@@ -1,0 +1,181 @@
+"""Training the study's models: one per positional scheme, same budget, resumable, optionally in
+parallel worker processes; loading a trained one."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from posbias.study.grid import (parse_scheme)
+from posbias.utils.io import atomic_write_json
+from posbias.study.config import MODELS_FILE, StudyConfig
+from posbias.study.data import _load_texts
+
+
+def model_dir_name(scheme: str) -> str:
+    return scheme.replace("+", "_")
+
+
+def default_train_fn() -> Callable:
+    from posbias.training import train
+
+    return train
+
+
+def train_config(cfg: StudyConfig, scheme: str, out_dir: Path, corpus: str | None = None) -> Any:
+    """The training config of ``scheme``: identical for every scheme except ``pe`` / ``ssmax``.
+
+    A :class:`posbias.training.TrainConfig` (fields matched by name; a plain dict when the
+    trainer has no config class). ``resume`` is set when ``out_dir`` already exists, so a study
+    killed mid-training continues from the trainer's last checkpoint.
+    """
+    pe, normaliser = parse_scheme(scheme)
+    corpus = corpus if corpus is not None else cfg.corpus
+    tokenizer = cfg.tokenizer
+    if tokenizer is not None and (_tokenizer_dir(cfg) / "tokenizer.json").exists():
+        tokenizer = str(_tokenizer_dir(cfg).resolve())
+    values = {"pe": pe, "normaliser": normaliser, "ssmax": normaliser == "ssmax", "preset": cfg.preset,
+              "tokenizer": tokenizer,
+              "steps": cfg.train_steps, "context": cfg.train_context, "seed": cfg.seed,
+              "corpus": [corpus] if corpus is not None else None, "passkey_rate": cfg.passkey_rate,
+              "device": cfg.device, "out": str(out_dir), "resume": out_dir.exists() and any(out_dir.iterdir()),
+              **cfg.train_options}
+    values = {k: v for k, v in values.items() if v is not None}
+    cls = _train_config_class()
+    if cls is None:
+        return values
+    names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else \
+        set(inspect.signature(cls).parameters)
+    unknown = sorted(set(cfg.train_options) - names)
+    if unknown:
+        raise ValueError(f"unknown training option(s) {unknown}; known: {', '.join(sorted(names))}")
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def _train_config_class():
+    try:
+        import posbias.training as training
+    except ImportError:
+        return None
+    return getattr(training, "TrainConfig", None)
+
+
+def _tokenizer_dir(cfg: StudyConfig) -> Path:
+    """Where a study-trained tokenizer (``bpe:<N>``) lives."""
+    return Path(cfg.out) / "tokenizer"
+
+
+def prepare_tokenizer(cfg: StudyConfig, corpus: str | None, log: Callable = print) -> str | None:
+    """The tokenizer every scheme trains with: ``cfg.tokenizer`` as given, except ``"bpe:<N>"``,
+    which is trained once on the training split into ``<out>/tokenizer`` (reused on resume) so
+    all schemes share exactly the same vocabulary."""
+    from posbias.training.tokenizer import parse_bpe_spec, resolve_tokenizer_spec
+
+    if parse_bpe_spec(cfg.tokenizer) is None:
+        return cfg.tokenizer
+    target = _tokenizer_dir(cfg)
+    if not (target / "tokenizer.json").exists():
+        log(f"[study] training tokenizer {cfg.tokenizer} -> {target}")
+    return str(Path(resolve_tokenizer_spec(cfg.tokenizer, _load_texts(corpus), target)).resolve())
+
+
+def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus: str | None = None,
+                  log: Callable = print) -> dict[str, str]:
+    """Train every scheme not trained yet; returns ``{scheme: model folder}`` (saved in models.json).
+
+    With ``cfg.train_workers > 1`` the schemes train in that many processes at once (each with
+    an equal share of the CPU threads); results are recorded as each one finishes, so a killed
+    study keeps every finished model and resumes the others from their checkpoints.
+    """
+    out = Path(cfg.out)
+    path = out / MODELS_FILE
+    models: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    todo = []
+    for scheme in cfg.schemes:
+        known = models.get(scheme)
+        if known and (_resolve(out, known) / "config.json").exists():
+            models[scheme] = str(_resolve(out, known))
+        else:
+            todo.append(scheme)
+
+    def record(scheme: str, result, target: Path, seconds: float) -> None:
+        model_path = Path(result) if result is not None else target
+        if not (model_path / "config.json").exists():
+            raise RuntimeError(f"training {scheme} returned {model_path}, which holds no saved model (config.json)")
+        models[scheme] = str(model_path)
+        atomic_write_json(path, {k: _relative(out, v) for k, v in models.items()})
+        log(f"[study] trained {scheme} in {seconds:.0f}s")
+
+    jobs = [(scheme, out / "models" / model_dir_name(scheme)) for scheme in todo]
+    for scheme, target in jobs:
+        log(f"[study] training {scheme} -> {target}")
+    if cfg.train_workers > 1 and len(jobs) > 1:
+        _train_parallel(cfg, jobs, train_fn, corpus, record)
+    else:
+        fn = train_fn or default_train_fn()
+        for scheme, target in jobs:
+            t0 = time.time()
+            record(scheme, fn(train_config(cfg, scheme, target, corpus)), target, time.time() - t0)
+    return models
+
+
+def _train_parallel(cfg: StudyConfig, jobs, train_fn, corpus, record) -> None:
+    """Run the training jobs in ``cfg.train_workers`` spawned processes (``train_fn`` must be picklable)."""
+    import multiprocessing as mp
+    import os
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    workers = min(cfg.train_workers, len(jobs))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    fn = train_fn or default_train_fn()
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_worker_init,
+                             initargs=(threads,)) as pool:
+        futures = {pool.submit(_timed_call, fn, train_config(cfg, scheme, target, corpus)): (scheme, target)
+                   for scheme, target in jobs}
+        for fut in as_completed(futures):
+            scheme, target = futures[fut]
+            result, seconds = fut.result()
+            record(scheme, result, target, seconds)
+
+
+def _worker_init(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _timed_call(fn: Callable, config) -> tuple[Any, float]:
+    t0 = time.time()
+    result = fn(config)
+    return result, time.time() - t0
+
+
+def _relative(out: Path, p: str | Path) -> str:
+    """``p`` relative to the study folder when inside it (so a study folder can be moved)."""
+    try:
+        return str(Path(p).resolve().relative_to(out.resolve()))
+    except ValueError:
+        return str(Path(p).resolve())
+
+
+def _resolve(out: Path, p: str) -> Path:
+    return Path(p) if Path(p).is_absolute() else out / p
+
+
+def load_trained(path: str | Path, device: str = "auto"):
+    """``(model, tokenizer)`` from a trained model folder, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import posbias.bam  # noqa: F401  (registers model_type "posbias-bam" with the Auto classes)
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
