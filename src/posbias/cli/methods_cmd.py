@@ -80,7 +80,7 @@ def tune_command(
 ):
     """Choose each baseline's settings on the search split (a small grid per method), as LPES's search
     chooses its factors; `posbias compare --settings OUT/best_settings.json` uses them."""
-    from posbias.evaluation.tune import tune_methods
+    from posbias.search.tune import tune_methods
 
     names = [m.strip() for m in methods.split(",") if m.strip()]
     base = {"moice": {"routers": routers}} if routers else {}

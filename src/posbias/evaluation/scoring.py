@@ -31,15 +31,7 @@ from typing import Sequence
 import torch
 
 from posbias.evaluation.batching import left_pad
-
-
-PROMPT_DEPENDENT_ATTR = "_posbias_prompt_dependent"
-
-
-def prompt_dependent(model) -> bool:
-    """True when ``model`` (or the model a wrapper scores with) must see each prompt prefilled alone
-    (a method whose behaviour depends on where the prompt ends, e.g. Ms-PoE's head order)."""
-    return bool(getattr(model, PROMPT_DEPENDENT_ATTR, False))
+from posbias.methods.registry import PROMPT_DEPENDENT_ATTR, prompt_dependent  # noqa: F401 (methods declare it)
 
 
 @dataclass

@@ -35,9 +35,8 @@ from typing import Sequence
 
 import torch
 
-from posbias.evaluation.scoring import PROMPT_DEPENDENT_ATTR
 from posbias.methods import _attention as A
-from posbias.methods.registry import MethodHandle, as_bool, as_list, register_method
+from posbias.methods.registry import PROMPT_DEPENDENT_ATTR, MethodHandle, as_bool, as_list, register_method
 from posbias.models.architecture import get_decoder_layers
 
 

@@ -137,6 +137,16 @@ def as_list(value, cast=float, name: str = "option") -> list | None:
         raise ValueError(f"{name} must be a list of numbers, got {value!r}") from None
 
 
+PROMPT_DEPENDENT_ATTR = "_posbias_prompt_dependent"
+
+
+def prompt_dependent(model) -> bool:
+    """True when ``model`` (or the model a wrapper scores with) must see each prompt prefilled alone:
+    a method whose behaviour depends on where the prompt ends (Ms-PoE's head order) sets
+    :data:`PROMPT_DEPENDENT_ATTR` on the model, and every scorer then prefills prompts alone."""
+    return bool(getattr(model, PROMPT_DEPENDENT_ATTR, False))
+
+
 def as_bool(value, name: str = "option") -> bool:
     """A bool option (``True`` / ``False``, or 0 / 1 as parsed from ``key=value``); anything else is refused."""
     if isinstance(value, bool):

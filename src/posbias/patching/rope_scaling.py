@@ -283,7 +283,7 @@ def save_factors_file(path: str | Path, *, factors: Sequence[float], curve: dict
 
 
 def _check_curve(curve: Any, path) -> None:
-    from posbias.search.curves import CURVE_KINDS, check_control_points
+    from posbias.patching.curves import CURVE_KINDS, check_control_points
 
     if not isinstance(curve, dict) or "type" not in curve or "control_points" not in curve:
         raise FactorsFileError(f"{path}: 'curve' must be an object with 'type' and 'control_points'")
@@ -340,7 +340,7 @@ def factors_for_model(doc: dict, num_layers: int, *, path: Any = "<factors>") ->
             f"{path}: has {len(saved)} factors but the model has {num_layers} decoder layers, and no "
             "'curve' to re-evaluate at the new depths"
         )
-    from posbias.search.curves import curve_factors
+    from posbias.patching.curves import curve_factors
 
     vals = curve_factors(curve["type"], curve["control_points"], num_layers,
                          round_to_grid=curve.get("round_to_grid"))

@@ -4,7 +4,7 @@
     res = run_search("smollm2-135m", "kv", out="runs/s", preset="quick")
     res.factors_path  # a factors file for posbias.patching.apply_factors_file / `posbias apply`
 """
-from posbias.search.curves import CURVE_KINDS, DEFAULT_GRID, curve_factors
+from posbias.patching.curves import CURVE_KINDS, DEFAULT_GRID, curve_factors
 from posbias.search.fitness import FitnessResult, SyntheticFitness, TeacherForcedFitness
 from posbias.search.ga import GAConfig, GeneticAlgorithm, Genome
 from posbias.search.runner import PRESETS, GAResult, SearchResult, run_ga, run_search

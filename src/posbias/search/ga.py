@@ -1,6 +1,6 @@
 """A curve-constrained genetic algorithm over LPES control points (ask/tell, seeded, resumable).
 
-Genome: ``C`` control points of a layer->factor curve (see :mod:`posbias.search.curves`):
+Genome: ``C`` control points of a layer->factor curve (see :mod:`posbias.patching.curves`):
 
 * ``x``: the ``C - 2`` interior control x as integer indices on a grid of ``x_resolution`` steps
   (``x = i / x_resolution``, ``1 <= i < x_resolution``), strictly increasing; ``x_0 = 0`` and
@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from posbias.search.curves import CURVE_KINDS, DEFAULT_GRID, check_grid, curve_factors
+from posbias.patching.curves import CURVE_KINDS, DEFAULT_GRID, check_grid, curve_factors
 
 __all__ = ["Genome", "GAConfig", "GeneticAlgorithm", "genome_points", "genome_factors", "repair_x",
            "random_genome", "identity_genome", "mutate", "crossover"]

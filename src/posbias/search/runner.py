@@ -114,7 +114,7 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
     Returns:
         :class:`SearchResult`; the factors file is ``out/best_factors.json``.
     """
-    from posbias.search.curves import DEFAULT_GRID
+    from posbias.patching.curves import DEFAULT_GRID
     from posbias.search.fitness import _dkey, _normalise_weights
     from posbias.tasks import precheck_instances
     from posbias.tasks.base import check_int

