@@ -160,3 +160,34 @@ def test_scorers_accept_inputs_beyond_the_training_context():
 
     model = BamForCausalLM(BamConfig.from_preset("tiny", pe="ggd", vocab_size=64, max_position_embeddings=16))
     assert model_max_positions(model) == 0
+
+
+def test_sinusoidal_embeddings_are_scaled_by_sqrt_d_model(tmp_path):
+    """Vaswani et al. sec. 3.4: token embeddings x sqrt(d_model) before the (amplitude-1) sinusoidal
+    table is added; configs without the field (saved before it existed) keep the unscaled input."""
+    cfg = BamConfig.from_preset("tiny", pe="sinusoidal", vocab_size=300)
+    assert cfg.embed_scale == pytest.approx(cfg.hidden_size ** 0.5)
+    assert BamConfig.from_preset("tiny", pe="rope", vocab_size=300).embed_scale is None
+    assert BamConfig.from_preset("tiny", pe="sinusoidal", vocab_size=300, embed_scale=1.0).embed_scale == 1.0
+    scale = cfg.embed_scale
+    torch.manual_seed(0)
+    model = BamForCausalLM(cfg).eval()
+    ids = torch.randint(3, 300, (1, 12))
+    seen = {}
+    hook = model.model.layers[0].register_forward_pre_hook(lambda m, a: seen.__setitem__("x", a[0].detach()))
+    with torch.no_grad():
+        model(input_ids=ids)
+        scaled = seen["x"]
+        model.config.embed_scale = None  # as a config saved before the field
+        model(input_ids=ids)
+        plain = seen["x"]
+    hook.remove()
+    emb = model.model.embed_tokens(ids).detach()
+    torch.testing.assert_close(scaled - plain, emb * (scale - 1.0), atol=1e-5, rtol=1e-5)
+    # the content now has the scale of the position signal (std ~0.02 * sqrt(d) vs ~0.7)
+    assert 0.1 < float((emb * scale).std()) < 0.5
+    model.config.embed_scale = scale
+    model.save_pretrained(tmp_path / "m")
+    assert BamForCausalLM.from_pretrained(tmp_path / "m").config.embed_scale == pytest.approx(scale)
+    with pytest.raises(ValueError, match="embed_scale"):
+        BamConfig(pe="sinusoidal", embed_scale=0)

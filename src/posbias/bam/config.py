@@ -39,7 +39,8 @@ class BamConfig(PretrainedConfig):
     def __init__(self, vocab_size: int = 49152, hidden_size: int = 128, intermediate_size: int | None = None,
                  num_hidden_layers: int = 4, num_attention_heads: int = 4, num_key_value_heads: int | None = None,
                  pe: str = "ggd", normaliser: str = "softmax", rope_theta: float = 500000.0,
-                 sinusoidal_base: float = 10000.0, ggd_init: str = "nope", ggd_theta_alpha=None,
+                 sinusoidal_base: float = 10000.0, embed_scale: float | None = None, ggd_init: str = "nope",
+                 ggd_theta_alpha=None,
                  ggd_theta_beta=None, ggd_eps: float = 1e-5, ggd_share_layers: bool = False,
                  ssmax_init: float = 1.0, rms_norm_eps: float = 1e-5, initializer_range: float = 0.02,
                  attn_backend: str = "auto", attn_chunk_size: int = 512, ffn_chunk_size: int | None = 32768,
@@ -75,6 +76,11 @@ class BamConfig(PretrainedConfig):
         self.normaliser = normaliser
         self.rope_theta = rope_theta
         self.sinusoidal_base = sinusoidal_base
+        # token embeddings x embed_scale before an absolute position embedding is added (None = 1:
+        # the configs saved before this field existed); from_preset gives sinusoidal sqrt(d_model)
+        if embed_scale is not None and not float(embed_scale) > 0:
+            raise ValueError(f"embed_scale must be > 0, got {embed_scale}")
+        self.embed_scale = None if embed_scale is None else float(embed_scale)
         self.ggd_init = ggd_init
         self.ggd_theta_alpha = ggd_theta_alpha
         self.ggd_theta_beta = ggd_theta_beta
@@ -96,7 +102,15 @@ class BamConfig(PretrainedConfig):
 
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> "BamConfig":
-        """A config of size ``preset`` (one of :data:`PRESETS`), with ``overrides`` applied."""
+        """A config of size ``preset`` (one of :data:`PRESETS`), with ``overrides`` applied.
+
+        With ``pe="sinusoidal"`` the token embeddings are scaled by ``sqrt(hidden_size)`` (Vaswani et
+        al. 2017, sec. 3.4): they start at std ``initializer_range`` (0.02) while the sinusoidal table
+        has amplitude 1, so unscaled the position would swamp the content at the input.
+        """
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
-        return cls(**{**PRESETS[preset], **overrides})
+        kwargs = {**PRESETS[preset], **overrides}
+        if kwargs.get("pe") == "sinusoidal" and "embed_scale" not in overrides:
+            kwargs["embed_scale"] = float(kwargs.get("hidden_size", 128)) ** 0.5
+        return cls(**kwargs)

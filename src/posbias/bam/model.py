@@ -154,6 +154,8 @@ class BamModel(BamPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids and inputs_embeds")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        if getattr(self.config, "embed_scale", None):
+            x = x * self.config.embed_scale
         b, n = x.shape[:2]
         if use_cache and cache is None:
             cache = DynamicCache()
