@@ -69,3 +69,19 @@ def test_tune_refuses_what_it_cannot_tune_before_loading(tiny_folder, tmp_path):
     r = runner.invoke(_app(), ["compare", "--model", str(tiny_folder), "--methods", "none,pi", "--settings",
                                str(tmp_path / "missing.json"), "--out", str(tmp_path / "c")])
     assert r.exit_code == 2 and "settings file not found" in r.output
+
+
+def test_the_objective_chooses_the_setting_like_the_search_would():
+    """Two settings where accuracy and log-prob disagree: each objective picks its own winner."""
+    from posbias.search.fitness import FitnessResult
+    from posbias.search.tune import _best, setting_key
+
+    def row(setting, correct, lp):
+        res = FitnessResult({"0": [correct, 2, 2]}, {"0": 1.0}, logprob_sum=lp, n_scored=2, n_total=2,
+                            logprob_by_depth={"0": lp})
+        return {"key": setting_key("pi", setting), "setting": setting, "fitness": res.to_dict()}
+
+    a, b = {"factor": 1.1}, {"factor": 1.5}
+    done = {r["key"]: r for r in (row(a, 2, -3.0), row(b, 1, -0.5))}
+    assert _best(done, "pi", [a, b], "accuracy")["setting"] == a
+    assert _best(done, "pi", [a, b], "logprob")["setting"] == b

@@ -40,11 +40,14 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-__all__ = ["FitnessResult", "TeacherForcedFitness", "SyntheticFitness", "interleave_by_depth",
-           "DEFAULT_DEPTHS", "OBJECTIVES"]
+__all__ = ["FitnessResult", "TeacherForcedFitness", "SyntheticFitness", "interleave_by_depth", "empty_result",
+           "DEFAULT_DEPTHS", "DEFAULT_OBJECTIVE", "OBJECTIVES"]
 
 DEFAULT_DEPTHS = (0.0, 0.5, 1.0)
 OBJECTIVES = ("accuracy", "logprob")
+# The search's default objective: the one that ranked genomes more consistently between two disjoint
+# search splits of equal cost (benchmarks/objective_consistency.py; README "Which objective").
+DEFAULT_OBJECTIVE = "logprob"
 
 
 @dataclass
@@ -66,6 +69,16 @@ class FitnessResult:
     @property
     def complete(self) -> bool:
         return self.n_scored >= self.n_total and not self.pruned
+
+    def add(self, depth: str, row: dict) -> None:
+        """Count one scored question (a scorer record: ``em``, ``logprob``, ``n_tokens``) at ``depth``."""
+        c = self.counts[depth]
+        c[0] += int(bool(row["em"]))
+        c[1] += 1
+        per_token = float(row["logprob"]) / max(int(row["n_tokens"]), 1)
+        self.logprob_sum += per_token
+        self.logprob_by_depth[depth] = self.logprob_by_depth.get(depth, 0.0) + per_token
+        self.n_scored += 1
 
     @property
     def accuracy(self) -> float:
@@ -207,9 +220,7 @@ class TeacherForcedFitness:
         self._forwards += 1
 
     def empty_result(self) -> FitnessResult:
-        return FitnessResult({d: [0, 0, self.totals[d]] for d in self.depths}, dict(self.weights),
-                             n_total=len(self.instances), objective=self.objective,
-                             logprob_by_depth={d: 0.0 for d in self.depths})
+        return empty_result(self.instances, self.weights, self.objective)
 
     def score(self, factors: Sequence[float], *, threshold: float | None = None,
               partial: FitnessResult | None = None) -> FitnessResult:
@@ -232,17 +243,21 @@ class TeacherForcedFitness:
                 rows = score_instances(self.model, self.tokenizer, chunk, batch_size=self.batch_size,
                                        chat=self.chat, shared=self.shared)
                 for inst, r in zip(chunk, rows):
-                    d = _dkey(inst.depth)
-                    c = res.counts[d]
-                    c[0] += int(bool(r["em"]))
-                    c[1] += 1
-                    per_token = float(r["logprob"]) / max(int(r["n_tokens"]), 1)
-                    res.logprob_sum += per_token
-                    res.logprob_by_depth[d] = res.logprob_by_depth.get(d, 0.0) + per_token
-                res.n_scored += len(chunk)
+                    res.add(_dkey(inst.depth), r)
         res.forward_passes += self._forwards - f0
         res.seconds += time.perf_counter() - t0
         return res
+
+
+def empty_result(instances: Sequence[Any], weights=None, objective: str = "accuracy") -> FitnessResult:
+    """A :class:`FitnessResult` with nothing scored yet for ``instances`` (depths from their ``depth``)."""
+    totals: dict[str, int] = defaultdict(int)
+    for inst in instances:
+        totals[_dkey(inst.depth)] += 1
+    depths = sorted(totals, key=float)
+    w = _normalise_weights(depths, weights)
+    return FitnessResult({d: [0, 0, totals[d]] for d in depths}, w, n_total=len(instances),
+                         objective=objective, logprob_by_depth={d: 0.0 for d in depths})
 
 
 class SyntheticFitness:

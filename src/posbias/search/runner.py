@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from posbias.search.evaluators import PoolEvaluator, RayEvaluator, SerialEvaluator
-from posbias.search.fitness import DEFAULT_DEPTHS, OBJECTIVES
+from posbias.search.fitness import DEFAULT_DEPTHS, DEFAULT_OBJECTIVE, OBJECTIVES
 from posbias.search.ga import GAConfig
 from posbias.search.loop import CHECKPOINT, METRICS, GAResult, already_searched, run_ga  # noqa: F401
 from posbias.search.plots import plot_factors, plot_fitness
@@ -93,7 +93,7 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
                chat: bool = False, grid: Sequence[float] | None = None, round_to_grid: bool = False,
                overrides: dict | None = None, log: Callable[[dict], None] | None = None,
                loaded: tuple | None = None, prune: bool = True, backend: str = "processes",
-               ray_address: str | None = None, objective: str = "accuracy",
+               ray_address: str | None = None, objective: str = DEFAULT_OBJECTIVE,
                shared_context: bool = True) -> SearchResult:
     """Search per-layer factors for ``model`` on ``task`` and write the run folder ``out``.
 

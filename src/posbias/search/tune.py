@@ -2,8 +2,10 @@
 
 For each method, every setting of a small grid (:data:`DEFAULT_GRIDS`, or the user's) is applied and
 scored teacher-forced on the *search* split (shared contexts where the task has them and the method
-allows them, see :mod:`posbias.evaluation.scoring`), with the fitness of the LPES search: mean
-accuracy over depths 0 / 0.5 / 1, ties broken by the mean per-token gold log-probability. The best
+allows them, see :mod:`posbias.evaluation.scoring`) into the LPES search's own
+:class:`~posbias.search.fitness.FitnessResult`, and ranked by the search's objective (``objective``:
+``logprob``, the depth-weighted mean per-token gold log-probability, or ``accuracy``, mean accuracy
+over depths 0 / 0.5 / 1 with the log-prob tie-break). The best
 setting of each method goes to ``out/best_settings.json`` (``{method: options}``), which
 ``posbias compare --settings`` reads, so the held-out comparison runs every method at the setting
 chosen on data it never sees. Every scored setting is one line of ``out/results.jsonl`` (a rerun
@@ -14,11 +16,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from posbias.search.fitness import DEFAULT_DEPTHS
+from posbias.search.fitness import DEFAULT_DEPTHS, DEFAULT_OBJECTIVE, OBJECTIVES, FitnessResult, empty_result
 
 # Small grids around each method's published default (first entry = that default).
 DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
@@ -40,27 +41,31 @@ def setting_key(method: str, setting: dict) -> str:
 
 
 def score_setting(model, tokenizer, method: str, options: dict, instances, batch_size: int) -> dict:
-    """Accuracy per depth, mean accuracy and mean per-token log-prob of one method setting."""
+    """One method setting on the search split: the fitness record (``FitnessResult.to_dict()``) plus
+    ``per_depth``, ``accuracy``, ``mean_logprob``, ``weighted_logprob`` and ``seconds``."""
     from posbias.evaluation.teacher_forced import score_instances
     from posbias.methods import apply_method
+    from posbias.search.fitness import _dkey
 
     start = time.perf_counter()
     with apply_method(model, method, **options) as handle:
         rows = score_instances(handle.model, tokenizer, instances, batch_size=batch_size,
                                shared=handle.shared_prefill)
-    by_depth: dict[str, list] = defaultdict(list)
+    res = empty_result(instances)
     for inst, r in zip(instances, rows):
-        by_depth[f"{inst.depth:g}"].append(r)
-    acc = {d: sum(r["em"] for r in rs) / len(rs) for d, rs in by_depth.items()}
-    logprob = sum(r["logprob"] / max(r["n_tokens"], 1) for r in rows) / len(rows)
-    return {"per_depth": acc, "accuracy": sum(acc.values()) / len(acc), "mean_logprob": logprob,
+        res.add(_dkey(inst.depth), r)
+    return {"fitness": res.to_dict(), "per_depth": res.per_depth_accuracy(), "accuracy": res.accuracy,
+            "mean_logprob": res.mean_logprob, "weighted_logprob": res.weighted_logprob,
             "seconds": round(time.perf_counter() - start, 1)}
 
 
 def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int, out: str | Path, seed: int = 0,
                  batch_size: int = 8, task_options: dict | None = None, grids: dict | None = None,
-                 base_options: dict | None = None, loaded=None, log=print) -> dict[str, dict]:
-    """Score each method's grid on the search split; returns ``{method: best options}``.
+                 base_options: dict | None = None, loaded=None, log=print,
+                 objective: str = DEFAULT_OBJECTIVE) -> dict[str, dict]:
+    """Score each method's grid on the search split; returns ``{method: best options}``, chosen by
+    ``objective`` (the LPES search's; scores do not depend on it, so a rerun with another objective
+    re-chooses from the same results).
 
     ``base_options[method]`` are fixed options merged under every grid setting (e.g. MoICE's
     ``routers``). MoICE is only tuned with trained routers (``base_options["moice"]["routers"]``).
@@ -71,6 +76,8 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
     from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
     from posbias.utils.run_folder import open_run
 
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     task_options, base_options = dict(task_options or {}), dict(base_options or {})
     grids = {m: list((grids or {}).get(m) or DEFAULT_GRIDS.get(m, [])) for m in methods}
     for m in methods:
@@ -81,13 +88,14 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
         for setting in grids[m]:
             check_method(m, {**base_options.get(m, {}), **setting})
     config = {"model": model, "task": task, "seed": seed, "n_per_depth": n_per_depth, "task_options": task_options,
-              "base_options": base_options, "methods": methods, "grids": grids}
+              "base_options": base_options, "methods": methods, "grids": grids, "objective": objective}
     folder = open_run(out, "tune", config, check_keys=TUNE_KEYS)
     lm, tok = loaded or load_model(model)
     opts = {**task_options, "shared_context": True} if supports_shared_context(task, task_options) else task_options
     instances = build_instances(lm, tok, task, list(DEFAULT_DEPTHS), n_per_depth, seed, "search", opts)
     results = folder.path / "results.jsonl"
-    done = {r["key"]: r for r in read_jsonl(results)} if results.exists() else {}
+    # rows written before the fitness record was kept are scored again
+    done = {r["key"]: r for r in read_jsonl(results) if "fitness" in r} if results.exists() else {}
     for m in methods:
         for setting in grids[m]:
             key = setting_key(m, setting)
@@ -99,31 +107,36 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
             append_jsonl(results, rec)
             done[key] = rec
             log(f"{m:18s} {json.dumps(setting):48s} acc {rec['accuracy']:.3f}  "
-                f"({' '.join(f'{d}:{a:.2f}' for d, a in rec['per_depth'].items())})  lp {rec['mean_logprob']:.3f}")
-    best = {m: {**base_options.get(m, {}), **_best(done, m, grids[m])["setting"]} for m in methods}
+                f"({' '.join(f'{d}:{a:.2f}' for d, a in rec['per_depth'].items())})  "
+                f"lp {rec['weighted_logprob']:.3f}")
+    best = {m: {**base_options.get(m, {}), **_best(done, m, grids[m], objective)["setting"]} for m in methods}
     folder.commit()
     atomic_write_json(folder.path / "best_settings.json", best)
-    atomic_write_text(folder.path / "tune.md", tune_table(done, methods, grids) + "\n")
+    atomic_write_text(folder.path / "tune.md", tune_table(done, methods, grids, objective) + "\n")
     return best
 
 
-def _best(done: dict, method: str, grid: list[dict]) -> dict:
-    rows = [done[setting_key(method, s)] for s in grid]
-    return max(rows, key=lambda r: (r["accuracy"], r["mean_logprob"] if math.isfinite(r["mean_logprob"]) else -1e9))
+def _best(done: dict, method: str, grid: list[dict], objective: str) -> dict:
+    """The row of ``method``'s grid ranked first by the search's key for ``objective``."""
+    def key(row):
+        res = FitnessResult.from_dict({**row["fitness"], "objective": objective})
+        return tuple(v if math.isfinite(v) else -1e9 for v in res.key)
+
+    return max((done[setting_key(method, s)] for s in grid), key=key)
 
 
-def tune_table(done: dict, methods: list[str], grids: dict) -> str:
-    """Markdown: one row per (method, setting), the chosen one marked."""
+def tune_table(done: dict, methods: list[str], grids: dict, objective: str = DEFAULT_OBJECTIVE) -> str:
+    """Markdown: one row per (method, setting), the one ``objective`` chooses marked."""
     lines = ["| method | setting | " + " | ".join(f"depth {d:g}" for d in DEFAULT_DEPTHS) + " | mean | log-prob | |",
              "|---|---|" + "---:|" * (len(DEFAULT_DEPTHS) + 2) + "---|"]
     for m in methods:
-        best = _best(done, m, grids[m])["key"]
+        best = _best(done, m, grids[m], objective)["key"]
         for s in grids[m]:
             r = done[setting_key(m, s)]
             cells = " | ".join(f"{100 * r['per_depth'].get(f'{d:g}', float('nan')):.0f}" for d in DEFAULT_DEPTHS)
             mark = "chosen" if r["key"] == best else ""
             lines.append(f"| {m} | `{json.dumps(s)}` | {cells} | {100 * r['accuracy']:.1f} | "
-                         f"{r['mean_logprob']:.3f} | {mark} |")
+                         f"{r['weighted_logprob']:.3f} | {mark} |")
     return "\n".join(lines)
 
 
