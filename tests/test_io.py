@@ -29,3 +29,20 @@ def test_malformed_line_in_the_middle_names_file_and_line(tmp_path):
     log.write_text('{"id": 1}\n{oops\n{"id": 3}\n')
     with pytest.raises(ValueError, match=r"r.jsonl:2: malformed JSON line"):
         read_jsonl(log)
+
+
+def test_an_append_after_a_torn_line_never_lands_on_it(tmp_path):
+    """Readers that only read_jsonl (the long-context grid, perplexity, tune) then append: the torn
+    tail is cut by the append itself, so the log stays readable strictly."""
+    log = tmp_path / "r.jsonl"
+    append_jsonl(log, {"id": 1})
+    with open(log, "a") as f:
+        f.write('{"id": 2, "tor')  # killed mid-write
+    assert [r["id"] for r in read_jsonl(log)] == [1]  # a resuming reader sees id 1 done
+    append_jsonl(log, {"id": 2})
+    append_jsonl(log, {"id": 3})
+    assert [r["id"] for r in read_jsonl(log, strict=True)] == [1, 2, 3]
+    torn_only = tmp_path / "t.jsonl"
+    torn_only.write_text('{"id": 1, "to')
+    append_jsonl(torn_only, {"id": 1})
+    assert read_jsonl(torn_only, strict=True) == [{"id": 1}]

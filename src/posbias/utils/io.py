@@ -66,11 +66,23 @@ def _json_default(o: Any) -> Any:
 
 
 def append_jsonl(path: str | Path, record: dict) -> None:
-    """Append one JSON line and flush it to disk."""
+    """Append one JSON line and flush it to disk.
+
+    Every line this writes ends with a newline, so a file that does not has a torn last line (a kill
+    mid-write); it is cut off first, so the new record never lands on it (:func:`read_jsonl` skips
+    such a line, so no record a reader has seen is lost).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, default=_json_default) + "\n")
+    line = (json.dumps(record, default=_json_default) + "\n").encode("utf-8")
+    with open(path, "a+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size:
+            f.seek(size - 1)
+            if f.read(1) != b"\n":
+                f.seek(0)
+                f.truncate(f.read().rfind(b"\n") + 1)
+        f.write(line)
         f.flush()
         os.fsync(f.fileno())
 
