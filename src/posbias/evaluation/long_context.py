@@ -19,7 +19,7 @@ scorers), at batch size 1; a single mode runs the batched scorers with the batch
 ``batch_size * length <= token_budget``.
 
 Lengths beyond ``config.max_position_embeddings`` raise :class:`LengthBeyondModelError` unless the
-model extrapolates (BAM models: ``config.extrapolates`` or ``model_type == "posbias-bam"``) or
+model says it extrapolates (``config.extrapolates``, set by every BAM config) or
 ``allow_extrapolation=True`` is passed.
 """
 from __future__ import annotations
@@ -39,13 +39,9 @@ class LengthBeyondModelError(ValueError):
 
 
 def supports_extrapolation(model) -> bool:
-    """True for models that run at any length (BAM-family models, whatever their scheme)."""
-    cfg = getattr(model, "config", None)
-    if cfg is None:
-        return False
-    if getattr(cfg, "extrapolates", False):
-        return True
-    return getattr(cfg, "model_type", "") == "posbias-bam"
+    """True for a model whose config says it runs at any length (``config.extrapolates``; every BAM
+    config does, whatever its scheme)."""
+    return bool(getattr(getattr(model, "config", None), "extrapolates", False))
 
 
 def check_lengths(model, lengths: Iterable[int], *, allow_extrapolation: bool | None = None) -> None:
@@ -68,15 +64,6 @@ def check_lengths(model, lengths: Iterable[int], *, allow_extrapolation: bool | 
             f"but the grid asks for lengths {too_long}; drop those lengths, or pass allow_extrapolation=True "
             "to run past the configured limit anyway"
         )
-
-
-def _mark_extrapolating(model) -> None:
-    """Set ``config.extrapolates = True`` on a BAM-family model, the flag the scorers
-    (``posbias.evaluation.batching.model_max_positions``) read to lift the
-    ``max_position_embeddings`` limit (which, for BAM, is only the training context)."""
-    cfg = getattr(model, "config", None)
-    if cfg is not None and supports_extrapolation(model) and not getattr(cfg, "extrapolates", False):
-        cfg.extrapolates = True
 
 
 def _default_make_instances():
@@ -142,7 +129,6 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
         raise ValueError(f"unknown grid modes {sorted(unknown)}; known: {', '.join(MODES)}")
     lengths = sorted({int(L) for L in lengths})
     check_lengths(model, lengths, allow_extrapolation=allow_extrapolation)
-    _mark_extrapolating(model)
     shared = shared_prefill and set(modes) == set(MODES)
     out_jsonl = Path(out_jsonl)
     existing = [r for r in read_jsonl(out_jsonl) if r.get("model") == model_name and r.get("task") == task]
