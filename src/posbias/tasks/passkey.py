@@ -20,6 +20,20 @@ def passkey_prompt(key: str, units: int, position: int) -> str:
     return f"{PASSKEY_INTRO}\n{' '.join(hay)}\n{PASSKEY_QUESTION}"
 
 
+def passkey_document(key: str, units: int, position: int) -> str:
+    """A passkey *training* document: the evaluation prompt (:func:`passkey_prompt`, raw format)
+    followed by its answer, so training and evaluation see the same wording."""
+    return f"{passkey_prompt(key, units, position)} {PASSKEY_PREFIX} {key}."
+
+
+def task_vocabulary_texts(copies: int = 200) -> list[str]:
+    """Text of the synthetic tasks (a passkey document, a RULER needle), repeated so that a tokenizer
+    trained with it makes their words single tokens (``posbias.training.tokenizer``)."""
+    from posbias.tasks.niah import NEEDLE
+
+    return [passkey_document("12345", 4, 2), NEEDLE.format(key="example-key", value="1234567")] * copies
+
+
 def make_passkey(*, tokenizer=None, n, depths, seed, split, length=1024, digits=5) -> list[Instance]:
     """Filler units ``F`` fitted per instance so that ``apply_chat(prompt, prefix)`` <= ``length``
     tokens at every depth; the key goes after ``round(depth * F)`` units (``num_items = F + 1``).

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from posbias.tasks.haystack import essay_dir
-from posbias.tasks.passkey import PASSKEY_PREFIX, passkey_prompt
+from posbias.tasks.fitting import fit_units
+from posbias.tasks.passkey import passkey_document
 from posbias.utils.corpus import BUILTIN_CORPORA, load_texts  # noqa: F401  (the one corpus reader)
 
 def paul_graham_dir() -> Path:
@@ -101,26 +102,20 @@ class PackedDataset:
         return np.random.default_rng([self.seed, epoch]).permutation(self.n_blocks)
 
     def passkey_text(self, key: str, units: int, position: int) -> str:
-        """A passkey document: the evaluation prompt (:func:`posbias.tasks.passkey.passkey_prompt`,
-        raw format) followed by its answer, so training and evaluation see the same wording."""
-        return f"{passkey_prompt(key, units, position)} {PASSKEY_PREFIX} {key}."
+        """A passkey document (:func:`posbias.tasks.passkey.passkey_document`)."""
+        return passkey_document(key, units, position)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _prepare_passkey(self) -> int:
         """Largest number of filler units whose passkey document (+ EOS) fits in ``context``."""
-        fits = lambda u: len(self.encode(self.passkey_text("99999", u, u // 2))) + 1 <= self.context  # noqa: E731
-        if not fits(1):
+        tokens = lambda u: len(self.encode(self.passkey_text("99999", u, u // 2))) + 1  # noqa: E731 (+ EOS)
+        units = fit_units(tokens, self.context, what="a passkey document") if tokens(0) <= self.context else 0
+        if units < 1:
             raise ValueError(f"context {self.context} is too short for passkey documents "
-                             f"(need about {len(self.encode(self.passkey_text('99999', 1, 0))) + 1} tokens)")
-        lo, hi = 1, 2
-        while fits(hi):
-            lo, hi = hi, hi * 2
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        return lo
+                             f"(need about {tokens(1)} tokens)")
+        return units
 
     @property
     def passkey_units(self) -> int:

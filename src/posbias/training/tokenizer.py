@@ -83,11 +83,9 @@ def resolve_tokenizer_spec(spec: str | None, texts: Sequence[str], out_dir: str 
 
 
 def synthetic_task_texts(copies: int = 200) -> list[str]:
-    """Text of the synthetic tasks (passkey intro / filler / question, RULER needle), repeated so
-    that their words become single tokens: a BAM study trains on passkey documents and evaluates
-    on them, and a compact filler lets the training context hold more of it."""
-    from posbias.tasks.passkey import PASSKEY_PREFIX, passkey_prompt
+    """The synthetic tasks' text (:func:`posbias.tasks.passkey.task_vocabulary_texts`): a BAM study
+    trains on passkey documents and evaluates on them, and a compact filler lets the training
+    context hold more of it."""
+    from posbias.tasks.passkey import task_vocabulary_texts
 
-    sample = f"{passkey_prompt('12345', 4, 2)} {PASSKEY_PREFIX} 12345."
-    needle = "One of the special magic numbers for example-key is: 1234567."
-    return [sample, needle] * copies
+    return task_vocabulary_texts(copies)
