@@ -271,10 +271,9 @@ def test_ggd_priors_of_bam_model_and_plot(tmp_path):
 # ----------------------------------------------------------------------------- attention maps
 
 @torch.no_grad()
-def test_explicit_attention_matches_attend():
+def test_attend_returns_the_probabilities_of_its_own_output():
     from posbias.attention import SSMax, attend
     from posbias.positional.ggd import GGDBias
-    from posbias.study.priors import explicit_attention
 
     torch.manual_seed(0)
     q, k, v = torch.randn(1, 4, 40, 8), torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
@@ -283,14 +282,18 @@ def test_explicit_attention_matches_attend():
     docs = torch.tensor([[0] * 15 + [1] * 25])
     for kw in (dict(backend="sdpa"), dict(backend="chunked", chunk_size=16), dict(backend="chunked", doc_ids=docs)):
         ref = attend(q, k, v, bias=bias, normaliser=ssmax, **kw)
-        got, p = explicit_attention(q, k, v, bias=bias, normaliser=ssmax, **kw)
+        got, p = attend(q, k, v, bias=bias, normaliser=ssmax, return_probs=True, **kw)
         assert torch.allclose(ref, got, atol=1e-5)
         assert p.shape == (1, 4, 40, 40)
         assert torch.allclose(p.sum(-1), torch.ones(1, 4, 40), atol=1e-5)
         assert float(p[0, :, 3, 4:].abs().max()) == 0.0  # causal
+        vv = v.repeat_interleave(2, dim=1)
+        assert torch.allclose(torch.matmul(p, vv), ref, atol=1e-5)  # the probabilities that made the output
+    _, p = attend(q, k, v, bias=bias, normaliser=ssmax, doc_ids=docs, return_probs=True)
+    assert float(p[0, :, 20, :15].abs().max()) == 0.0
     # queries = the last 5 of 40 keys (KV cache)
     ref = attend(q[:, :, -5:], k, v, bias=bias, normaliser=ssmax)
-    got, _ = explicit_attention(q[:, :, -5:], k, v, bias=bias, normaliser=ssmax)
+    got, _ = attend(q[:, :, -5:], k, v, bias=bias, normaliser=ssmax, return_probs=True)
     assert torch.allclose(ref, got, atol=1e-5)
 
 
@@ -302,14 +305,11 @@ def test_attention_maps_bam_and_hf_and_plot(tmp_path):
     a = attention_maps(bam, ids)
     assert a.shape == (2, 4, 30, 30)
     assert torch.allclose(a.sum(-1), torch.ones(2, 4, 30), atol=1e-5)
-    # the model's output is unchanged by the capture
+    # the model's output is unchanged when it also returns its attention
     with torch.no_grad():
         ref = bam(input_ids=ids[None]).logits
-    from posbias.study.priors import _AttendCapture
-
-    with _AttendCapture(), torch.no_grad():
-        got = bam(input_ids=ids[None]).logits
-    assert torch.allclose(ref, got, atol=1e-4)
+        got = bam(input_ids=ids[None], output_attentions=True)
+    assert torch.allclose(ref, got.logits, atol=1e-4) and len(got.attentions) == 2
     llama = make_tiny_model("llama", layers=2)
     b = attention_maps(llama, ids)
     assert b.shape == (2, 4, 30, 30)

@@ -91,8 +91,9 @@ def _expand_kv(k, v, n_heads):
     return k, v
 
 
-def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0):
-    """Exact float32 attention of a query block against all keys. q: [b, h, i, d] -> [b, h, i, d]."""
+def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0, return_probs=False):
+    """Exact float32 attention of a query block against all keys. q: [b, h, i, d] -> [b, h, i, d]
+    (and the float32 probabilities [b, h, i, j] with ``return_probs``)."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     z = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [b, h, i, j]
     if bias is not None:
@@ -107,7 +108,8 @@ def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, caus
     if allowed is not None:
         z = z.masked_fill(~allowed, _NEG)
     p = torch.softmax(z, dim=-1)
-    return torch.matmul(p, v.float()).to(q.dtype)
+    out = torch.matmul(p, v.float()).to(q.dtype)
+    return (out, p) if return_probs else out
 
 
 def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0):
@@ -196,7 +198,7 @@ def flex_available(device: torch.device | str) -> bool:
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: BiasFn | None = None,
            doc_ids: torch.Tensor | None = None, normaliser=None, causal: bool = True,
            chunk_size: int | None = None, backend: str = "auto",
-           key_mask: torch.Tensor | None = None) -> torch.Tensor:
+           key_mask: torch.Tensor | None = None, return_probs: bool = False):
     """Attention with an optional positional prior, SSMax and packed-document masking.
 
     Args:
@@ -211,8 +213,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: BiasFn | 
         chunk_size: query chunk length for the chunked path (forces it when given with "auto").
         backend: one of :data:`BACKENDS`.
         key_mask: [b, j] 1/True for real keys, 0/False for padding.
+        return_probs: also return the attention probabilities (float32 [b, h, i, j], prior, SSMax
+            and masks included), computed on the exact eager path whatever ``backend`` says.
 
-    Returns: [b, h, i, d] in the dtype of ``q``.
+    Returns: [b, h, i, d] in the dtype of ``q`` (with ``return_probs``: ``(out, probs)``).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; known: {', '.join(BACKENDS)}")
@@ -234,6 +238,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: BiasFn | 
         raise ValueError(f"key_mask has length {key_mask.shape[-1]}, expected the key length {nk}")
     args = (q_pos, k_pos, q_doc, doc_ids, key_mask, bias, normaliser, causal, nk - nq)
 
+    if return_probs:
+        k, v = _expand_kv(k, v, h)
+        return _block(q, k, v, *args, return_probs=True)
     if backend == "auto":
         backend = "chunked" if (chunk_size is not None or nq * nk > CHUNK_THRESHOLD) else "sdpa"
     if backend == "flex":

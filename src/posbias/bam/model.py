@@ -69,7 +69,8 @@ class BamAttention(nn.Module):
         self.rotary = spec.build(head_dim=self.head_dim, theta=config.rope_theta) if spec.kind == "rotary" else None
         self.ssmax = SSMax(self.n_heads, config.ssmax_init) if config.normaliser == "ssmax" else None
 
-    def forward(self, x, *, positions, bias, doc_ids, key_mask, cache, backend, chunk_size):
+    def forward(self, x, *, positions, bias, doc_ids, key_mask, cache, backend, chunk_size, probs=None):
+        """x: [b, n, hidden]; with a list ``probs`` the attention probabilities [b, h, n, j] are appended."""
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
@@ -79,7 +80,10 @@ class BamAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         out = attend(q, k, v, bias=bias, doc_ids=doc_ids, normaliser=self.ssmax, key_mask=key_mask,
-                     backend=backend, chunk_size=chunk_size)
+                     backend=backend, chunk_size=chunk_size, return_probs=probs is not None)
+        if probs is not None:
+            out, p = out
+            probs.append(p)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
 
 
@@ -150,7 +154,8 @@ class BamModel(BamPreTrainedModel):
         return self.priors[layer if len(self.priors) > 1 else 0]
 
     def forward(self, input_ids=None, attention_mask=None, doc_ids=None, position_ids=None, cache=None,
-                inputs_embeds=None, use_cache=None, attn_backend=None, chunk_size=None, **kwargs):
+                inputs_embeds=None, use_cache=None, attn_backend=None, chunk_size=None, output_attentions=False,
+                **kwargs):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids and inputs_embeds")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -187,10 +192,12 @@ class BamModel(BamPreTrainedModel):
             x = x + self.abs_pe(position_ids).to(x.dtype)
         backend = attn_backend or self.config.attn_backend
         chunk = chunk_size or (self.config.attn_chunk_size if backend == "chunked" else None)
+        probs = [] if output_attentions else None
         for i, layer in enumerate(self.layers):
             x = layer(x, positions=positions, bias=self.prior(i), doc_ids=doc_ids, key_mask=key_mask,
-                      cache=cache, backend=backend, chunk_size=chunk)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(x), cache=cache if use_cache else None)
+                      cache=cache, backend=backend, chunk_size=chunk, probs=probs)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(x), cache=cache if use_cache else None,
+                                       attentions=tuple(probs) if probs is not None else None)
 
 
 class BamForCausalLM(BamPreTrainedModel, GenerationMixin):
@@ -229,14 +236,15 @@ class BamForCausalLM(BamPreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids=None, attention_mask=None, doc_ids=None, position_ids=None, cache=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, attn_backend=None,
-                chunk_size=None, past_key_values=None, **kwargs):
+                chunk_size=None, past_key_values=None, output_attentions=False, **kwargs):
         if cache is None:
             cache = past_key_values
         if use_cache is None:
             use_cache = bool(self.config.use_cache) and not self.training and labels is None
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, doc_ids=doc_ids,
                          position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
-                         use_cache=use_cache, attn_backend=attn_backend, chunk_size=chunk_size)
+                         use_cache=use_cache, attn_backend=attn_backend, chunk_size=chunk_size,
+                         output_attentions=output_attentions)
         h = out.last_hidden_state
         loss = None
         if labels is not None:
@@ -252,4 +260,4 @@ class BamForCausalLM(BamPreTrainedModel, GenerationMixin):
             idx = torch.as_tensor(logits_to_keep, device=h.device)
             hs = h[:, idx] if idx.dim() == 1 else torch.gather(h, 1, idx[..., None].expand(-1, -1, h.shape[-1]))
         logits = self.lm_head(hs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache, attentions=out.attentions)

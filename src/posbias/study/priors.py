@@ -15,11 +15,10 @@ the constant ``-exp(theta_alpha)`` (a uniform prior, i.e. NoPE) and ``alpha`` is
 penalising local context: the bias grows towards 0 with distance); those heads are marked in
 :func:`plot_priors`.
 
-Attention maps. :func:`attention_maps` runs one forward pass and collects per-layer attention
-probabilities. For BAM models (built on :func:`posbias.attention.attend`) ``attend`` is
-temporarily replaced by :func:`explicit_attention` (its documented math written out: scaled
-q k^T + prior, x SSMax factor, masks, float32 softmax) which records the probabilities; for
-Hugging Face models ``output_attentions=True`` is used (needs eager attention).
+Attention maps. :func:`attention_maps` runs one forward pass with ``output_attentions=True`` and
+collects per-layer attention probabilities: BAM models return those of
+:func:`posbias.attention.attend` (``return_probs``: scaled q k^T + prior, x SSMax factor, masks,
+float32 softmax); Hugging Face models need eager attention.
 """
 from __future__ import annotations
 
@@ -138,92 +137,15 @@ def priors_table(priors: Iterable[Mapping]) -> str:
 
 # ----------------------------------------------------------------------------- attention maps
 
-_NEG = torch.finfo(torch.float32).min
-
-
-def explicit_attention(q, k, v, *, bias=None, doc_ids=None, normaliser=None, causal: bool = True,
-                       key_mask=None, **_ignored):
-    """``(out, probs)`` of :func:`posbias.attention.attend`'s math, written out in float32:
-    ``z = q k^T / sqrt(d) + bias``, ``z *= s_h log n_i`` (SSMax), causal / document / padding
-    mask, softmax. q: [b, h, i, d] (the last i of the j keys); k, v: [b, h_kv, j, d]."""
-    b, h, nq, d = q.shape
-    nk = k.shape[2]
-    if k.shape[1] != h:
-        k, v = k.repeat_interleave(h // k.shape[1], dim=1), v.repeat_interleave(h // k.shape[1], dim=1)
-    q_pos = torch.arange(nk - nq, nk, device=q.device)
-    k_pos = torch.arange(nk, device=q.device)
-    z = torch.matmul(q.float(), k.float().transpose(-1, -2)) / math.sqrt(d)
-    if bias is not None:
-        z = z + bias(q_pos, k_pos).float()[None]
-    allowed = torch.ones(1, 1, nq, nk, dtype=torch.bool, device=q.device)
-    if causal:
-        allowed = allowed & (k_pos[None, :] <= q_pos[:, None])[None, None]
-    if doc_ids is not None:
-        allowed = allowed & (doc_ids[:, nk - nq:, None] == doc_ids[:, None, :])[:, None]
-    if key_mask is not None:
-        allowed = allowed & key_mask.bool()[:, None, None, :]
-    if normaliser is not None:
-        z = z * normaliser.multiplier(allowed.sum(-1)[:, 0])
-    p = torch.softmax(z.masked_fill(~allowed, _NEG), dim=-1)
-    return torch.matmul(p, v.float()).to(q.dtype), p
-
-
-class _AttendCapture:
-    """Context manager: every module-level reference to ``posbias.attention.attend`` (e.g. in
-    ``posbias.bam.model``) is replaced by :func:`explicit_attention`, which records the
-    probabilities. Relies only on ``attend``'s documented signature. One full forward (no KV
-    cache) calls ``attend`` once per layer, in layer order."""
-
-    def __init__(self):
-        self.layers: list[torch.Tensor] = []
-        self._patched: list = []
-
-    def _attend(self, q, k, v, **kw):
-        out, p = explicit_attention(q, k, v, **kw)
-        self.layers.append(p[0].detach().float().cpu())
-        return out
-
-    def __enter__(self):
-        import sys
-
-        try:
-            from posbias.attention import kernel
-        except ImportError:
-            return self
-        original = kernel.attend
-        for mod in list(sys.modules.values()):
-            if mod is not None and mod is not kernel and getattr(mod, "attend", None) is original:
-                self._patched.append((mod, original))
-                mod.attend = self._attend
-        return self
-
-    def __exit__(self, *exc):
-        for mod, fn in self._patched:
-            mod.attend = fn
-        return False
-
-    def maps(self) -> torch.Tensor | None:
-        return torch.stack(self.layers) if self.layers else None
-
-
 @torch.no_grad()
 def attention_maps(model, input_ids) -> torch.Tensor:
-    """Attention probabilities of one sequence: float32 ``[layers, heads, T, T]`` (CPU).
-
-    For models built on ``posbias.attention.attend`` (BAM) ``attend`` is swapped for
-    :func:`explicit_attention`, which records probabilities (prior, SSMax and masks included);
-    for Hugging Face models the ``output_attentions=True`` maps are used (eager attention).
-    """
+    """Attention probabilities of one sequence: float32 ``[layers, heads, T, T]`` (CPU), from the
+    model's ``output_attentions=True`` (BAM: :func:`posbias.attention.attend` with ``return_probs``,
+    prior, SSMax and masks included; Hugging Face models: eager attention)."""
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     if ids.dim() == 1:
         ids = ids[None]
     ids = ids[:1].to(next(model.parameters()).device)
-    cap = _AttendCapture()
-    with cap:
-        out = model(input_ids=ids, use_cache=False)
-    maps = cap.maps()
-    if maps is not None:
-        return maps
     try:
         out = model(input_ids=ids, output_attentions=True, use_cache=False)
     except (TypeError, ValueError, NotImplementedError) as e:
