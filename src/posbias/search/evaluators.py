@@ -4,7 +4,6 @@ spawned processes (one model each), or Ray actors across nodes. Every evaluator 
 results in job order, so the search gives the same result with any of them."""
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 from posbias.search.fitness import FitnessResult
@@ -33,14 +32,8 @@ class SerialEvaluator:
 _WORKER_FITNESS = None
 
 
-def _worker_init(factory: Callable[[], Any], threads: int) -> None:
+def _worker_init(factory: Callable[[], Any]) -> None:
     global _WORKER_FITNESS
-    try:
-        import torch
-
-        torch.set_num_threads(threads)
-    except ImportError:
-        pass
     _WORKER_FITNESS = factory()
 
 
@@ -59,21 +52,19 @@ class PoolEvaluator:
     (its own model) once with the picklable ``factory``; torch threads split evenly."""
 
     def __init__(self, factory: Callable[[], Any], workers: int):
-        import multiprocessing as mp
+        from posbias.utils.workers import spawn_pool
 
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        self.pool = mp.get_context("spawn").Pool(workers, initializer=_worker_init, initargs=(factory, threads))
+        self.pool = spawn_pool(workers, _worker_init, (factory,))
 
     def num_layers(self) -> int:
-        return self.pool.apply(_worker_num_layers)
+        return self.pool.submit(_worker_num_layers).result()
 
     def evaluate(self, jobs) -> list[FitnessResult]:
         payload = [(f, t, p.to_dict() if p is not None else None) for f, t, p in jobs]
-        return [FitnessResult.from_dict(d) for d in self.pool.map(_worker_score, payload, chunksize=1)]
+        return [FitnessResult.from_dict(d) for d in self.pool.map(_worker_score, payload)]
 
     def close(self) -> None:
-        self.pool.close()
-        self.pool.join()
+        self.pool.shutdown(wait=True)
 
 
 class _RayWorker:

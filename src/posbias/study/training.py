@@ -124,27 +124,18 @@ def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus:
 
 def _train_parallel(cfg: StudyConfig, jobs, train_fn, corpus, record) -> None:
     """Run the training jobs in ``cfg.train_workers`` spawned processes (``train_fn`` must be picklable)."""
-    import multiprocessing as mp
-    import os
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
 
-    workers = min(cfg.train_workers, len(jobs))
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    from posbias.utils.workers import spawn_pool
+
     fn = train_fn or default_train_fn()
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_worker_init,
-                             initargs=(threads,)) as pool:
+    with spawn_pool(min(cfg.train_workers, len(jobs))) as pool:
         futures = {pool.submit(_timed_call, fn, train_config(cfg, scheme, target, corpus)): (scheme, target)
                    for scheme, target in jobs}
         for fut in as_completed(futures):
             scheme, target = futures[fut]
             result, seconds = fut.result()
             record(scheme, result, target, seconds)
-
-
-def _worker_init(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
 
 
 def _timed_call(fn: Callable, config) -> tuple[Any, float]:
