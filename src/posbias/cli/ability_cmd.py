@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from posbias.cli.common import Count, friendly_errors, method_options_from_flags
+from posbias.utils.options import parse_names
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -31,12 +32,13 @@ def ability_command(
 ):
     """Score answer log-likelihood accuracy (lm-eval prompts, zero-shot) for each method on the same
     questions, with the paired difference to the first method and its 95% interval."""
-    from posbias.evaluation.ability import compare_ability, data_root as find_root, score_ability, task_specs
+    from posbias.evaluation.ability import compare_ability, score_ability, task_specs
+    from posbias.evaluation.ability import data_root as find_root
     from posbias.evaluation.compare import check_method_list
     from posbias.utils.run_folder import open_run
 
-    names = [m.strip() for m in methods.split(",") if m.strip()]
-    task_list = [t.strip() for t in tasks.split(",") if t.strip()]
+    names = parse_names(methods)
+    task_list = parse_names(tasks)
     if not task_list:
         raise ValueError("--tasks is empty")
     check_method_list(names)

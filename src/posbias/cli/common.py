@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import typer
 
-from posbias.utils.options import parse_key_values  # noqa: F401  (re-exported for the CLI modules)
+from posbias.utils.options import parse_key_values, parse_names, parse_numbers  # noqa: F401 (re-exported for the CLI modules)
 
 # EOFError: a truncated file read without a reader that names it (click would turn it into a bare
 # "Aborted.").
@@ -65,10 +65,8 @@ def check_training_run(cfg: Any, kind: str, settings: dict, check_keys) -> bool:
 
 
 def parse_floats(text: str, name: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--{name} must be comma-separated numbers, got {text!r}") from None
+    """:func:`posbias.utils.options.parse_numbers` (the one option parser)."""
+    return parse_numbers(text, name)
 
 
 def task_options(num_keys, num_docs, length, path, haystack, num_needles, extra) -> dict[str, Any]:

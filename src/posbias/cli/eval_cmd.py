@@ -6,8 +6,23 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import (Count, DataPath, ExtraOpts, Haystack, Length, NumDocs, NumKeys, NumNeedles, Seed,
-                                friendly_errors, method_options_from_flags, parse_floats, parse_key_values, task_options)
+from posbias.cli.common import (
+    Count,
+    DataPath,
+    ExtraOpts,
+    Haystack,
+    Length,
+    NumDocs,
+    NumKeys,
+    NumNeedles,
+    Seed,
+    friendly_errors,
+    method_options_from_flags,
+    parse_floats,
+    parse_key_values,
+    task_options,
+)
+from posbias.utils.options import parse_names
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -70,7 +85,7 @@ def compare_command(
     """Evaluate several methods on the same held-out instances: joint table and plot in --out."""
     from posbias.evaluation.compare import compare_methods
 
-    names = [m.strip() for m in methods.split(",") if m.strip()]
+    names = parse_names(methods)
     options = method_options_from_flags(names, factors=factors, pi_factor=pi_factor, routers=routers,
                                         settings=settings)
     compare_methods(model=model, task=task, methods=names, depths=parse_floats(depths, "depths"), n=n, out=out,

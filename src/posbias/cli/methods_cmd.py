@@ -8,8 +8,21 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import (Count, DataPath, ExtraOpts, Haystack, Length, NumDocs, NumKeys, NumNeedles, Seed,
-                                friendly_errors, parse_floats, task_options)
+from posbias.cli.common import (
+    Count,
+    DataPath,
+    ExtraOpts,
+    Haystack,
+    Length,
+    NumDocs,
+    NumKeys,
+    NumNeedles,
+    Seed,
+    friendly_errors,
+    parse_floats,
+    task_options,
+)
+from posbias.utils.options import parse_names
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -84,7 +97,7 @@ def tune_command(
     chooses its factors; `posbias compare --settings OUT/best_settings.json` uses them."""
     from posbias.search.tune import tune_methods
 
-    names = [m.strip() for m in methods.split(",") if m.strip()]
+    names = parse_names(methods)
     base = {"moice": {"routers": routers}} if routers else {}
     best = tune_methods(model=model, task=task, methods=names, n_per_depth=n_per_depth, out=out, seed=seed,
                         batch_size=batch_size, base_options=base, log=typer.echo, objective=objective,

@@ -6,7 +6,15 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import Count, Seed, check_training_run, friendly_errors, parse_floats, parse_key_values
+from posbias.cli.common import (
+    Count,
+    Seed,
+    check_training_run,
+    friendly_errors,
+    parse_floats,
+    parse_key_values,
+)
+from posbias.utils.options import parse_names
 
 
 def study_command(
@@ -44,13 +52,18 @@ def study_command(
     train_opt: Optional[list[str]] = typer.Option(None, "--train-opt", help="extra training option key=value (same for all schemes)"),
 ):
     """Train each positional scheme on one budget and evaluate it from 1x to Kx its training length."""
-    from posbias.study.runner import CHECK_KEYS, StudyConfig, discard_unfinished, run_study
+    from posbias.study.runner import (
+        CHECK_KEYS,
+        StudyConfig,
+        discard_unfinished,
+        run_study,
+    )
 
     cfg = StudyConfig(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
         multipliers=parse_floats(multipliers, "multipliers"), depths=parse_floats(depths, "depths"), n=n,
         seed=seed, corpus=corpus, heldout=heldout, passkey_rate=passkey_rate, niah=niah, niah_options=parse_key_values(niah_opt, "niah-opt"),
-        modes=[m.strip() for m in modes.split(",") if m.strip()],
+        modes=parse_names(modes),
         ppl_multipliers=parse_floats(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,
         batch_size=batch_size, token_budget=token_budget, device=device,
         train_options=parse_key_values(train_opt, "train-opt"), tokenizer=tokenizer, train_workers=train_workers, resume=resume,

@@ -11,6 +11,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from posbias.utils.options import as_list  # noqa: F401 (methods parse list options with it)
+
 
 @dataclass
 class MethodSpec:
@@ -121,20 +123,6 @@ def parse_options(pairs: list[str] | None) -> dict[str, Any]:
     from posbias.utils.options import parse_key_values
 
     return parse_key_values(pairs, "method-opt")
-
-
-def as_list(value, cast=float, name: str = "option") -> list | None:
-    """None -> None; a number -> [number]; "1,2" / "1 2" / [1, 2] -> list (for options given as CLI strings)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = [x for x in value.replace(",", " ").split() if x]
-    elif not isinstance(value, (list, tuple)):
-        value = [value]
-    try:
-        return [cast(v) for v in value]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a list of numbers, got {value!r}") from None
 
 
 PROMPT_DEPENDENT_ATTR = "_posbias_prompt_dependent"

@@ -1,4 +1,5 @@
-"""``key=value`` options from the command line, typed."""
+"""The one parser of option text: ``key=value`` pairs (typed), comma-separated names and numbers, and
+list-valued options given as strings or lists (method options from the command line or Python)."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -35,3 +36,30 @@ def parse_value(text: str) -> Any:
         except ValueError:
             pass
     return text
+
+
+def parse_names(text: str | None) -> list[str]:
+    """``"none, pi,lpes"`` -> ``["none", "pi", "lpes"]`` (empty items dropped)."""
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def parse_numbers(text: str, name: str) -> list[float]:
+    """``"0,0.5,1"`` -> ``[0.0, 0.5, 1.0]``; a ``ValueError`` naming ``--name`` otherwise."""
+    try:
+        return [float(x) for x in parse_names(text)]
+    except ValueError:
+        raise ValueError(f"--{name} must be comma-separated numbers, got {text!r}") from None
+
+
+def as_list(value, cast=float, name: str = "option") -> list | None:
+    """None -> None; a number -> [number]; "1,2" / "1 2" / [1, 2] -> list (options given as CLI strings)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [x for x in value.replace(",", " ").split() if x]
+    elif not isinstance(value, (list, tuple)):
+        value = [value]
+    try:
+        return [cast(v) for v in value]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a list of numbers, got {value!r}") from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable
+from typing import Callable
 
 
 def threads_per_worker(workers: int) -> int:
