@@ -249,13 +249,42 @@ def train(config: TrainConfig | dict, *, tokenizer=None,
 
 
 def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
+    """Setup, resume, the step loop (log, probe, checkpoint), the final model."""
     from tqdm.auto import tqdm
 
-    from posbias.bam import BamForCausalLM
+    out, tokenizer, ds, probe_docs, bam_cfg = _setup(cfg, info, tokenizer)
+    model, optimizer, scheduler = _build(cfg, info, bam_cfg)
+    start = _resume(cfg, info, out, model, optimizer, scheduler, bam_cfg.to_dict())
+    ddp = _wrap_ddp(model, info)
+    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
+    log = _StepLog(cfg, info, out)
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.pe}{'+ssmax' if cfg.ssmax else ''}",
+               disable=not (cfg.progress and info.is_main), dynamic_ncols=True)
+    for step in range(start, end):
+        loss, gnorm = _step(cfg, info, ddp, model, ds, step, optimizer, scheduler)
+        done = step + 1
+        if callback is not None:
+            callback(done, model, info)
+        log.add(loss)
+        if done % cfg.log_every == 0 or done == end:
+            rec = log.write(done, optimizer, gnorm, model)
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}")
+        if probe_docs and (done % cfg.probe_every == 0 or done == end):
+            append_jsonl(out / "metrics.jsonl", {"step": done, **passkey_probe(model, probe_docs)})
+        bar.update(1)
+        if done % cfg.checkpoint_every == 0 or done == end:
+            if info.is_main:
+                _save_checkpoint(out / CHECKPOINT, model=model, optimizer=optimizer, scheduler=scheduler,
+                                 step=done, cfg=cfg, model_config=bam_cfg.to_dict())
+            barrier(info)
+    bar.close()
+    return out if end < cfg.steps else _save_final(out, model, tokenizer, info)
 
+
+def _setup(cfg: TrainConfig, info: DistInfo, tokenizer):
+    """The run folder, corpus, tokenizer (``bpe:<N>`` trained here once), packed data and probe."""
     out = Path(cfg.out)
-    ck_path = out / CHECKPOINT
-    if ck_path.exists() and not cfg.resume:
+    if (out / CHECKPOINT).exists() and not cfg.resume:
         raise ValueError(f"{out} already holds a checkpoint: pass --resume to continue it, or use another --out")
     if info.is_main:  # before the first file (a bpe:<N> tokenizer) is written into out
         prepare_run_dir(out, cfg.to_json(), kind="train", check_keys=resume_check_keys(out))
@@ -269,11 +298,16 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
         barrier(info)
         tokenizer = load_tokenizer(resolve_tokenizer_spec(cfg.tokenizer, texts, out / "tokenizer"))
     bam_cfg = build_bam_config(cfg, tokenizer)
-    model_config = bam_cfg.to_dict()
     ds = PackedDataset(texts, tokenizer, cfg.context, seed=cfg.seed, passkey_rate=cfg.passkey_rate)
     probe_docs = passkey_probe_docs(ds, cfg.probe_n) if cfg.probe_every > 0 and info.is_main else None
     if ds.max_token_id >= bam_cfg.vocab_size:
         raise ValueError(f"token id {ds.max_token_id} does not fit the model vocabulary ({bam_cfg.vocab_size})")
+    return out, tokenizer, ds, probe_docs, bam_cfg
+
+
+def _build(cfg: TrainConfig, info: DistInfo, bam_cfg):
+    """Seeded model, optimizer and warmup-cosine scheduler."""
+    from posbias.bam import BamForCausalLM
 
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -282,9 +316,12 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
     model.train()
     optimizer = make_optimizer(model, cfg)
     lam = lambda s: lr_lambda(s, steps=cfg.steps, warmup=cfg.warmup_steps, min_ratio=cfg.min_lr_ratio)  # noqa: E731
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lam)
+    return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lam)
 
-    start = 0
+
+def _resume(cfg: TrainConfig, info: DistInfo, out: Path, model, optimizer, scheduler, model_config: dict) -> int:
+    """Load the checkpoint (if resuming) and cut ``metrics.jsonl`` back to it; returns the start step."""
+    ck_path = out / CHECKPOINT
     if cfg.resume and ck_path.exists():
         ck = _load_checkpoint(ck_path, model_config=model_config)
         model.load_state_dict(ck["model"])
@@ -295,65 +332,69 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
         if info.is_main:  # drop metrics logged after the checkpoint (they will be redone)
             kept = [r for r in read_jsonl(out / "metrics.jsonl") if r.get("step", 0) <= start]
             atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
-    elif cfg.resume and info.is_main:
+        return start
+    if cfg.resume and info.is_main:
         warnings.warn(f"--resume: no checkpoint in {out}, starting from step 0")
+    return 0
 
-    ddp = model
-    if info.distributed:
-        from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+def _wrap_ddp(model, info: DistInfo):
+    if not info.distributed:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
 
-    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.context * info.world_size
-    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.pe}{'+ssmax' if cfg.ssmax else ''}",
-               disable=not (cfg.progress and info.is_main), dynamic_ncols=True)
-    t_last, tok_since, loss_acc, n_acc = time.perf_counter(), 0, 0.0, 0
-    t_start = time.perf_counter()
-    step = start
-    for step in range(start, end):
-        for micro in range(cfg.grad_accum):
-            first = ((step * cfg.grad_accum + micro) * info.world_size + info.rank) * cfg.batch_size
-            batch = ds.batch(range(first, first + cfg.batch_size))
-            batch = {k: v.to(info.device) for k, v in batch.items()}
-            sync = micro == cfg.grad_accum - 1 or not info.distributed
-            ctx = nullcontext() if sync else ddp.no_sync()
-            with ctx, _autocast(cfg, info.device):
-                loss = ddp(input_ids=batch["input_ids"], doc_ids=batch["doc_ids"], labels=batch["input_ids"],
-                           use_cache=False).loss
-                (loss / cfg.grad_accum).backward()
-            loss_acc += loss.item() / cfg.grad_accum
-        n_acc += 1
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        tok_since += tokens_per_step
-        done = step + 1
-        if callback is not None:
-            callback(done, model, info)
-        if done % cfg.log_every == 0 or done == end:
-            now = time.perf_counter()
-            loss_mean = mean_across(loss_acc / n_acc, info)
-            tps = tok_since / max(now - t_last, 1e-9)
-            rec = {"step": done, "loss": loss_mean, "lr": optimizer.param_groups[0]["lr"],
-                   "grad_norm": float(gnorm), "tokens_per_s": tps, "tokens": done * tokens_per_step,
-                   "elapsed_s": now - t_start, **_prior_summary(model)}
-            if info.is_main:
-                append_jsonl(out / "metrics.jsonl", rec)
-            bar.set_postfix(loss=f"{loss_mean:.3f}", tok_s=f"{tps:,.0f}")
-            t_last, tok_since, loss_acc, n_acc = now, 0, 0.0, 0
-        if probe_docs and (done % cfg.probe_every == 0 or done == end):
-            append_jsonl(out / "metrics.jsonl", {"step": done, **passkey_probe(model, probe_docs)})
-        bar.update(1)
-        if done % cfg.checkpoint_every == 0 or done == end:
-            if info.is_main:
-                _save_checkpoint(ck_path, model=model, optimizer=optimizer, scheduler=scheduler, step=done,
-                                 cfg=cfg, model_config=model_config)
-            barrier(info)
-    bar.close()
-    if end < cfg.steps:
-        return out
+    return DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+
+
+def _step(cfg: TrainConfig, info: DistInfo, ddp, model, ds, step: int, optimizer, scheduler) -> tuple[float, float]:
+    """One optimizer step over ``grad_accum`` micro-batches (block indices a pure function of the step,
+    rank and micro-batch); returns (mean loss, grad norm)."""
+    loss_acc = 0.0
+    for micro in range(cfg.grad_accum):
+        first = ((step * cfg.grad_accum + micro) * info.world_size + info.rank) * cfg.batch_size
+        batch = ds.batch(range(first, first + cfg.batch_size))
+        batch = {k: v.to(info.device) for k, v in batch.items()}
+        sync = micro == cfg.grad_accum - 1 or not info.distributed
+        ctx = nullcontext() if sync else ddp.no_sync()
+        with ctx, _autocast(cfg, info.device):
+            loss = ddp(input_ids=batch["input_ids"], doc_ids=batch["doc_ids"], labels=batch["input_ids"],
+                       use_cache=False).loss
+            (loss / cfg.grad_accum).backward()
+        loss_acc += loss.item() / cfg.grad_accum
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_acc, float(gnorm)
+
+
+class _StepLog:
+    """Mean loss and throughput since the last log line; rank 0 appends it to ``metrics.jsonl``."""
+
+    def __init__(self, cfg: TrainConfig, info: DistInfo, out: Path):
+        self.info, self.out = info, out
+        self.tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.context * info.world_size
+        self.t_start = self.t_last = time.perf_counter()
+        self.tokens, self.loss_sum, self.n = 0, 0.0, 0
+
+    def add(self, loss: float) -> None:
+        self.loss_sum += loss
+        self.n += 1
+        self.tokens += self.tokens_per_step
+
+    def write(self, done: int, optimizer, gnorm: float, model) -> dict:
+        now = time.perf_counter()
+        rec = {"step": done, "loss": mean_across(self.loss_sum / self.n, self.info),
+               "lr": optimizer.param_groups[0]["lr"], "grad_norm": gnorm,
+               "tokens_per_s": self.tokens / max(now - self.t_last, 1e-9), "tokens": done * self.tokens_per_step,
+               "elapsed_s": now - self.t_start, **_prior_summary(model)}
+        if self.info.is_main:
+            append_jsonl(self.out / "metrics.jsonl", rec)
+        self.t_last, self.tokens, self.loss_sum, self.n = now, 0, 0.0, 0
+        return rec
+
+
+def _save_final(out: Path, model, tokenizer, info: DistInfo) -> Path:
     final = out / "final"
     if info.is_main:
         model.save_pretrained(final)
