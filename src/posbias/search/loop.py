@@ -53,6 +53,57 @@ def _save_checkpoint(path: Path, ga: GeneticAlgorithm, memo: dict, best: Genome 
     })
 
 
+def _start(cfg: GAConfig, seed: int, out: Path | None, resume: bool):
+    """``(ga, memo, best, history)``: from ``out/checkpoint.json`` when resuming (metrics of a generation
+    logged but not checkpointed are dropped), else a fresh seeded GA (an old metrics log removed)."""
+    ckpt = out / CHECKPOINT if out is not None else None
+    if resume and ckpt is not None and ckpt.exists():
+        import json
+
+        state = read_json(ckpt)
+        saved_cfg = state["ga"]["config"]
+        if saved_cfg != cfg.to_dict():
+            diff = [k for k in saved_cfg if saved_cfg[k] != cfg.to_dict().get(k)]
+            raise ValueError(f"{ckpt} was written with other GA settings ({', '.join(diff)}); use another out")
+        ga = GeneticAlgorithm.from_state(state["ga"], cfg)
+        memo = {Genome.from_list(g): FitnessResult.from_dict(r) for g, r in state["memo"]}
+        best = Genome.from_list(state["best"]) if state.get("best") else None
+        history = [m for m in read_jsonl(out / METRICS) if m.get("generation", 0) < ga.generation]
+        atomic_write_text(out / METRICS, "".join(json.dumps(m) + "\n" for m in history))
+        return ga, memo, best, history
+    import numpy as np
+
+    if out is not None and (out / METRICS).exists():
+        (out / METRICS).unlink()
+    return GeneticAlgorithm(cfg, np.random.default_rng(seed)), {}, None, []
+
+
+def _generation_record(ranked: list[Genome], memo: dict, todo: list[Genome], before: dict, cfg: GAConfig,
+                       factors_of: Callable) -> dict:
+    """One ``metrics.jsonl`` line: the objective's best / mean, accuracy, the work this generation did
+    (``before``: each scored genome's result before it, None when new) and every individual, ranked."""
+    best, br = ranked[0], memo[ranked[0]]
+
+    def spent(attr):
+        return sum(getattr(memo[g], attr) - (getattr(before[g], attr) if before[g] is not None else 0) for g in todo)
+
+    return {
+        "objective": br.objective, "best_value": br.value,
+        "mean_value": sum(memo[g].value for g in ranked) / len(ranked),
+        "best_accuracy": br.accuracy, "best_mean_logprob": br.mean_logprob,
+        "best_weighted_logprob": br.weighted_logprob,
+        "mean_accuracy": sum(memo[g].accuracy for g in ranked) / len(ranked),
+        "best_per_depth": br.per_depth_accuracy(),
+        "best_factors": factors_of(best), "best_control_points": genome_points(best, cfg),
+        "unique": len(ranked), "scored": len(todo), "memo_hits": len(ranked) - len(todo),
+        "pruned": sum(1 for g in todo if memo[g].pruned),
+        "forward_passes": spent("forward_passes"), "questions_scored": spent("n_scored"),
+        "scoring_s": spent("seconds"),
+        "individuals": [{"genome": g.to_list(), "value": memo[g].value, "accuracy": memo[g].accuracy,
+                         "mean_logprob": memo[g].mean_logprob, "pruned": memo[g].pruned} for g in ranked],
+    }
+
+
 def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed: int = 0,
            out: str | Path | None = None, resume: bool = False,
            log: Callable[[dict], None] | None = None,
@@ -73,32 +124,9 @@ def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed:
     """
     out = Path(out) if out is not None else None
     ckpt = out / CHECKPOINT if out is not None else None
-    memo: dict[Genome, FitnessResult] = {}
-    best: Genome | None = None
     if ckpt is not None and ckpt.exists() and not resume:
         raise ValueError(already_searched(out))
-    if resume and ckpt is not None and ckpt.exists():
-        import json
-
-        state = read_json(ckpt)
-        saved_cfg = state["ga"]["config"]
-        if saved_cfg != cfg.to_dict():
-            diff = [k for k in saved_cfg if saved_cfg[k] != cfg.to_dict().get(k)]
-            raise ValueError(f"{ckpt} was written with other GA settings ({', '.join(diff)}); use another out")
-        ga = GeneticAlgorithm.from_state(state["ga"], cfg)
-        memo = {Genome.from_list(g): FitnessResult.from_dict(r) for g, r in state["memo"]}
-        best = Genome.from_list(state["best"]) if state.get("best") else None
-        # drop metrics of a generation that was logged but not checkpointed (killed in between)
-        history = [m for m in read_jsonl(out / METRICS) if m.get("generation", 0) < ga.generation]
-        atomic_write_text(out / METRICS, "".join(json.dumps(m) + "\n" for m in history))
-    else:
-        import numpy as np
-
-        ga = GeneticAlgorithm(cfg, np.random.default_rng(seed))
-        history = []
-        if out is not None and (out / METRICS).exists():
-            (out / METRICS).unlink()
-
+    ga, memo, best, history = _start(cfg, seed, out, resume)
     factors_of = functools.lru_cache(maxsize=None)(lambda g: [float(v) for v in genome_factors(g, cfg, num_layers)])
     result = None
     for gen in range(ga.generation, generations):
@@ -108,35 +136,14 @@ def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed:
         thr = _threshold(unique, memo, cfg.elite) if prune else None
         todo = [g for g in unique if g not in memo
                 or (memo[g].pruned and (thr is None or memo[g].upper_bound >= thr))]
-        jobs = [(factors_of(g), thr, memo.get(g)) for g in todo]
-        before = {g: (memo[g].forward_passes, memo[g].seconds, memo[g].n_scored) if g in memo else (0, 0.0, 0)
-                  for g in todo}
-        for g, r in zip(todo, evaluator.evaluate(jobs)):
+        before = {g: memo.get(g) for g in todo}
+        for g, r in zip(todo, evaluator.evaluate([(factors_of(g), thr, memo.get(g)) for g in todo])):
             memo[g] = r
         fitness = {g: memo[g].key for g in unique}
         ranked = sorted(unique, key=lambda g: fitness[g], reverse=True)
-        best = ranked[0]
-        br = memo[best]
-        accs = [memo[g].accuracy for g in unique]
-        values = [memo[g].value for g in unique]
-        record = {
-            "generation": gen, "objective": br.objective,
-            "best_value": br.value, "mean_value": sum(values) / len(values),
-            "best_accuracy": br.accuracy, "best_mean_logprob": br.mean_logprob,
-            "best_weighted_logprob": br.weighted_logprob,
-            "mean_accuracy": sum(accs) / len(accs),
-            "best_per_depth": br.per_depth_accuracy(),
-            "best_factors": factors_of(best), "best_control_points": genome_points(best, cfg),
-            "population": len(pop), "unique": len(unique), "scored": len(todo),
-            "memo_hits": len(unique) - len(todo),
-            "pruned": sum(1 for g in todo if memo[g].pruned), "threshold": thr,
-            "forward_passes": sum(memo[g].forward_passes - before[g][0] for g in todo),
-            "questions_scored": sum(memo[g].n_scored - before[g][2] for g in todo),
-            "scoring_s": sum(memo[g].seconds - before[g][1] for g in todo),
-            "wall_s": time.perf_counter() - t0,
-            "individuals": [{"genome": g.to_list(), "value": memo[g].value, "accuracy": memo[g].accuracy,
-                             "mean_logprob": memo[g].mean_logprob, "pruned": memo[g].pruned} for g in ranked],
-        }
+        best, br = ranked[0], memo[ranked[0]]
+        record = {"generation": gen, **_generation_record(ranked, memo, todo, before, cfg, factors_of),
+                  "population": len(pop), "threshold": thr, "wall_s": time.perf_counter() - t0}
         ga.tell(fitness)
         history.append(record)
         result = GAResult(best, br, factors_of(best), genome_points(best, cfg), gen + 1, history, memo)

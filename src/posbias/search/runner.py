@@ -114,35 +114,14 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
     Returns:
         :class:`SearchResult`; the factors file is ``out/best_factors.json``.
     """
-    from posbias.patching.curves import DEFAULT_GRID
-    from posbias.search.fitness import _dkey, _normalise_weights
-    from posbias.tasks import precheck_instances
-    from posbias.tasks.base import check_int
-
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    check_int("workers", workers)
-    if backend not in ("processes", "ray"):
-        raise ValueError(f"unknown backend {backend!r}; choose processes or ray")
-    if loaded is not None and (workers > 1 or backend == "ray"):
-        raise ValueError("loaded=(model, tokenizer) cannot be shared with workers")
-    settings = {**PRESETS[preset], **(overrides or {})}
-    run_keys = ("generations", "n_per_depth", "batch_size")
-    for key in run_keys:
-        check_int(key, settings[key])
-    ga_kwargs = {k: v for k, v in settings.items() if k not in run_keys}
-    cfg = GAConfig(n_control=control_points, curve=curve, grid=tuple(grid or DEFAULT_GRID),
-                   round_to_grid=round_to_grid, **ga_kwargs)
-    task_options = dict(task_options or {})
-    if objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
-    shared_context = bool(shared_context) and not chat and supports_shared_context(task, task_options)
-    _normalise_weights([_dkey(d) for d in DEFAULT_DEPTHS], weights)
-    precheck_instances(task, n=settings["n_per_depth"], depths=list(DEFAULT_DEPTHS), seed=seed, split="search",
-                       **task_options)
+    settings, cfg, task_options, shared_context = _check_request(
+        task, preset=preset, workers=workers, backend=backend, loaded=loaded, overrides=overrides,
+        control_points=control_points, curve=curve, grid=grid, round_to_grid=round_to_grid,
+        task_options=task_options, objective=objective, shared_context=shared_context, chat=chat,
+        weights=weights, seed=seed)
     config = {"model": model, "task": task, "preset": preset, "seed": seed, "curve": curve,
               "control_points": control_points, "task_options": task_options, "weights": weights,
-              "chat": chat, "ga": cfg.to_dict(), **{k: settings[k] for k in run_keys}, "workers": workers,
+              "chat": chat, "ga": cfg.to_dict(), **{k: settings[k] for k in RUN_KEYS}, "workers": workers,
               "prune": prune, "objective": objective, "shared_context": shared_context}
     folder = open_run(out, "search", config, check_keys=RESUME_KEYS)
     out = folder.path
@@ -151,32 +130,11 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
     factory = functools.partial(build_fitness, model, task, n_per_depth=settings["n_per_depth"], seed=seed,
                                 task_options=task_options, weights=weights, batch_size=settings["batch_size"],
                                 chat=chat, objective=objective, shared_context=shared_context)
-    if workers > 1 or backend == "ray":
-        evaluator = RayEvaluator(factory, workers, ray_address) if backend == "ray" else PoolEvaluator(factory, workers)
-        num_layers = evaluator.num_layers()
-    else:
-        if loaded is not None:
-            fit = factory(model=loaded[0], tokenizer=loaded[1])
-        else:
-            fit = factory()
-        evaluator = SerialEvaluator(fit)
-        num_layers = fit.num_layers
-
-    def write_outputs(res: GAResult) -> None:
-        """The factors file; ``interim`` until the search's last generation is done."""
-        from posbias.patching.rope_scaling import save_factors_file
-
-        save_factors_file(
-            out / BEST, factors=res.best_factors,
-            curve={"type": curve, "control_points": res.best_points,
-                   **({"round_to_grid": list(cfg.grid)} if round_to_grid else {})},
-            model=model, task=task, score=res.best_result.accuracy,
-            mean_logprob=res.best_result.mean_logprob, per_depth=res.best_result.per_depth_accuracy(),
-            complete=res.best_result.complete, generations=res.generations, seed=seed, preset=preset,
-            task_options=task_options, search_split="search", n_per_depth=settings["n_per_depth"],
-            interim=res.generations < settings["generations"], generations_planned=settings["generations"],
-        )
-
+    evaluator, num_layers = _make_evaluator(factory, workers, backend, ray_address, loaded)
+    meta = {"model": model, "task": task, "seed": seed, "preset": preset, "task_options": task_options,
+            "n_per_depth": settings["n_per_depth"], "generations_planned": settings["generations"],
+            "curve": curve, "round_to_grid": list(cfg.grid) if round_to_grid else None}
+    write_outputs = functools.partial(_write_factors, out / BEST, meta=meta)
     try:
         res = run_ga(evaluator, cfg, num_layers=num_layers, generations=settings["generations"], seed=seed,
                      out=out, resume=resume, log=log, on_generation=write_outputs, prune=prune,
@@ -202,3 +160,61 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
                         generations=res.generations, history=res.history)
 
 
+RUN_KEYS = ("generations", "n_per_depth", "batch_size")  # preset keys that are not GA settings
+
+
+def _check_request(task: str, *, preset, workers, backend, loaded, overrides, control_points, curve, grid,
+                   round_to_grid, task_options, objective, shared_context, chat, weights, seed):
+    """Everything checkable before the model loads; ``(settings, GAConfig, task_options, shared_context)``."""
+    from posbias.patching.curves import DEFAULT_GRID
+    from posbias.search.fitness import _dkey, _normalise_weights
+    from posbias.tasks import precheck_instances
+    from posbias.tasks.base import check_int
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    check_int("workers", workers)
+    if backend not in ("processes", "ray"):
+        raise ValueError(f"unknown backend {backend!r}; choose processes or ray")
+    if loaded is not None and (workers > 1 or backend == "ray"):
+        raise ValueError("loaded=(model, tokenizer) cannot be shared with workers")
+    settings = {**PRESETS[preset], **(overrides or {})}
+    for key in RUN_KEYS:
+        check_int(key, settings[key])
+    cfg = GAConfig(n_control=control_points, curve=curve, grid=tuple(grid or DEFAULT_GRID),
+                   round_to_grid=round_to_grid, **{k: v for k, v in settings.items() if k not in RUN_KEYS})
+    task_options = dict(task_options or {})
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    shared_context = bool(shared_context) and not chat and supports_shared_context(task, task_options)
+    _normalise_weights([_dkey(d) for d in DEFAULT_DEPTHS], weights)
+    precheck_instances(task, n=settings["n_per_depth"], depths=list(DEFAULT_DEPTHS), seed=seed, split="search",
+                       **task_options)
+    return settings, cfg, task_options, shared_context
+
+
+def _make_evaluator(factory, workers: int, backend: str, ray_address, loaded):
+    """``(evaluator, num_layers)``: Ray actors or a process pool for ``workers > 1`` / Ray, else one
+    fitness in this process (on an already ``loaded`` model when given)."""
+    if workers > 1 or backend == "ray":
+        evaluator = RayEvaluator(factory, workers, ray_address) if backend == "ray" else PoolEvaluator(factory, workers)
+        return evaluator, evaluator.num_layers()
+    fit = factory(model=loaded[0], tokenizer=loaded[1]) if loaded is not None else factory()
+    return SerialEvaluator(fit), fit.num_layers
+
+
+def _write_factors(path: Path, res: GAResult, *, meta: dict) -> None:
+    """The factors file of the best genome so far; ``interim`` until the last generation is done."""
+    from posbias.patching.rope_scaling import save_factors_file
+
+    best = res.best_result
+    save_factors_file(
+        path, factors=res.best_factors,
+        curve={"type": meta["curve"], "control_points": res.best_points,
+               **({"round_to_grid": meta["round_to_grid"]} if meta["round_to_grid"] else {})},
+        model=meta["model"], task=meta["task"], score=best.accuracy, objective=best.objective, value=best.value,
+        mean_logprob=best.mean_logprob, per_depth=best.per_depth_accuracy(), complete=best.complete,
+        generations=res.generations, seed=meta["seed"], preset=meta["preset"], task_options=meta["task_options"],
+        search_split="search", n_per_depth=meta["n_per_depth"],
+        interim=res.generations < meta["generations_planned"], generations_planned=meta["generations_planned"],
+    )
