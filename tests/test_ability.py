@@ -84,3 +84,25 @@ def test_ability_cli_end_to_end_and_bad_inputs(tmp_path, tiny_tokenizer, offline
     assert not (tmp_path / "b").exists()
     bad = CliRunner().invoke(app, args[:-1] + [str(tmp_path / "c")] + ["--methods", "none,lpes"])
     assert bad.exit_code == 2 and "--factors" in bad.output
+
+
+def test_a_killed_run_resumes_at_the_next_task(tmp_path, tiny_tokenizer, offline, monkeypatch):
+    import posbias.evaluation.ability as ability
+
+    root = _fake_tree(tmp_path / "hf_datasets")
+    model = make_tiny_model("qwen2")
+    real, calls = ability._score_task, []
+
+    def dies_on_the_second(lm, spec, limit, include_path):
+        calls.append(spec["task"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(lm, spec, limit, include_path)
+
+    monkeypatch.setattr(ability, "_score_task", dies_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        score_ability(model, tiny_tokenizer, tasks=["mmlu", "arc_easy"], out=tmp_path / "o", limit=1, data=root)
+    monkeypatch.setattr(ability, "_score_task", lambda *a: calls.append(a[1]["task"]) or real(*a))
+    summary = score_ability(model, tiny_tokenizer, tasks=["mmlu", "arc_easy"], out=tmp_path / "o", limit=1, data=root)
+    assert calls == ["mmlu_anatomy", "mmlu_virology", "mmlu_virology", "arc_easy"]
+    assert summary["groups"]["mmlu"]["n"] == 2 and summary["groups"]["arc_easy"]["n"] == 1

