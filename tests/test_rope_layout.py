@@ -11,7 +11,7 @@ import torch
 
 from conftest import GEMMA3_ROPE, ROPE_VARIANTS, make_variant_model
 from posbias.methods import apply_method
-from posbias.models.rope_layout import RopeLayoutError, rope_layout
+from posbias.architecture.rope_layout import RopeLayoutError, rope_layout
 from posbias.patching.rope_scaling import apply_layer_scaling
 
 VARIANTS = list(ROPE_VARIANTS)

@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from posbias.models.architecture import get_decoder_layers
+from posbias.architecture.layers import get_decoder_layers
 
 ATTN_NAME = "posbias_rope_override"
 
@@ -52,10 +52,10 @@ def _ensure_registered() -> None:
 # ----------------------------------------------------------------------------- RoPE helpers
 
 def check_self_rotating(model, layers, what: str):
-    """The :class:`~posbias.models.rope_layout.RopeLayout` of a model whose ``layers`` a method
+    """The :class:`~posbias.architecture.rope_layout.RopeLayout` of a model whose ``layers`` a method
     re-implements attention for; ``ValueError`` (one line) for a layout or feature it cannot reproduce:
     interleaved or partial rotary, or attention-logit soft-capping (Gemma 2), which SDPA lacks."""
-    from posbias.models.rope_layout import rope_layout
+    from posbias.architecture.rope_layout import rope_layout
 
     layout = rope_layout(model)
     layout.require_rotate_half(what, layers)

@@ -29,8 +29,8 @@ from torch import nn
 
 from posbias.methods import _attention as A
 from posbias.methods.registry import MethodHandle, as_bool, as_list, register_method
-from posbias.models.architecture import get_decoder_layers
-from posbias.models.rope_layout import rope_layout
+from posbias.architecture.layers import get_decoder_layers
+from posbias.architecture.rope_layout import rope_layout
 from posbias.utils.io import atomic_write_bytes, atomic_write_json
 
 DEFAULT_MULTIPLIERS = (1.0, 1.75, 1.8, 1.9, 2.0, 2.25, 2.5)  # the reference's 10000 .. 25000 / 10000

@@ -37,7 +37,7 @@ import torch
 
 from posbias.methods import _attention as A
 from posbias.methods.registry import PROMPT_DEPENDENT_ATTR, MethodHandle, as_bool, as_list, register_method
-from posbias.models.architecture import get_decoder_layers
+from posbias.architecture.layers import get_decoder_layers
 
 
 def ratio_grid(num_heads: int, r_min: float, r_max: float) -> torch.Tensor:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from posbias.methods.registry import MethodHandle, register_method
-from posbias.models.architecture import get_decoder_layers
+from posbias.architecture.layers import get_decoder_layers
 
 
 @register_method("pi", "position interpolation with one global factor (option factor)",

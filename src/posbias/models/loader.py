@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from posbias.models.architecture import SUPPORTED_HINT, ModelLoadError, get_decoder_layers  # noqa: F401 (re-exported)
+from posbias.architecture.layers import SUPPORTED_HINT, ModelLoadError, get_decoder_layers  # noqa: F401 (re-exported)
 
 @dataclass(frozen=True)
 class PackagedModel:
@@ -263,14 +263,14 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 
 def get_rotary_modules(model) -> list[torch.nn.Module]:
     """All rotary-embedding modules of a model (usually one shared ``model.model.rotary_emb``)."""
-    from posbias.models.rope_layout import is_rotary_module
+    from posbias.architecture.rope_layout import is_rotary_module
 
     return [m for name, m in model.named_modules() if is_rotary_module(name, m)]
 
 
 def check_rope_model(model) -> None:
     """Raise :class:`ModelLoadError` unless every decoder layer's RoPE can be described (and patched)."""
-    from posbias.models.rope_layout import RopeLayoutError, rope_layout
+    from posbias.architecture.rope_layout import RopeLayoutError, rope_layout
 
     try:
         rope_layout(model)

@@ -2,7 +2,7 @@
 
 Decoder layer ``l`` sees positions ``m / s_l`` instead of ``m``: its rotary ``(cos, sin)`` come from
 the model's own rotary module fed the float positions ``m / s_l``
-(:meth:`posbias.models.rope_layout.RopeLayout.cos_sin`), so the scaling is linear position
+(:meth:`posbias.architecture.rope_layout.RopeLayout.cos_sin`), so the scaling is linear position
 interpolation in whatever layout and rope type the model has: rotate-half or interleaved pairs
 (Cohere), partial rotary (Phi-3), one base per layer type (Gemma 3's sliding and full layers),
 default, linear, llama3 or yarn frequencies, and the module's own ``attention_scaling``.
@@ -56,7 +56,7 @@ class FactorsFileError(ValueError):
 
 
 def _layout(model):
-    from posbias.models.rope_layout import rope_layout
+    from posbias.architecture.rope_layout import rope_layout
 
     return rope_layout(model)
 
@@ -200,7 +200,7 @@ class ScalingHandle:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _install(self) -> None:
-        from posbias.models.architecture import get_decoder_layers
+        from posbias.architecture.layers import get_decoder_layers
 
         for i, (layer, f) in enumerate(zip(get_decoder_layers(self.model), self.factors)):
             if f == 1.0:
@@ -240,7 +240,7 @@ def apply_layer_scaling(model, factors: Sequence[float]) -> ScalingHandle:
         ValueError: a model without rotary embeddings, a wrong number of factors, or a factor that is
             not a finite number > 0.
     """
-    from posbias.models.architecture import get_decoder_layers
+    from posbias.architecture.layers import get_decoder_layers
 
     layout = _layout(model)  # RopeLayoutError (a ValueError) for a model that cannot be patched
     layers = get_decoder_layers(model)
@@ -349,7 +349,7 @@ def factors_for_model(doc: dict, num_layers: int, *, path: Any = "<factors>") ->
 
 def apply_factors_file(model, path: str | Path) -> ScalingHandle:
     """Apply a factors file to ``model`` (re-evaluating its curve for another layer count)."""
-    from posbias.models.architecture import get_decoder_layers
+    from posbias.architecture.layers import get_decoder_layers
 
     _layout(model)
     n = len(get_decoder_layers(model))
@@ -365,7 +365,7 @@ def save_patched_model(model, tokenizer, factors_path: str | Path, out: str | Pa
     """
     import shutil
 
-    from posbias.models.architecture import get_decoder_layers
+    from posbias.architecture.layers import get_decoder_layers
 
     out = Path(out)
     doc = load_factors_file(factors_path, num_layers=len(get_decoder_layers(model)))

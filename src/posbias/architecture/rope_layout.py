@@ -206,7 +206,7 @@ def rope_layout(model, layers=None) -> RopeLayout:
     ``position_embeddings``, an unreadable pairing)."""
     rotary = shared_rotary_module(model)
     if layers is None:
-        from posbias.models.architecture import ModelLoadError, get_decoder_layers
+        from posbias.architecture.layers import ModelLoadError, get_decoder_layers
 
         try:
             layers = get_decoder_layers(model)
