@@ -1,4 +1,4 @@
-"""Model loading (``load_model``) and architecture helpers."""
+"""Model loading (``load_model``); the architecture helpers live in ``posbias.architecture`` (re-exported)."""
 from posbias.models.loader import (
     ModelLoadError,
     check_rope_model,
