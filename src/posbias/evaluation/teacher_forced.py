@@ -2,7 +2,7 @@
 
 Logits are computed only at the positions that predict answer tokens (``logits_to_keep``), so
 scoring costs one prefill. Exact match (argmax equals the gold token at every answer position)
-is identical to "greedy decoding reproduces the gold tokens" — see tests/test_teacher_forced.py.
+is identical to "greedy decoding reproduces the gold tokens" — see tests/evaluation/test_teacher_forced.py.
 
 A model marked :func:`prompt_dependent` (a method whose behaviour depends on where the prompt ends,
 e.g. Ms-PoE's head order from the prompt's last token) is scored by prefilling the prompt alone and

@@ -111,7 +111,7 @@ def test_layout_reads_pairing_partial_rotary_and_rope_type():
 # -- the inference methods on the new layouts --------------------------------------------------
 
 # (the identity settings of every method on Qwen2.5's 14:2 heads and Gemma 3's two bases are
-# checked with the other layouts in tests/test_methods_registry.py)
+# checked with the other layouts in tests/methods/test_method_registry.py)
 
 
 @pytest.mark.filterwarnings("ignore:moice")

@@ -238,7 +238,7 @@ train(TrainConfig(out={out!r} + "/run", steps=2, context=32, batch_size=2, warmu
 
 def test_ddp_two_cpu_processes_stay_in_sync(tmp_path, corpus):
     script = tmp_path / "ddp.py"
-    script.write_text(DDP_SCRIPT.format(tests=str(Path(__file__).parent), out=str(tmp_path), corpus=str(corpus),
+    script.write_text(DDP_SCRIPT.format(tests=str(Path(__file__).parents[1]), out=str(tmp_path), corpus=str(corpus),
                                         model=TINY_MODEL))
     torchrun = Path(sys.executable).parent / "torchrun"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
