@@ -134,3 +134,31 @@ def smollm2():
     from posbias.models import load_model
 
     return load_model("smollm2-135m")
+
+
+@pytest.fixture()
+def saved_figures(monkeypatch):
+    """Every figure posbias saves during the test (:func:`posbias.utils.figures.save_figure`), by file
+    name: ``{name: matplotlib figure}``, still inspectable (``fig.axes[0].lines[i].get_ydata()``)."""
+    from pathlib import Path
+
+    from matplotlib.figure import Figure
+
+    import posbias.utils.io as io
+
+    figures: dict = {}
+    pending: list = []
+    real_savefig, real_write = Figure.savefig, io.atomic_write_bytes
+
+    def savefig(self, *args, **kwargs):
+        pending.append(self)
+        return real_savefig(self, *args, **kwargs)
+
+    def write(path, data):
+        if str(path).endswith(".png") and pending:
+            figures[Path(path).name] = pending.pop()
+        return real_write(path, data)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    monkeypatch.setattr(io, "atomic_write_bytes", write)
+    return figures

@@ -21,7 +21,7 @@ def _eval(folder, out, *extra):
                                "--depths", "0,0.5,1", "--out", str(out), *extra])
 
 
-def test_eval_writes_outputs_and_resumes(tiny_folder, tmp_path):
+def test_eval_writes_outputs_and_resumes(tiny_folder, tmp_path, saved_figures):
     res = _eval(tiny_folder, tmp_path / "run", "--mode", "both", "--max-new-tokens", "4")
     assert res.exit_code == 0, res.output
     files = {p.name for p in (tmp_path / "run").iterdir()}
@@ -33,6 +33,9 @@ def test_eval_writes_outputs_and_resumes(tiny_folder, tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert [r["depth"] for r in summary["by_depth"]] == [0.0, 0.5, 1.0]
     assert all(r["ci_low"] <= r["accuracy"] <= r["ci_high"] for r in summary["by_depth"])
+    line = saved_figures["accuracy_by_depth.png"].axes[0].lines[0]  # the plotted series is the summary's
+    assert list(line.get_xdata()) == [0.0, 0.5, 1.0]
+    assert list(line.get_ydata()) == pytest.approx([100 * r["accuracy"] for r in summary["by_depth"]])
     # resume: nothing is scored twice, the results file is unchanged
     before = (tmp_path / "run" / "results.jsonl").read_text()
     assert _eval(tiny_folder, tmp_path / "run", "--mode", "both", "--max-new-tokens", "4").exit_code == 0

@@ -268,7 +268,7 @@ def test_fitness_result_roundtrip():
 
 # -- end to end on a tiny model: run_search through the CLI, resume, apply, analyze ---------------
 
-def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer):
+def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer, saved_figures):
     import typer
     from typer.testing import CliRunner
 
@@ -319,7 +319,12 @@ def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer):
     res = json.loads((tmp_path / "an" / "analysis.json").read_text())
     assert set(res["variants"]) == {"found", "noisy0", "noisy1", "shuffled0", "shuffled1"}
     assert all(len(v["deviation"]) == 4 for v in res["variants"].values())
-    assert (tmp_path / "an" / "analysis.png").exists()
+    found = saved_figures["analysis.png"].axes[0].lines[0]  # the found factors' curve, drawn first
+    assert list(found.get_ydata()) == pytest.approx(res["variants"]["found"]["deviation"])
+    final = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    best = saved_figures["fitness.png"].axes[0].lines[0].get_ydata()  # the last search's plot: 3 generations
+    assert list(best) == pytest.approx([m["best_value"] for m in final])
+    assert list(saved_figures["factors.png"].axes[0].lines[0].get_ydata()) == pytest.approx(doc["factors"])
 
 
 def test_linear_cka_properties():
