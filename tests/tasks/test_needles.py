@@ -153,3 +153,21 @@ def test_essay_missing_gives_clear_error(monkeypatch):
     finally:
         monkeypatch.undo()
         haystack.essay_sentences.cache_clear()
+
+
+def test_passkey_in_an_essay_haystack(tiny_tokenizer):
+    """The passkey needle and question unchanged, the filler essay sentences instead of grass/sky."""
+    from posbias.tasks import make_instances
+    from posbias.tasks.haystack import NOISE
+
+    pytest.importorskip("posbias.utils.corpus").essay_dir()
+    noise = make_instances("passkey", tokenizer=tiny_tokenizer, n=2, depths=[0.0, 0.5], seed=0, length=300)
+    essay = make_instances("passkey", tokenizer=tiny_tokenizer, n=2, depths=[0.0, 0.5], seed=0, length=300,
+                           haystack="essay")
+    assert all(NOISE in i.prompt for i in noise) and not any(NOISE in i.prompt for i in essay)
+    assert [i.answers for i in essay] == [i.answers for i in noise]  # same keys
+    for inst in essay:
+        assert f"The pass key is {inst.answers[0]}." in inst.prompt and inst.meta["haystack"] == "essay"
+        assert inst.meta["prompt_tokens"] <= 300
+    with pytest.raises(ValueError, match="haystack 'grass'"):
+        make_instances("passkey", tokenizer=tiny_tokenizer, n=1, depths=[0.0], seed=0, haystack="grass")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from posbias.tasks.base import Instance, check_int, depth_to_index, derive_rng, instance_id, realised_depth
 from posbias.tasks.chat import apply_chat, prompt_tokens
 from posbias.tasks.fitting import fit_units
-from posbias.tasks.haystack import NOISE
+from posbias.tasks.haystack import NOISE, essay_units
 from posbias.tasks.kv import random_numbers
 
 PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
@@ -13,9 +13,17 @@ PASSKEY_QUESTION = "What is the pass key?"
 PASSKEY_PREFIX = "The pass key is"
 
 
-def passkey_prompt(key: str, units: int, position: int) -> str:
-    """Intro, ``units`` filler copies with the key sentence after ``position`` of them, question."""
-    hay = [NOISE] * units
+HAYSTACKS = ("noise", "essay")
+
+
+def passkey_prompt(key: str, units: int, position: int, haystack: str = "noise") -> str:
+    """Intro, ``units`` filler units with the key sentence after ``position`` of them, question. The
+    filler is the grass/sky ``noise`` sentence group repeated (the Landmark-attention format) or the
+    first ``units`` sentences of the Paul Graham ``essay`` haystack (a filler a model trained on the
+    noise never saw)."""
+    if haystack not in HAYSTACKS:
+        raise ValueError(f"passkey: haystack {haystack!r} is not one of {list(HAYSTACKS)}")
+    hay = [NOISE] * units if haystack == "noise" else essay_units(units)
     hay.insert(position, f"The pass key is {key}. Remember it. {key} is the pass key.")
     return f"{PASSKEY_INTRO}\n{' '.join(hay)}\n{PASSKEY_QUESTION}"
 
@@ -34,7 +42,8 @@ def task_vocabulary_texts(copies: int = 200) -> list[str]:
     return [passkey_document("12345", 4, 2), NEEDLE.format(key="example-key", value="1234567")] * copies
 
 
-def make_passkey(*, tokenizer=None, n, depths, seed, split, length=1024, digits=5) -> list[Instance]:
+def make_passkey(*, tokenizer=None, n, depths, seed, split, length=1024, digits=5,
+                 haystack: str = "noise") -> list[Instance]:
     """Filler units ``F`` fitted per instance so that ``apply_chat(prompt, prefix)`` <= ``length``
     tokens at every depth; the key goes after ``round(depth * F)`` units (``num_items = F + 1``).
     The question ends with ``"What is the pass key?"`` and ``answer_prefix = "The pass key is"``
@@ -42,11 +51,13 @@ def make_passkey(*, tokenizer=None, n, depths, seed, split, length=1024, digits=
     task = "passkey"
     length = check_int("length", length)
     digits = check_int("digits", digits, maximum=18)
+    if haystack not in HAYSTACKS:
+        raise ValueError(f"passkey: haystack {haystack!r} is not one of {list(HAYSTACKS)}")
     keys = [random_numbers(derive_rng(task, split, seed, i), 1, digits)[0] for i in range(n)]
 
     def tokens(key: str, units: int, depth: float) -> int:
         pos = depth_to_index(depth, units + 1)
-        return prompt_tokens(tokenizer, apply_chat(tokenizer, passkey_prompt(key, units, pos), PASSKEY_PREFIX))
+        return prompt_tokens(tokenizer, apply_chat(tokenizer, passkey_prompt(key, units, pos, haystack), PASSKEY_PREFIX))
 
     fitted = []
     for key in keys:
@@ -58,12 +69,12 @@ def make_passkey(*, tokenizer=None, n, depths, seed, split, length=1024, digits=
     for depth in depths:
         for i, (key, units) in enumerate(zip(keys, fitted)):
             pos = depth_to_index(depth, units + 1)
-            prompt = passkey_prompt(key, units, pos)
+            prompt = passkey_prompt(key, units, pos, haystack)
             out.append(Instance(
                 id=instance_id(task, split, seed, depth, i), task=task, prompt=prompt, answers=[key],
                 gold_index=pos, num_items=units + 1, depth=float(depth), metric="passkey",
                 answer_prefix=PASSKEY_PREFIX,
-                meta={"filler_units": units, "length": length,
+                meta={"filler_units": units, "length": length, "haystack": haystack,
                       "prompt_tokens": prompt_tokens(tokenizer, apply_chat(tokenizer, prompt, PASSKEY_PREFIX)),
                       "realised_depth": realised_depth(pos, units + 1)},
             ))

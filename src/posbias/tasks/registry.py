@@ -29,8 +29,9 @@ TASKS: dict[str, TaskSpec] = {
                         "lost-in-the-middle JSON of UUIDs (generated, 75 keys by default, or from path)"),
     "mdqa": TaskSpec("mdqa", make_mdqa, {"path": None, "num_docs": 10}, False, "best_subspan_em",
                      "NQ-Open multi-document QA, gold document moved (path required)"),
-    "passkey": TaskSpec("passkey", make_passkey, {"length": 1024, "digits": 5}, True, "passkey",
-                        "Landmark passkey in the grass-is-green filler, fitted to length tokens"),
+    "passkey": TaskSpec("passkey", make_passkey, {"length": 1024, "digits": 5, "haystack": "noise"}, True, "passkey",
+                        "Landmark passkey in the grass-is-green filler (haystack=essay: Paul Graham "
+                        "sentences), fitted to length tokens"),
     "niah": TaskSpec("niah", make_niah, {"haystack": "noise", "num_needles": 1, "num_values": 1,
                                          "num_queries": 1, "length": 1024, "shared_context": False},
                      True, "string_match_all",
