@@ -12,6 +12,16 @@ Methods and options: ``--methods none,pi,ms-poe,attention-buckets,moice`` (``lpe
 file: ``--lpes-factors PATH``). MoICE uses untrained routers (same cost as trained ones); PI uses
 factor 1.5. A variant with other options is ``name@key=value@key=value`` (e.g.
 ``ms-poe@rotated_cache=false``, the decoding path that re-rotates the whole key cache each step).
+
+On a GPU, the paper's comparison on the hardware it was made for, with nothing large to move:
+``--random-config qwen2.5-7b`` (or ``vicuna-7b``) builds a randomly initialised model of that shape
+from its config on ``--device cuda`` in ``--dtype bfloat16`` (latency does not depend on the weights;
+prompts are random token ids; LPES gets a factors file of the model's layer count written into the
+output folder)::
+
+    python benchmarks/latency.py --random-config qwen2.5-7b --device cuda --dtype bfloat16 \
+        --lengths 4096,16384 --methods none,pi,lpes,ms-poe,attention-buckets,moice --reps 5 --decode 32 \
+        --out runs/latency-gpu/qwen7b.json
 """
 from __future__ import annotations
 
@@ -39,10 +49,13 @@ def prompt_ids(tok, length: int) -> torch.Tensor:
 @torch.no_grad()
 def time_method(callable_model, ids: torch.Tensor, decode_steps: int) -> tuple[float, float]:
     """(prefill seconds, seconds per decoded token) for one prompt, greedy, batch 1."""
+    sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
     mask = torch.ones_like(ids)
-    pos = torch.arange(ids.shape[1])[None]
+    pos = torch.arange(ids.shape[1], device=ids.device)[None]
+    sync()
     t0 = time.perf_counter()
     out = callable_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    sync()
     t1 = time.perf_counter()
     cache = cache_of(out)
     nxt = out.logits[:, -1].argmax(-1, keepdim=True)
@@ -54,8 +67,38 @@ def time_method(callable_model, ids: torch.Tensor, decode_steps: int) -> tuple[f
                              use_cache=True, logits_to_keep=1)
         cache = cache_of(out)
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    sync()
     t3 = time.perf_counter()
     return t1 - t0, (t3 - t2) / max(decode_steps, 1)
+
+
+# Shapes of the paper's models (Hugging Face configs; weights are not needed for latency).
+RANDOM_CONFIGS = {
+    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, rope_theta=1e6,
+                       max_position_embeddings=131072),
+    "vicuna-7b": dict(model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, rope_theta=1e4,
+                      max_position_embeddings=131072),
+    "tiny": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=500, rope_theta=1e4,
+                 max_position_embeddings=131072),
+}
+
+
+def random_model(name: str, device: str, dtype: torch.dtype):
+    """A randomly initialised causal LM of ``RANDOM_CONFIGS[name]``'s shape on ``device``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(RANDOM_CONFIGS[name])
+    cfg = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return model.eval()
+
+
+def random_prompt(vocab: int, length: int, device) -> torch.Tensor:
+    return torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
 
 
 def method_spec(spec: str) -> tuple[str, dict]:
@@ -76,6 +119,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per method at the shortest length")
     ap.add_argument("--lpes-factors", default=None, help="factors file for --methods lpes")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
+    ap.add_argument("--random-config", choices=sorted(RANDOM_CONFIGS), default=None,
+                    help="a randomly initialised model of this shape instead of --model")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--out", default="latency.json")
     args = ap.parse_args(argv)
 
@@ -90,14 +137,25 @@ def main(argv: list[str] | None = None) -> dict:
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     specs = {m: method_spec(m) for m in methods}
     options = {m: opts for m, (_, opts) in specs.items()}
+    dtype = getattr(torch, args.dtype)
+    if args.random_config:
+        model = random_model(args.random_config, args.device, dtype)
+        prompts = {n: random_prompt(model.config.vocab_size, n, args.device) for n in lengths}
+        if any(name == "lpes" for name, _ in specs.values()) and not args.lpes_factors:
+            from posbias.patching.rope_scaling import save_factors_file
+
+            args.lpes_factors = str(Path(args.out).with_suffix(".factors.json"))
+            layers = model.config.num_hidden_layers
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            save_factors_file(args.lpes_factors, factors=[1.0 + 0.5 * i / max(layers - 1, 1) for i in range(layers)])
+    else:
+        model, tok = load_model(args.model, dtype=dtype, device=args.device)
+        prompts = {n: prompt_ids(tok, n).to(args.device) for n in lengths}
     for m, (name, opts) in specs.items():
         if name == "lpes":
             if not args.lpes_factors:
                 raise SystemExit("--methods lpes needs --lpes-factors PATH")
             opts.setdefault("factors", args.lpes_factors)
-
-    model, tok = load_model(args.model)
-    prompts = {n: prompt_ids(tok, n) for n in lengths}
     raw = {m: {n: {"prefill": [], "decode": []} for n in lengths} for m in methods}
 
     def run(method: str, n: int, record: bool) -> None:
@@ -142,7 +200,10 @@ def main(argv: list[str] | None = None) -> dict:
             dec = f"{s['decode_s_per_token'] * 1000:.1f}ms x{s['decode_ratio']:.2f}"
             row += f" | {pre:>14s} {dec:>16s}"
         print(row)
-    result = {"model": args.model, "lengths": lengths, "methods": methods, "options": options, "reps": args.reps,
+    result = {"model": args.random_config or args.model, "random_weights": bool(args.random_config),
+              "device": args.device, "dtype": args.dtype,
+              "gpu": torch.cuda.get_device_name() if str(args.device).startswith("cuda") else None,
+              "lengths": lengths, "methods": methods, "options": options, "reps": args.reps,
               "decode_steps": args.decode, "threads": torch.get_num_threads(),
               "summary": {m: {str(n): v for n, v in s.items()} for m, s in summary.items()},
               "raw": {m: {str(n): v for n, v in s.items()} for m, s in raw.items()}}
