@@ -110,6 +110,36 @@ def test_passkey_mixing(tiny_tokenizer, corpus):
         PackedDataset(load_texts([corpus]), tiny_tokenizer, 40, passkey_rate=0.5)
 
 
+def test_niah_documents_in_the_training_mix(tiny_tokenizer, corpus):
+    """Single-needle RULER documents beside passkey ones; niah_rate=0 leaves every block as before."""
+    from posbias.tasks.niah import NIAH_INTRO
+
+    texts = load_texts([corpus])
+    mixed = PackedDataset(texts, tiny_tokenizer, 320, passkey_rate=0.3, niah_rate=0.3)
+    plain = PackedDataset(texts, tiny_tokenizer, 320, passkey_rate=0.3)
+    kinds = {"passkey": 0, "niah": 0, "text": 0}
+    for k in range(60):
+        ids, docs = mixed.block(k)
+        ref_ids, _ = plain.block(k)
+        if docs[0] >= 0:
+            kinds["text"] += 1
+            continue
+        n = int((docs == docs[0]).sum())
+        text = tiny_tokenizer.decode(ids[: n - 1])
+        if text.startswith(NIAH_INTRO):
+            kinds["niah"] += 1
+            value = text.rsplit(" ", 1)[1].rstrip(".")
+            assert value.isdigit() and len(value) == 7 and f"is: {value}." in text  # the needle and its answer
+        else:
+            kinds["passkey"] += 1
+            assert torch.equal(ids, ref_ids)  # the passkey blocks are the ones niah_rate=0 gives
+    assert min(kinds.values()) >= 8, kinds
+    assert all(torch.equal(PackedDataset(texts, tiny_tokenizer, 320, passkey_rate=0.3, niah_rate=0.0).block(k)[0],
+                           plain.block(k)[0]) for k in range(10))
+    with pytest.raises(ValueError, match="niah_rate"):
+        PackedDataset(texts, tiny_tokenizer, 320, passkey_rate=0.7, niah_rate=0.5)
+
+
 def test_lr_schedule():
     f = lambda s: lr_lambda(s, steps=100, warmup=10, min_ratio=0.1)  # noqa: E731
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)

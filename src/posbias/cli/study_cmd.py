@@ -34,6 +34,8 @@ def study_command(
                                           "split off before training)"),
     passkey_rate: float = typer.Option(0.1, min=0.0, max=1.0, help="fraction of training blocks that are synthetic passkey documents "
                                                  "(the same for every scheme; 0 = plain text only)"),
+    niah_rate: float = typer.Option(0.0, min=0.0, max=1.0, help="fraction of training blocks that are single-needle "
+                                                                "RULER documents (beside the passkey ones)"),
     resume: bool = typer.Option(False, "--resume", hidden=True,
                                 help="accepted for old scripts; re-running the command resumes anyway"),
     niah: bool = typer.Option(False, "--niah/--no-niah", help="also run RULER NIAH (string_match_all) on the grid"),
@@ -62,7 +64,7 @@ def study_command(
     cfg = StudyConfig(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
         multipliers=parse_floats(multipliers, "multipliers"), depths=parse_floats(depths, "depths"), n=n,
-        seed=seed, corpus=corpus, heldout=heldout, passkey_rate=passkey_rate, niah=niah, niah_options=parse_key_values(niah_opt, "niah-opt"),
+        seed=seed, corpus=corpus, heldout=heldout, passkey_rate=passkey_rate, niah_rate=niah_rate, niah=niah, niah_options=parse_key_values(niah_opt, "niah-opt"),
         modes=parse_names(modes),
         ppl_multipliers=parse_floats(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,
         batch_size=batch_size, token_budget=token_budget, device=device,

@@ -12,7 +12,8 @@ from posbias.evaluation.modes import canonical_mode
 MODELS_FILE = "models.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.md"
-CHECK_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "passkey_rate", "depths",
+CHECK_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "passkey_rate", "niah_rate",
+              "depths",
               "train_options", "tokenizer",
               "ppl_multipliers", "ppl_tokens")
 DATA_DIR = "data"
@@ -36,6 +37,7 @@ class StudyConfig:
     corpus: str | None = None
     heldout: str | None = None
     passkey_rate: float | None = 0.1
+    niah_rate: float = 0.0  # single-needle RULER documents in the training mix (beside passkey ones)
     niah: bool = False
     niah_options: dict = field(default_factory=dict)
     modes: list[str] = field(default_factory=lambda: ["teacher-forced", "generate"])

@@ -41,6 +41,7 @@ def train_config(cfg: StudyConfig, scheme: str, out_dir: Path, corpus: str | Non
               "tokenizer": tokenizer,
               "steps": cfg.train_steps, "context": cfg.train_context, "seed": cfg.seed,
               "corpus": [corpus] if corpus is not None else None, "passkey_rate": cfg.passkey_rate,
+              "niah_rate": cfg.niah_rate or None,
               "device": cfg.device, "out": str(out_dir), "resume": out_dir.exists() and any(out_dir.iterdir()),
               **cfg.train_options}
     values = {k: v for k, v in values.items() if v is not None}

@@ -84,6 +84,15 @@ def layout(units: list[str], groups: list[list[str]], gold_start: int, num_gold:
     return " ".join(pieces), gold_start, K
 
 
+def niah_document(key: str, value: str, units: int, position: int) -> str:
+    """A single-needle RULER *training* document in the noise haystack: the evaluation prompt
+    (``make_niah`` with ``num_needles=1``) followed by its answer."""
+    hay = [NOISE] * units
+    hay.insert(position, NEEDLE.format(key=key, value=value))
+    question, prefix = question_and_prefix([key], False)
+    return f"{NIAH_INTRO}\n{' '.join(hay)}\n{question} {prefix} {value}."
+
+
 def make_niah(*, tokenizer=None, n, depths, seed, split, haystack="noise", num_needles=1,
               num_values=1, num_queries=1, length=1024, shared_context=False) -> list[Instance]:
     """RULER needles (see the module docstring).

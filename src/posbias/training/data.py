@@ -22,6 +22,8 @@ import torch
 
 from posbias.tasks.haystack import essay_dir
 from posbias.tasks.fitting import fit_units
+from posbias.tasks.kv import random_numbers
+from posbias.tasks.niah import niah_document, random_keys
 from posbias.tasks.passkey import passkey_document
 from posbias.utils.corpus import BUILTIN_CORPORA, load_texts  # noqa: F401  (the one corpus reader)
 
@@ -59,14 +61,18 @@ class PackedDataset:
     ``{"input_ids": [b, context], "doc_ids": [b, context]}``.
     """
 
-    def __init__(self, texts: Iterable[str], tokenizer, context: int, *, seed: int = 0, passkey_rate: float = 0.0):
+    def __init__(self, texts: Iterable[str], tokenizer, context: int, *, seed: int = 0, passkey_rate: float = 0.0,
+                 niah_rate: float = 0.0):
         if int(context) <= 0:
             raise ValueError(f"context length must be positive, got {context}")
         if not 0.0 <= passkey_rate <= 1.0:
             raise ValueError(f"passkey_rate must be in [0, 1], got {passkey_rate}")
+        if not 0.0 <= niah_rate <= 1.0 or passkey_rate + niah_rate > 1.0:
+            raise ValueError(f"niah_rate must be in [0, 1 - passkey_rate], got {niah_rate} (passkey_rate {passkey_rate})")
         self.context = int(context)
         self.seed = int(seed)
         self.passkey_rate = float(passkey_rate)
+        self.niah_rate = float(niah_rate)
         self.tokenizer = tokenizer
         eos = tokenizer.eos_token_id
         texts = list(texts)
@@ -92,8 +98,11 @@ class PackedDataset:
         self.max_token_id = int(self.tokens.max())
         self._perm_cache: tuple[int, np.ndarray | None] = (-1, None)
         self._passkey_units: int | None = None
+        self._niah_units: int | None = None
         if self.passkey_rate > 0:
             _ = self.passkey_units  # a context too short for passkey documents fails here, not mid-training
+        if self.niah_rate > 0:
+            _ = self.niah_units
 
     def __len__(self) -> int:
         return self.n_blocks
@@ -138,22 +147,52 @@ class PackedDataset:
         Returns ``(tokens Long[context], document length, 5-digit key)`` (see :meth:`passkey_draw`).
         """
         key, units, position = self.passkey_draw(rng)
-        seq = self.encode(self.passkey_text(key, units, position))
+        toks, n = self._padded(lambda u, p: self.passkey_text(key, u, p), units, position)
+        return toks, n, key
+
+    @property
+    def niah_units(self) -> int:
+        """Most noise units a single-needle NIAH document of this context can hold (computed once)."""
+        if self._niah_units is None:
+            tokens = lambda u: len(self.encode(niah_document("word-word", "1234567", u, u // 2))) + 1  # noqa: E731
+            units = fit_units(tokens, self.context, what="a NIAH document") if tokens(0) <= self.context else 0
+            if units < 1:
+                raise ValueError(f"context {self.context} is too short for NIAH documents (need about {tokens(1)} tokens)")
+            self._niah_units = units
+        return self._niah_units
+
+    def niah_block(self, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+        """A single-needle RULER document (word-word key, 7-digit value, between half and all of the
+        noise units that fit, the needle after a uniformly drawn unit), EOS-terminated and padded."""
+        key, value = random_keys(rng, 1)[0], random_numbers(rng, 1, 7)[0]
+        most = self.niah_units
+        units = int(rng.integers(max(1, most // 2), most + 1))
+        position = int(rng.integers(0, units + 1))
+        return self._padded(lambda u, p: niah_document(key, value, u, p), units, position)
+
+    def _padded(self, text_of, units: int, position: int) -> tuple[np.ndarray, int]:
+        """``text_of(units, position)`` tokenised, EOS-terminated (units cut if a rare tokenization is too
+        long) and right-padded to ``context``: ``(tokens Long[context], document length)``."""
         eos = self.tokenizer.eos_token_id
-        seq = seq + ([eos] if eos is not None else [])
-        while len(seq) > self.context and units > 1:  # a rare tokenization longer than the probe's
+        end = [eos] if eos is not None else []
+        seq = self.encode(text_of(units, position)) + end
+        while len(seq) > self.context and units > 1:
             units -= 1
             position = min(position, units)
-            seq = self.encode(self.passkey_text(key, units, position)) + ([eos] if eos is not None else [])
-        n = len(seq)
+            seq = self.encode(text_of(units, position)) + end
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos or 0)
-        return np.asarray(seq + [pad] * (self.context - n), dtype=np.int64), n, key
+        return np.asarray(seq + [pad] * (self.context - len(seq)), dtype=np.int64), len(seq)
 
     def block(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.passkey_rate > 0:
+        if self.passkey_rate > 0 or self.niah_rate > 0:
             rng = np.random.default_rng([self.seed, index, 7])
-            if rng.random() < self.passkey_rate:
+            r = rng.random()
+            toks = None
+            if r < self.passkey_rate:
                 toks, n, _ = self.passkey_block(rng)
+            elif r < self.passkey_rate + self.niah_rate:
+                toks, n = self.niah_block(rng)
+            if toks is not None:
                 # the document gets id -1 - index; every padding token its own id (so no loss on padding)
                 docs = torch.full((self.context,), -1 - index, dtype=torch.long)
                 docs[n:] = -(1 << 40) - torch.arange(self.context - n) - index * self.context
