@@ -84,6 +84,7 @@ def test_run_grid_records_resume_and_summary(tmp_path, monkeypatch, tiny_tokeniz
     assert {"model", "task", "length", "depth", "id", "tf_em", "tf_logprob", "n_tokens", "prediction",
             "gen_score", "prompt_tokens"} <= set(r)
     assert isinstance(r["tf_em"], bool) and r["n_tokens"] >= 1
+    assert r["seconds"] > 0 and r["peak_rss_mb"] > 100  # cost per instance at its length
 
     # a kill after 5 lines: the rerun scores exactly the 3 missing instances
     lines = path.read_text().splitlines()

@@ -24,6 +24,7 @@ model says it extrapolates (``config.extrapolates``, set by every BAM config) or
 """
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -148,11 +149,14 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
             todo = [i for i in insts if (model_name, task, length, i.id) not in done]
             for start in range(0, len(todo), bs):
                 chunk = todo[start:start + bs]
+                t0 = time.perf_counter()
+                _reset_peak(model)
                 new = _score_chunk(model, tokenizer, chunk, modes=modes, batch_size=bs,
                                    max_new_tokens=max_new_tokens, chat=chat, shared_prefill=shared_prefill)
+                cost = {"seconds": round((time.perf_counter() - t0) / len(chunk), 3), **_peak_memory(model)}
                 for inst, res in zip(chunk, new):
                     rec = {"model": model_name, "task": task, "length": length, "depth": float(inst.depth),
-                           **(extra or {}), **res}
+                           **(extra or {}), **res, **cost}
                     append_jsonl(out_jsonl, rec)
                     done.add(record_key(rec))
                     records.append(rec)
@@ -160,6 +164,33 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
     finally:
         bar.close()
     return records
+
+
+def _model_device(model):
+    from posbias.evaluation.scoring import _device
+
+    return _device(model)
+
+
+def _reset_peak(model) -> None:
+    dev = _model_device(model)
+    if dev.type == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(dev)
+
+
+def _peak_memory(model) -> dict:
+    """``peak_gpu_mb`` (this chunk's peak on CUDA) or ``peak_rss_mb`` (the process's peak so far: the
+    grid runs lengths in increasing order, so at a length it bounds that length's instances)."""
+    dev = _model_device(model)
+    if dev.type == "cuda":
+        import torch
+
+        return {"peak_gpu_mb": round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)}
+    import resource
+
+    return {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
 def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_size: int,
