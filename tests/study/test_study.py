@@ -141,6 +141,24 @@ def test_run_grid_on_bam_beyond_training_length(tmp_path, tiny_tokenizer):
     assert all(isinstance(r["prediction"], str) for r in recs)
 
 
+def test_study_grid_also_runs_passkey_in_the_essay_haystack(tmp_path, tiny_tokenizer):
+    """passkey_essay: the same keys in a filler the models never trained on, in its own file."""
+    from posbias.study.grid import PASSKEY_ESSAY_FILE, PASSKEY_FILE, evaluate_model
+    from posbias.tasks.haystack import NOISE
+
+    model = tiny_bam("alibi")
+    res = evaluate_model(model, tiny_tokenizer, name="alibi", out=tmp_path, lengths=[160], depths=[0.5], n=2,
+                         passkey_essay=True, progress=False)
+    assert set(res) == {"passkey", "passkey-essay"}
+    assert (tmp_path / PASSKEY_FILE).exists() and (tmp_path / PASSKEY_ESSAY_FILE).exists()
+    assert [r["answers"] for r in res["passkey"]] == [r["answers"] for r in res["passkey-essay"]]
+    from posbias.tasks import make_instances
+
+    inst = make_instances("passkey", tokenizer=tiny_tokenizer, n=1, depths=[0.5], seed=0, length=160,
+                          haystack="essay")[0]
+    assert NOISE not in inst.prompt
+
+
 def test_raw_prompt_matches_the_training_passkey_documents(tiny_tokenizer):
     """The grid's raw (chat=False) passkey text ends like the trainer's passkey documents."""
     from posbias.evaluation.batching import prompt_text

@@ -40,6 +40,9 @@ def study_command(
                                 help="accepted for old scripts; re-running the command resumes anyway"),
     niah: bool = typer.Option(False, "--niah/--no-niah", help="also run RULER NIAH (string_match_all) on the grid"),
     niah_opt: Optional[list[str]] = typer.Option(None, "--niah-opt", help="NIAH option key=value, e.g. haystack=essay"),
+    passkey_essay: bool = typer.Option(False, "--passkey-essay/--no-passkey-essay",
+                                       help="also passkey with the Paul Graham essays as filler instead of "
+                                            "grass/sky (retrieval that does not depend on the training filler)"),
     modes: str = typer.Option("teacher-forced,generate", help="passkey scoring: teacher-forced, generate or both"),
     ppl_multipliers: str = typer.Option("1,2,4,8", help="perplexity contexts as multiples of the training context ('' = none)"),
     ppl_tokens: Optional[int] = Count(None, help="held-out tokens for perplexity (default 4x the longest context)"),
@@ -65,6 +68,7 @@ def study_command(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
         multipliers=parse_floats(multipliers, "multipliers"), depths=parse_floats(depths, "depths"), n=n,
         seed=seed, corpus=corpus, heldout=heldout, passkey_rate=passkey_rate, niah_rate=niah_rate, niah=niah, niah_options=parse_key_values(niah_opt, "niah-opt"),
+        passkey_essay=passkey_essay,
         modes=parse_names(modes),
         ppl_multipliers=parse_floats(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,
         batch_size=batch_size, token_budget=token_budget, device=device,

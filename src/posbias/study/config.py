@@ -40,6 +40,7 @@ class StudyConfig:
     niah_rate: float = 0.0  # single-needle RULER documents in the training mix (beside passkey ones)
     niah: bool = False
     niah_options: dict = field(default_factory=dict)
+    passkey_essay: bool = False  # also passkey in the essay haystack (a filler never trained on)
     modes: list[str] = field(default_factory=lambda: ["teacher-forced", "generate"])
     ppl_multipliers: list[float] = field(default_factory=lambda: list(DEFAULT_PPL_MULTIPLIERS))
     ppl_tokens: int | None = None

@@ -24,6 +24,22 @@ DEFAULT_PPL_MULTIPLIERS = (1, 2, 4, 8)
 
 PASSKEY_FILE = "passkey.jsonl"
 NIAH_FILE = "niah.jsonl"
+PASSKEY_ESSAY_FILE = "passkey-essay.jsonl"
+# (view name, task, file) of every grid a study can run; the options come from grid_views
+VIEW_FILES = (("passkey", "passkey", PASSKEY_FILE), ("passkey-essay", "passkey", PASSKEY_ESSAY_FILE),
+              ("niah", "niah", NIAH_FILE))
+
+
+def grid_views(*, niah: bool = False, niah_options: dict | None = None,
+               passkey_essay: bool = False) -> list[tuple[str, str, dict, str]]:
+    """``(view, task, task options, file)`` of the grids to run: passkey in its grass/sky filler, the
+    same passkey in the essay haystack (``passkey_essay``: a filler the models never trained on), NIAH."""
+    views = [("passkey", "passkey", {}, PASSKEY_FILE)]
+    if passkey_essay:
+        views.append(("passkey-essay", "passkey", {"haystack": "essay"}, PASSKEY_ESSAY_FILE))
+    if niah:
+        views.append(("niah", "niah", dict(niah_options or {}), NIAH_FILE))
+    return views
 PPL_FILE = "perplexity.jsonl"
 
 
@@ -121,7 +137,7 @@ def run_perplexity(model, token_ids, *, model_name: str, out_jsonl: str | Path, 
 def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Sequence[int],
                    depths: Sequence[float] = DEFAULT_DEPTHS, n: int = 5, seed: int = 0,
                    modes: Sequence[str] = ("teacher-forced", "generate"), niah: bool = False,
-                   niah_options: dict | None = None, ppl_tokens: Sequence[int] | None = None,
+                   niah_options: dict | None = None, passkey_essay: bool = False, ppl_tokens: Sequence[int] | None = None,
                    ppl_contexts: Sequence[int] = (), batch_size: int = 4, token_budget: int = 8192,
                    extra: dict | None = None, make_instances: Callable | None = None,
                    progress: bool = True) -> dict[str, list[dict]]:
@@ -137,10 +153,8 @@ def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Seq
     common = dict(model_name=name, lengths=lengths, depths=depths, n=n, seed=seed, modes=modes,
                   batch_size=batch_size, token_budget=token_budget, extra=extra,
                   make_instances=make_instances, progress=progress)
-    res["passkey"] = run_grid(model, tokenizer, out_jsonl=out / PASSKEY_FILE, task="passkey", **common)
-    if niah:
-        res["niah"] = run_grid(model, tokenizer, out_jsonl=out / NIAH_FILE, task="niah",
-                               task_kwargs=niah_options or {}, **common)
+    for view, task, options, fname in grid_views(niah=niah, niah_options=niah_options, passkey_essay=passkey_essay):
+        res[view] = run_grid(model, tokenizer, out_jsonl=out / fname, task=task, task_kwargs=options, **common)
     if ppl_tokens is not None and len(ppl_contexts):
         res["perplexity"] = run_perplexity(model, ppl_tokens, model_name=name, out_jsonl=out / PPL_FILE,
                                            contexts=ppl_contexts, extra=extra, progress=progress)

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from posbias.study.grid import (NIAH_FILE, PASSKEY_FILE, PPL_FILE)
+from posbias.study.grid import PPL_FILE, VIEW_FILES
 from posbias.utils.io import atomic_write_text, read_jsonl
 from posbias.study.config import METRICS_FILE, MODELS_FILE, SUMMARY_FILE, StudyConfig
 from posbias.study.training import model_dir_name
@@ -25,7 +25,7 @@ def write_report(cfg: StudyConfig) -> list[dict]:
     models_file = out / MODELS_FILE
     if models_file.exists():
         schemes += [m for m in json.loads(models_file.read_text()) if m not in schemes]
-    lengths = sorted({int(r["length"]) for f in (PASSKEY_FILE, NIAH_FILE) for r in read_jsonl(out / f)}
+    lengths = sorted({int(r["length"]) for _v, _t, f in VIEW_FILES for r in read_jsonl(out / f)}
                      | set(cfg.lengths))
     metrics: list[dict] = []
     options = ", ".join(f"{k}={v}" for k, v in sorted(cfg.train_options.items())) or "none"
@@ -36,7 +36,7 @@ def write_report(cfg: StudyConfig) -> list[dict]:
     training = _training_table(out, schemes)
     if training:
         sections.append(training)
-    for task, fname in (("passkey", PASSKEY_FILE), ("niah", NIAH_FILE)):
+    for task, _task, fname in VIEW_FILES:  # "task" here is the view: passkey, passkey-essay, niah
         recs = [r for r in read_jsonl(out / fname) if r.get("model") in schemes and int(r["length"]) in lengths]
         if not recs:
             continue

@@ -64,7 +64,7 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from posbias.study.grid import (NIAH_FILE, PASSKEY_FILE, PPL_FILE)
+from posbias.study.grid import PPL_FILE, VIEW_FILES
 from posbias.utils.io import atomic_write_json, atomic_write_text
 from posbias.utils.run_folder import open_run
 from posbias.study.config import (CHECK_KEYS, DATA_DIR, METRICS_FILE, MODELS_FILE, SUMMARY_FILE,  # noqa: F401
@@ -113,6 +113,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         ppl_tokens = _ppl_tokens(cfg, tok, heldout)
         evaluate_model(model, tok, name=scheme, out=out, lengths=cfg.lengths, depths=cfg.depths, n=cfg.n,
                        seed=cfg.seed, modes=cfg.modes, niah=cfg.niah, niah_options=cfg.niah_options,
+                       passkey_essay=cfg.passkey_essay,
                        ppl_tokens=ppl_tokens, ppl_contexts=cfg.ppl_contexts, batch_size=cfg.batch_size,
                        token_budget=cfg.token_budget, extra={"scheme": scheme},
                        make_instances=make_instances, progress=progress)
@@ -122,7 +123,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
     return {"models": models, "metrics": metrics, "summary": str(out / SUMMARY_FILE)}
 
 
-RESULT_FILES = (MODELS_FILE, METRICS_FILE, PASSKEY_FILE, NIAH_FILE, PPL_FILE)
+RESULT_FILES = (MODELS_FILE, METRICS_FILE, PPL_FILE, *(f for _v, _t, f in VIEW_FILES))
 DERIVED = (DATA_DIR, "tokenizer", "models")  # what a study derives before its first result
 
 
