@@ -246,3 +246,21 @@ def test_router_training_stops_at_the_time_budget_and_says_so(tmp_path):
                           progress=False)
     assert spent["stopped_by"] == "time" and spent["steps_done"] == 0
     assert (tmp_path / "checkpoint.pt").exists()
+
+
+def test_load_balancing_loss_is_the_references_mixtral_form():
+    """E * sum_e(fraction of (token, head) units routed to e) * mean router prob of e; dense top-7
+    routing makes it the constant 7, as in the reference run (no gradient)."""
+    model = make_tiny_model("llama", layers=2)
+    ids = torch.randint(3, 500, (1, 12), generator=torch.Generator().manual_seed(0))
+    for top_k in (7, 1):
+        with apply_method(model, "moice", top_k=top_k, seed=1) as h:
+            state = h.state["moice"]
+            state.collect_aux = True
+            model(input_ids=ids)
+            aux = float(state.aux_loss())
+            state.collect_aux = False
+        if top_k == 7:
+            assert aux == pytest.approx(7.0, abs=1e-5)
+        else:
+            assert 1.0 - 1e-5 <= aux < 7.0  # top-1: >= 1 (perfect balance), below the dense constant

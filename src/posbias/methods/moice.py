@@ -140,7 +140,8 @@ class MoICE:
         top_w = top_p / top_p.sum(-1, keepdim=True)
         weights = torch.zeros_like(probs).scatter(-1, top_i, top_w)  # (B, H, q, E)
         if self.collect_aux:
-            frac = torch.zeros_like(probs).scatter(-1, top_i, 1.0 / k).reshape(-1, n_exp).mean(0)
+            # Mixtral / the reference's form: each selected expert counts 1 (so dense top-7 gives the constant 7)
+            frac = torch.zeros_like(probs).scatter(-1, top_i, 1.0).reshape(-1, n_exp).mean(0)
             mean_p = probs.reshape(-1, n_exp).mean(0)
             self.aux.append(n_exp * (frac.detach() * mean_p).sum())
         self.last_weights[module.layer_idx] = weights.detach()
