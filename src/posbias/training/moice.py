@@ -35,10 +35,11 @@ REFERENCE_BUDGET = {"sequences": 900, "max_tokens": 4608, "lr": 1e-4, "aux_coef"
 
 @dataclass(frozen=True)
 class RouterBudget:
-    """What router training may spend. Defaults: about 30 minutes for SmolLM2-135M on this
-    2-core CPU (README, "MoICE routers"); the reference's is :data:`REFERENCE_BUDGET`."""
+    """What router training may spend. Defaults: about 30 minutes for SmolLM2-135M on this 2-core CPU
+    (measured: 11.7 s per 512-token step on 1 thread beside another job, README "Baselines"); the
+    reference's is :data:`REFERENCE_BUDGET`."""
 
-    steps: int = 100
+    steps: int = 150
     seq_len: int = 512
     lr: float = 1e-4
     aux_coef: float = 0.3
