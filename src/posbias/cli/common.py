@@ -64,11 +64,6 @@ def check_training_run(cfg: Any, kind: str, settings: dict, check_keys) -> bool:
     return open_run(cfg.out, kind, settings, check_keys=check_keys).resuming
 
 
-def parse_floats(text: str, name: str) -> list[float]:
-    """:func:`posbias.utils.options.parse_numbers` (the one option parser)."""
-    return parse_numbers(text, name)
-
-
 def task_options(num_keys, num_docs, length, path, haystack, num_needles, extra) -> dict[str, Any]:
     """Collect the task flags a user set (unset flags are left to the task's defaults)."""
     opts = {"num_keys": num_keys, "num_docs": num_docs, "length": length, "path": path,

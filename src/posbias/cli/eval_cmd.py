@@ -18,8 +18,8 @@ from posbias.cli.common import (
     Seed,
     friendly_errors,
     method_options_from_flags,
-    parse_floats,
     parse_key_values,
+    parse_numbers,
     task_options,
 )
 from posbias.utils.options import parse_names
@@ -53,7 +53,7 @@ def eval_command(
     if factors:
         method_opts["factors"] = factors
     summary = run_eval(
-        model=model, task=task, depths=parse_floats(depths, "depths"), n=n, out=out, seed=seed, split=split,
+        model=model, task=task, depths=parse_numbers(depths, "depths"), n=n, out=out, seed=seed, split=split,
         mode=mode, batch_size=batch_size, chat=chat, max_new_tokens=max_new_tokens, method=method,
         method_options=method_opts,
         task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
@@ -88,7 +88,7 @@ def compare_command(
     names = parse_names(methods)
     options = method_options_from_flags(names, factors=factors, pi_factor=pi_factor, routers=routers,
                                         settings=settings)
-    compare_methods(model=model, task=task, methods=names, depths=parse_floats(depths, "depths"), n=n, out=out,
+    compare_methods(model=model, task=task, methods=names, depths=parse_numbers(depths, "depths"), n=n, out=out,
                     method_options=options, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
                     task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))
     typer.echo((Path(out) / "comparison.md").read_text())

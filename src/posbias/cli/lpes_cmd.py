@@ -6,8 +6,20 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import (Count, DataPath, ExtraOpts, Haystack, Length, NumDocs, NumKeys, NumNeedles, Seed,
-                                friendly_errors, parse_floats, task_options)
+from posbias.cli.common import (
+    Count,
+    DataPath,
+    ExtraOpts,
+    Haystack,
+    Length,
+    NumDocs,
+    NumKeys,
+    NumNeedles,
+    Seed,
+    friendly_errors,
+    parse_numbers,
+    task_options,
+)
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -67,8 +79,8 @@ def search_command(
     res = run_search(model, task, out=out, preset=preset, resume=True, seed=seed, workers=workers, curve=curve,
                      control_points=control_points,
                      task_options=topts,
-                     weights=parse_floats(weights, "weights") if weights else None, chat=chat,
-                     grid=parse_floats(grid, "grid") if grid else None, round_to_grid=round_to_grid,
+                     weights=parse_numbers(weights, "weights") if weights else None, chat=chat,
+                     grid=parse_numbers(grid, "grid") if grid else None, round_to_grid=round_to_grid,
                      overrides=overrides, log=lambda m: console.print(generation_line(m)), prune=prune,
                      backend=backend, ray_address=ray_address, objective=objective,
                      shared_context=shared_context)

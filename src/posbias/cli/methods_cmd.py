@@ -19,7 +19,7 @@ from posbias.cli.common import (
     NumNeedles,
     Seed,
     friendly_errors,
-    parse_floats,
+    parse_numbers,
     task_options,
 )
 from posbias.utils.options import parse_names
@@ -66,7 +66,7 @@ def train_moice_command(
     windows = training_windows(tok, texts, seq_len, steps, seed=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        handle = apply_method(lm, "moice", top_k=top_k, multipliers=parse_floats(multipliers, "multipliers"),
+        handle = apply_method(lm, "moice", top_k=top_k, multipliers=parse_numbers(multipliers, "multipliers"),
                               hidden=hidden, seed=seed)
     folder.commit()
     spent = train_routers(handle, windows, budget, out=out)

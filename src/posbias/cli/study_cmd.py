@@ -11,8 +11,8 @@ from posbias.cli.common import (
     Seed,
     check_training_run,
     friendly_errors,
-    parse_floats,
     parse_key_values,
+    parse_numbers,
 )
 from posbias.utils.options import parse_names
 
@@ -66,11 +66,11 @@ def study_command(
 
     cfg = StudyConfig(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
-        multipliers=parse_floats(multipliers, "multipliers"), depths=parse_floats(depths, "depths"), n=n,
+        multipliers=parse_numbers(multipliers, "multipliers"), depths=parse_numbers(depths, "depths"), n=n,
         seed=seed, corpus=corpus, heldout=heldout, passkey_rate=passkey_rate, niah_rate=niah_rate, niah=niah, niah_options=parse_key_values(niah_opt, "niah-opt"),
         passkey_essay=passkey_essay,
         modes=parse_names(modes),
-        ppl_multipliers=parse_floats(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,
+        ppl_multipliers=parse_numbers(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,
         batch_size=batch_size, token_budget=token_budget, device=device,
         train_options=parse_key_values(train_opt, "train-opt"), tokenizer=tokenizer, train_workers=train_workers, resume=resume,
     )
