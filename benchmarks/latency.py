@@ -103,10 +103,10 @@ def random_prompt(vocab: int, length: int, device) -> torch.Tensor:
 
 def method_spec(spec: str) -> tuple[str, dict]:
     """``"ms-poe@rotated_cache=false"`` -> ``("ms-poe", {**defaults, "rotated_cache": False})``."""
-    from posbias.utils.options import parse_key_values
+    from posbias.methods.registry import split_variant
 
-    name, *pairs = spec.split("@")
-    return name, {**DEFAULT_OPTIONS.get(name, {}), **parse_key_values(pairs, "methods")}
+    name, options = split_variant(spec)
+    return name, {**DEFAULT_OPTIONS.get(name, {}), **options}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -35,6 +35,7 @@ def ability_command(
     from posbias.evaluation.ability import compare_ability, score_ability, task_specs
     from posbias.evaluation.ability import data_root as find_root
     from posbias.evaluation.compare import check_method_list
+    from posbias.methods.registry import variant_options
     from posbias.utils.run_folder import open_run
 
     names = parse_names(methods)
@@ -47,20 +48,21 @@ def ability_command(
     root = str(find_root(data_root)) if any(t in ("mmlu", "arc_easy", "arc_challenge") for t in task_list) else None
     task_specs(task_list, Path(root) if root else None)  # every built-in task's files exist
     limit = limit or None
+    resolved = {label: variant_options(label, options) for label in names}
     config = {"model": model, "tasks": task_list, "limit": limit, "data_root": root, "include_path": include_path,
-              "methods": names, "method_options": {m: options.get(m, {}) for m in names}}
+              "methods": names, "method_options": {label: opts for label, (_, opts) in resolved.items()}}
     top = open_run(out, "ability", config, check_keys=("model", "tasks", "limit", "data_root", "include_path"))
     from posbias.models import load_model
 
     lm, tok = load_model(model)
     top.commit()
     folders = {}
-    for name in names:
-        folders[name] = Path(out) / name
-        summary = score_ability(lm, tok, tasks=task_list, out=folders[name], method=name,
-                                method_options=options.get(name, {}), limit=limit, data=root,
+    for label, (name, method_opts) in resolved.items():
+        folders[label] = Path(out) / label
+        summary = score_ability(lm, tok, tasks=task_list, out=folders[label], method=name,
+                                method_options=method_opts, limit=limit, data=root,
                                 include_path=include_path, batch_size=batch_size)
-        typer.echo(f"{name}: " + ", ".join(f"{g} {100 * v['acc']:.1f}% (n={v['n']})"
+        typer.echo(f"{label}: " + ", ".join(f"{g} {100 * v['acc']:.1f}% (n={v['n']})"
                                             for g, v in summary["groups"].items()) + f"  {summary['seconds']:.0f} s")
     typer.echo(compare_ability(folders, Path(out)))
 

@@ -87,15 +87,21 @@ ExtraOpts = typer.Option(None, "--opt", help="other task option as key=value (re
 def method_options_from_flags(names: list[str], *, factors: str | None, pi_factor: float, routers: str | None,
                               settings: str | None) -> dict:
     """Per-method options from the shared flags of ``compare`` / ``ability`` (``--factors`` for lpes,
-    ``--pi-factor``, ``--routers`` for moice, ``--settings`` from ``posbias tune``)."""
+    ``--pi-factor``, ``--routers`` for moice, ``--settings`` from ``posbias tune``), keyed by method
+    name; :func:`posbias.methods.registry.variant_options` adds a variant's own options."""
+    from posbias.methods.registry import split_variant
+
+    variants = [split_variant(label) for label in names]  # a variant name@key=value counts as its method
+    bases = {name for name, _ in variants}
     options: dict = {"pi": {"factor": pi_factor}}
-    if "lpes" in names:
-        if not factors:
+    if "lpes" in bases:
+        if not factors and any(name == "lpes" and "factors" not in opts for name, opts in variants):
             raise ValueError("--methods includes lpes: give its factors file with --factors (from posbias search)")
-        options["lpes"] = {"factors": factors}
+        if factors:
+            options["lpes"] = {"factors": factors}
     elif factors:
         raise ValueError("--factors is only used by lpes, which --methods does not list")
-    if "pi" in names and not pi_factor > 0:
+    if "pi" in bases and not pi_factor > 0:
         raise ValueError(f"--pi-factor must be > 0, got {pi_factor}")
     if routers:
         options["moice"] = {"routers": routers}
@@ -105,3 +111,4 @@ def method_options_from_flags(names: list[str], *, factors: str | None, pi_facto
         for name, opts in read_settings(settings).items():
             options[name] = {**options.get(name, {}), **opts}
     return options
+

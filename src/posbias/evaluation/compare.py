@@ -1,12 +1,14 @@
 """Several methods side by side on the same held-out instances (one model load)."""
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.session import plan_eval, run_planned
+from posbias.methods.registry import variant_options
 from posbias.utils.io import append_jsonl, atomic_write_text
 from posbias.utils.run_folder import open_run
 
@@ -20,7 +22,10 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
                     batch_size: int = 8, chat: bool = False, task_options: dict | None = None, loaded=None) -> dict:
     """Evaluate every method in ``methods`` into ``out/<method>`` and write a joint table and plot.
 
-    Returns ``{method: summary}``. Each method's folder resumes independently. Every method is
+    ``methods`` are names or variants ``name@key=value@...`` (:func:`posbias.methods.registry.variant_options`:
+    the variant's options override ``method_options[name]``, so ``ms-poe@r_min=1.2@r_max=1.8`` beside a
+    tuned ``ms-poe`` shows the published default next to the tuned setting). Returns ``{label:
+    summary}``. Each method's folder (``out/<label>``, :func:`method_folder`) resumes independently. Every method is
     checked (name, options, factors file, its folder) before the model loads or anything is
     scored, and nothing is written before the first result.
     """
@@ -33,12 +38,13 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
                                     "seed": seed, "mode": mode, "chat": chat, "task_options": task_options,
                                     "method_options": method_options}, check_keys=COMPARE_KEYS)
     plans, instances = {}, None
-    for name in methods:
-        plans[name] = plan_eval(model=model, task=task, depths=depths, n=n, out=top.path / name, seed=seed,
-                                split="eval", mode=mode, batch_size=batch_size, chat=chat, method=name,
-                                method_options=method_options.get(name, {}), task_options=task_options,
-                                parent=top, instances=instances)
-        instances = plans[name].instances
+    for label in methods:
+        name, options = variant_options(label, method_options)
+        plans[label] = plan_eval(model=model, task=task, depths=depths, n=n, out=top.path / method_folder(label), seed=seed,
+                                 split="eval", mode=mode, batch_size=batch_size, chat=chat, method=name,
+                                 method_options=options,
+                                 task_options=task_options, parent=top, instances=instances)
+        instances = plans[label].instances
     loaded = loaded or load_model(model)
     summaries = {}
     for name, plan in plans.items():
@@ -60,6 +66,16 @@ def check_method_list(methods: list[str]) -> None:
     twice = sorted({m for m in methods if methods.count(m) > 1})
     if twice:
         raise ValueError(f"--methods lists {', '.join(twice)} more than once")
+    folders = [method_folder(m) for m in methods]
+    clash = sorted({m for m, f in zip(methods, folders) if folders.count(f) > 1})
+    if clash:
+        raise ValueError(f"--methods {', '.join(clash)} would share one folder; rename a variant")
+
+
+def method_folder(label: str) -> str:
+    """The subfolder name of a method label: the label, with every character other than letters,
+    digits and ``. _ = @ + -`` written as ``_`` (a variant may name a file: ``lpes@factors=runs/a.json``)."""
+    return re.sub(r"[^A-Za-z0-9._=@+-]", "_", label)
 
 
 def comparison_table(summaries: dict[str, dict]) -> str:

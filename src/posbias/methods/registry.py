@@ -125,6 +125,31 @@ def parse_options(pairs: list[str] | None) -> dict[str, Any]:
     return parse_key_values(pairs, "method-opt")
 
 
+def split_variant(label: str) -> tuple[str, dict[str, Any]]:
+    """A method variant ``name@key=value@key=value`` -> ``(name, {key: value, ...})``.
+
+    ``"ms-poe@r_min=1.0@r_max=1.5"`` -> ``("ms-poe", {"r_min": 1.0, "r_max": 1.5})``; a plain name
+    gives ``(name, {})``. Lets a comparison hold one method at several settings side by side (the
+    label names its folder and its table row); the option names are checked against the method.
+    List values cannot be written here (the method list is comma-separated): give them through
+    ``posbias tune``'s settings file."""
+    from posbias.utils.options import parse_key_values
+
+    name, *pairs = str(label).split("@")
+    if not name or any(not p for p in pairs):
+        raise ValueError(f"method variant {label!r}: write name@key=value@key=value")
+    options = parse_key_values(pairs, "methods")
+    check_option_names(name, options)
+    return name, options
+
+
+def variant_options(label: str, options_by_name: dict[str, dict]) -> tuple[str, dict[str, Any]]:
+    """A method list entry (name or ``name@key=value@...``) -> its method name and options: the
+    options given for that method name, overridden by the variant's own."""
+    name, variant = split_variant(label)
+    return name, {**options_by_name.get(name, {}), **variant}
+
+
 PROMPT_DEPENDENT_ATTR = "_posbias_prompt_dependent"
 
 

@@ -1,0 +1,66 @@
+"""posbias compare: methods side by side, including one method at several settings (variants)."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import save_tiny_folder
+from posbias.cli.main import app
+from posbias.utils.io import read_jsonl
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return save_tiny_folder(tmp_path_factory.mktemp("tiny-cmp"), max_positions=4096)
+
+
+def _compare(folder, out, methods, *extra):
+    return runner.invoke(app, ["compare", "--model", folder, "--task", "kv", "--num-keys", "6", "--n", "2",
+                               "--depths", "0,0.5,1", "--methods", methods, "--out", str(out), *extra])
+
+
+def test_variants_of_one_method_sit_side_by_side(tiny_folder, tmp_path):
+    out = tmp_path / "cmp"
+    r = _compare(tiny_folder, out, "none,pi@factor=1.0,pi@factor=3.0,pi")
+    assert r.exit_code == 0, r.output
+    rows = {m: read_jsonl(out / m / "results.jsonl") for m in ("none", "pi@factor=1.0", "pi@factor=3.0", "pi")}
+    # factor 1 is the identity: the same scores as none, bit for bit; factor 3 changes them
+    assert [x["tf_logprob"] for x in rows["pi@factor=1.0"]] == [x["tf_logprob"] for x in rows["none"]]
+    assert [x["tf_logprob"] for x in rows["pi@factor=3.0"]] != [x["tf_logprob"] for x in rows["none"]]
+    assert [x["id"] for x in rows["pi@factor=3.0"]] == [x["id"] for x in rows["none"]]  # same instances
+    options = {m: json.loads((out / m / "config.json").read_text())["config"]["method_options"] for m in rows}
+    assert options["pi@factor=3.0"] == {"factor": 3.0} and options["pi"] == {"factor": 1.1}  # --pi-factor default
+    table = (out / "comparison.md").read_text()
+    assert "| pi@factor=3.0 |" in table and "| pi |" in table
+
+
+def test_a_variant_overrides_the_tuned_setting(tiny_folder, tmp_path):
+    settings = tmp_path / "best_settings.json"
+    settings.write_text(json.dumps({"pi": {"factor": 2.0}}))
+    out = tmp_path / "cmp"
+    r = _compare(tiny_folder, out, "pi@factor=1.5,pi", "--settings", str(settings))
+    assert r.exit_code == 0, r.output
+    cfg = {m: json.loads((out / m / "config.json").read_text())["config"]["method_options"] for m in ("pi", "pi@factor=1.5")}
+    assert cfg == {"pi": {"factor": 2.0}, "pi@factor=1.5": {"factor": 1.5}}
+
+
+def test_a_variant_naming_a_file_gets_a_flat_folder(tiny_folder, tmp_path):
+    from posbias.evaluation.compare import method_folder
+
+    assert method_folder("lpes@factors=runs/a b/best.json") == "lpes@factors=runs_a_b_best.json"
+
+
+@pytest.mark.parametrize("methods, message", [
+    ("pi@factr=2", "method 'pi' has no option(s) factr"),
+    ("pi@", "write name@key=value@key=value"),
+    ("pi@factor", "--methods expects key=value, got 'factor'"),
+    ("nope@x=1", "unknown method 'nope'"),
+    ("lpes@factors=a/b.json,lpes@factors=a_b.json", "would share one folder"),
+])
+def test_a_bad_variant_is_one_clear_line_before_anything_is_written(tiny_folder, tmp_path, methods, message):
+    out = tmp_path / "cmp"
+    r = _compare(tiny_folder, out, methods)
+    assert r.exit_code != 0 and message in r.output and "Traceback" not in r.output
+    assert not out.exists()
