@@ -45,6 +45,8 @@ def test_mmlu_and_arc_offline_none_vs_a_method(tmp_path, tiny_tokenizer, offline
         assert summary["groups"]["mmlu"]["n"] == 4 and summary["groups"]["arc_easy"]["n"] == 2
         assert 0 <= summary["groups"]["arc_easy"]["acc_norm"] <= 1
     rows = [json.loads(x) for x in (folders["none"] / "samples.jsonl").read_text().splitlines()]
+    assert sorted(r["spec"] for r in rows if r.get("task_done")) == ["arc_easy", "mmlu_anatomy", "mmlu_virology"]
+    rows = [r for r in rows if not r.get("task_done")]
     assert {(r["task"], r["doc_id"]) for r in rows} == {(t, d) for t in ("mmlu_anatomy", "mmlu_virology", "arc_easy")
                                                        for d in (0, 1)}
     table = compare_ability(folders, tmp_path / "out")
@@ -52,11 +54,31 @@ def test_mmlu_and_arc_offline_none_vs_a_method(tmp_path, tiny_tokenizer, offline
     # a rerun reads the finished folder instead of scoring again
     again = score_ability(model, tiny_tokenizer, tasks=["mmlu"], out=folders["none"], limit=2, data=root)
     assert again["groups"]["mmlu"]["n"] == 4
+    # ... but never adds scores of other options to it
+    with pytest.raises(ValueError, match="holds scores of pi with options {'factor': 2.0}, not pi with {'factor': 3.0}"):
+        score_ability(model, tiny_tokenizer, tasks=["mmlu"], out=folders["pi 2"], method="pi",
+                      method_options={"factor": 3.0}, limit=2, data=root)
+
+
+def test_a_task_cut_short_by_a_kill_is_dropped_and_rescored(tmp_path):
+    from posbias.evaluation.ability import completed_rows
+
+    log = tmp_path / "samples.jsonl"
+    q = [{"spec": s, "task": s, "doc_id": i, "acc": 1.0} for s in ("a", "b") for i in range(2)]
+    log.write_text("".join(json.dumps(r) + "\n" for r in q[:2] + [{"spec": "a", "task_done": True, "n": 2}] + q[2:3]))
+    rows, done = completed_rows(log)
+    assert done == {"a"} and rows == q[:2]
+    assert completed_rows(log) == (q[:2], {"a"})  # the partial task's rows are gone from the file
+    # a folder written before the task_done lines: every task but the last is finished
+    log.write_text("".join(json.dumps(r) + "\n" for r in q))
+    rows, done = completed_rows(log)
+    assert done == {"a"} and rows == q[:2] and completed_rows(log) == (q[:2], {"a"})
 
 
 def test_paired_difference_and_missing_data(tmp_path):
     d = paired_difference([1, 0, 1, 0], [1, 1, 1, 0])
     assert d["diff"] == pytest.approx(0.25) and d["ci95"][0] < 0.25 < d["ci95"][1]
+    assert paired_difference([], [])["n"] == 0  # a group without shared questions: no error
     with pytest.raises(ValueError, match="not a folder"):
         data_root(tmp_path / "missing")
     with pytest.raises(ValueError, match="no MMLU subjects"):

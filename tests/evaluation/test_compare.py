@@ -58,9 +58,11 @@ def test_a_variant_naming_a_file_gets_a_flat_folder(tiny_folder, tmp_path):
     ("pi@factor", "--methods expects key=value, got 'factor'"),
     ("nope@x=1", "unknown method 'nope'"),
     ("lpes@factors=a/b.json,lpes@factors=a_b.json", "would share one folder"),
+    ("none,pi", "--routers is only used by moice"),
 ])
 def test_a_bad_variant_is_one_clear_line_before_anything_is_written(tiny_folder, tmp_path, methods, message):
     out = tmp_path / "cmp"
-    r = _compare(tiny_folder, out, methods)
+    extra = ["--routers", str(tmp_path)] if "routers" in message else []
+    r = _compare(tiny_folder, out, methods, *extra)
     assert r.exit_code != 0 and message in r.output and "Traceback" not in r.output
     assert not out.exists()

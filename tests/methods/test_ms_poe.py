@@ -219,6 +219,29 @@ def test_rotated_key_cache_is_not_reused_for_another_or_cropped_cache():
     torch.testing.assert_close(cropped, fresh, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("method,opts", [("moice", {"seed": 3}), ("ms-poe", {"order": "index", "skip_layers": 0})])
+def test_rotated_key_cache_is_not_reused_after_a_beam_reorder(method, opts):
+    """Beam search reorders the rows of the very cache object and keeps its length: rows ending in the
+    same token (equal last keys at layer 0) must still be rotated afresh, not given another row's keys."""
+    import warnings
+
+    model = make_tiny_model("llama", layers=2, seed=4)
+    ids = torch.randint(3, 500, (2, 12), generator=torch.Generator().manual_seed(1))
+    ids[1, -1] = ids[0, -1]  # same last token, different history
+    got, reused = {}, {}
+    for kept in (True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            h = apply_method(model, method, rotated_cache=kept, **opts)
+        with h:
+            cache = model(input_ids=ids, use_cache=True).past_key_values
+            cache.reorder_cache(torch.tensor([1, 0]))
+            got[kept] = model(input_ids=torch.tensor([[7], [7]]), past_key_values=cache, use_cache=True).logits
+            state = h.state["ms_poe" if method == "ms-poe" else "moice"]
+            reused[kept] = state.rotated.reused if kept else None
+    assert reused[True] == 0 and torch.equal(got[True], got[False])
+
+
 def test_rotated_cache_option_must_be_a_bool():
     model = make_tiny_model("llama", layers=2, seed=4)
     with pytest.raises(ValueError, match="rotated_cache must be true or false"):

@@ -324,3 +324,45 @@ def test_passkey_probe_spans_and_logging(tmp_path, tiny_tokenizer, corpus):
                                                          for r in probes)
     with pytest.raises(ValueError, match="probe_every"):
         _cfg(tmp_path, probe_every=-1).validate()
+
+
+def test_training_stops_once_the_probe_holds_its_target_and_stays_stopped(tmp_path, tiny_tokenizer, corpus,
+                                                                        monkeypatch):
+    import posbias.training.trainer as trainer
+
+    scripted = iter([0.5, 1.0, 0.9, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    monkeypatch.setattr(trainer, "passkey_probe", lambda model, docs: {"passkey_em": next(scripted),
+                                                                       "passkey_logprob": -1.0})
+    cfg = _cfg(tmp_path, context=320, steps=10, probe_every=1, probe_n=2, probe_target=0.95, probe_patience=2,
+               checkpoint_every=4, log_every=1)
+    final = train(cfg, tokenizer=tiny_tokenizer)
+    assert (final / "model.safetensors").exists()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in rows if "loss" in r) == 5  # em 0.5, 1, 0.9, 1, 1: two in a row at step 5
+    stop = [r for r in rows if r.get("stopped_by")]
+    assert stop == [{"step": 5, "stopped_by": "probe_target", "probe_target": 0.95, "tokens": 5 * 2 * 320}]
+    assert trainer.probe_streak(rows, 0.95) == 2
+    # resuming a run that reached its target trains no further
+    train(dataclasses_replace(cfg, resume=True), tokenizer=tiny_tokenizer)
+    again = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in again if "loss" in r) == 5
+
+
+def test_a_probe_target_that_is_never_reached_trains_to_the_cap(tmp_path, tiny_tokenizer, corpus, monkeypatch):
+    import posbias.training.trainer as trainer
+
+    monkeypatch.setattr(trainer, "passkey_probe", lambda model, docs: {"passkey_em": 0.5, "passkey_logprob": -9.0})
+    cfg = _cfg(tmp_path, context=320, steps=4, probe_every=2, probe_n=2, probe_target=0.95)
+    train(cfg, tokenizer=tiny_tokenizer)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in rows if "loss" in r) == 4 and not any("stopped_by" in r for r in rows)
+    for bad, message in (({"probe_target": 0.9}, "needs probe_every"), ({"probe_target": 1.5, "probe_every": 1}, r"in \[0, 1\]"),
+                         ({"probe_target": 0.9, "probe_every": 1, "probe_patience": 0}, "probe_patience")):
+        with pytest.raises(ValueError, match=message):
+            _cfg(tmp_path, **bad).validate()
+
+
+def dataclasses_replace(cfg, **kw):
+    import dataclasses
+
+    return dataclasses.replace(cfg, **kw)

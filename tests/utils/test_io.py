@@ -46,3 +46,13 @@ def test_an_append_after_a_torn_line_never_lands_on_it(tmp_path):
     torn_only.write_text('{"id": 1, "to')
     append_jsonl(torn_only, {"id": 1})
     assert read_jsonl(torn_only, strict=True) == [{"id": 1}]
+
+
+def test_a_complete_last_line_without_its_newline_is_kept(tmp_path):
+    """A log written by hand or another tool may end in a valid record without a newline: the
+    append adds the newline instead of cutting the record a reader has already seen."""
+    log = tmp_path / "r.jsonl"
+    log.write_text('{"a": 1}\n{"b": 2}')
+    assert read_jsonl(log) == [{"a": 1}, {"b": 2}]
+    append_jsonl(log, {"c": 3})
+    assert read_jsonl(log, strict=True) == [{"a": 1}, {"b": 2}, {"c": 3}]

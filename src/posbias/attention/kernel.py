@@ -220,24 +220,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: BiasFn | 
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; known: {', '.join(BACKENDS)}")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError("q, k, v must be [batch, heads, length, head_dim]")
-    b, h, nq, _ = q.shape
-    nk = k.shape[2]
-    if nq > nk:
-        raise ValueError(f"more queries ({nq}) than keys ({nk})")
+    h, nq, nk = _check_shapes(q, k, v, doc_ids, key_mask)
     q_pos = torch.arange(nk - nq, nk, device=q.device)
     k_pos = torch.arange(nk, device=q.device)
-    q_doc = None
-    if doc_ids is not None:
-        if doc_ids.shape[-1] != nk:
-            raise ValueError(f"doc_ids has length {doc_ids.shape[-1]}, expected the key length {nk}")
-        doc_ids = doc_ids.to(q.device)
-        q_doc = doc_ids[:, nk - nq:]
-    if key_mask is not None and key_mask.shape[-1] != nk:
-        raise ValueError(f"key_mask has length {key_mask.shape[-1]}, expected the key length {nk}")
+    doc_ids = None if doc_ids is None else doc_ids.to(q.device)
+    q_doc = None if doc_ids is None else doc_ids[:, nk - nq:]
     args = (q_pos, k_pos, q_doc, doc_ids, key_mask, bias, normaliser, causal, nk - nq)
-
     if return_probs:
         k, v = _expand_kv(k, v, h)
         return _block(q, k, v, *args, return_probs=True)
@@ -247,23 +235,41 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: BiasFn | 
         if not flex_available(q.device):
             raise RuntimeError("backend='flex' needs a CUDA device and torch.nn.attention.flex_attention")
         return _flex(q, k, v, *args)
-    if backend == "sdpa":
-        k, v = _expand_kv(k, v, h)
-        return _sdpa(q, k, v, *args)
     k, v = _expand_kv(k, v, h)
+    if backend == "sdpa":
+        return _sdpa(q, k, v, *args)
     if backend == "eager":
         return _block(q, k, v, *args)
-    cs = chunk_size or DEFAULT_CHUNK
-    if cs < 1:
-        raise ValueError(f"chunk_size must be positive, got {cs}")
+    return _chunked(q, k, v, *args, chunk_size=chunk_size or DEFAULT_CHUNK)
+
+
+def _check_shapes(q, k, v, doc_ids, key_mask) -> tuple[int, int, int]:
+    """``(query heads, queries, keys)`` after checking the shapes :func:`attend` documents."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v must be [batch, heads, length, head_dim]")
+    h, nq, nk = q.shape[1], q.shape[2], k.shape[2]
+    if nq > nk:
+        raise ValueError(f"more queries ({nq}) than keys ({nk})")
+    for name, t in (("doc_ids", doc_ids), ("key_mask", key_mask)):
+        if t is not None and t.shape[-1] != nk:
+            raise ValueError(f"{name} has length {t.shape[-1]}, expected the key length {nk}")
+    return h, nq, nk
+
+
+def _chunked(q, k, v, q_pos, k_pos, q_doc, doc_ids, key_mask, bias, normaliser, causal, offset, *,
+             chunk_size: int) -> torch.Tensor:
+    """Exact attention one query chunk at a time (memory ~ chunk x keys); k, v already expanded."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    nq, nk = q.shape[2], k.shape[2]
     outs = []
-    for s in range(0, nq, cs):
-        e = min(nq, s + cs)
+    for s in range(0, nq, chunk_size):
+        e = min(nq, s + chunk_size)
         # causal: keys after the chunk's last query are masked for every query of the chunk, and
         # contribute exactly 0 after the softmax, so they are skipped (about half the work).
-        j = (nk - nq + e) if causal else nk
+        j = (offset + e) if causal else nk
         outs.append(_block(q[:, :, s:e], k[:, :, :j], v[:, :, :j], q_pos[s:e], k_pos[:j],
                            None if q_doc is None else q_doc[:, s:e], None if doc_ids is None else doc_ids[:, :j],
                            None if key_mask is None else key_mask[:, :j], bias, normaliser, causal,
-                           nk - nq + s))
+                           offset + s))
     return torch.cat(outs, dim=2)

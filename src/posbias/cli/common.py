@@ -104,6 +104,8 @@ def method_options_from_flags(names: list[str], *, factors: str | None, pi_facto
     if "pi" in bases and not pi_factor > 0:
         raise ValueError(f"--pi-factor must be > 0, got {pi_factor}")
     if routers:
+        if "moice" not in bases:
+            raise ValueError("--routers is only used by moice, which --methods does not list")
         options["moice"] = {"routers": routers}
     if settings:
         from posbias.search.tune import read_settings

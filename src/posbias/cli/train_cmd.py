@@ -40,6 +40,11 @@ def train_command(
     checkpoint_every: int = Count(200, help="checkpoint every N steps"),
     probe_every: int = Count(0, minimum=0, help="every N steps log passkey retrieval at the training length to "
                                                 "metrics.jsonl (passkey_em, passkey_logprob; 0 = never)"),
+    probe_n: int = Count(8, help="passkey documents per probe"),
+    probe_target: float = typer.Option(0.0, min=0.0, max=1.0,
+                                       help="stop once the probe's exact match holds this for --probe-patience "
+                                            "probes in a row (--steps is then the cap; 0 = train all steps)"),
+    probe_patience: int = Count(3, help="consecutive probes at --probe-target that end training"),
     log_every: int = Count(10, help="log metrics every N steps"),
     resume: bool = typer.Option(False, hidden=True, help="accepted for old scripts; re-running resumes anyway"),
     precision: str = typer.Option("auto", help="auto (bf16 on CUDA), bf16 or fp32"),
@@ -60,8 +65,9 @@ def train_command(
         steps=steps, context=context, batch_size=batch_size, grad_accum=grad_accum, lr=lr, prior_lr=prior_lr,
         warmup_steps=warmup, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, grad_clip=grad_clip,
         optimizer=optimizer, seed=seed, corpus=list(corpus) if corpus else None, tokenizer=tokenizer,
-        passkey_rate=passkey_rate, niah_rate=niah_rate, checkpoint_every=checkpoint_every, probe_every=probe_every, log_every=log_every, resume=resume,
-        precision=precision, device=device)
+        passkey_rate=passkey_rate, niah_rate=niah_rate, checkpoint_every=checkpoint_every, probe_every=probe_every,
+        probe_n=probe_n, probe_target=probe_target, probe_patience=probe_patience, log_every=log_every,
+        resume=resume, precision=precision, device=device)
     check_training_run(cfg, "train", cfg.to_json(), resume_check_keys(out_path(out)))
     cfg.resume = resume or (Path(out) / CHECKPOINT).exists()  # re-running resumes from the checkpoint
     path = train(cfg)

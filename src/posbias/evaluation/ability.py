@@ -25,6 +25,7 @@ approximation), written by :func:`compare_ability`.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import time
 from pathlib import Path
@@ -126,16 +127,18 @@ def score_ability(model, tokenizer, *, tasks: Sequence[str], out: str | Path, me
                   method_options: dict | None = None, limit: int | None = None, data: str | Path | None = None,
                   include_path: str | None = None, batch_size: int = 8, progress: bool = True) -> dict:
     """Score one method on ``tasks`` into ``out``: ``samples.jsonl`` gets every question of a task
-    (an MMLU subject, an ARC set) once the task is done, so a killed run resumes at the next task;
-    ``summary.json`` at the end. Returns the summary."""
+    (an MMLU subject, an ARC set) and then a ``task_done`` line, so a killed run resumes at the task
+    it was in (rescored whole: :func:`completed_rows`); ``summary.json`` at the end. A folder holding
+    another method's or other options' scores is refused (:func:`check_method_folder`). Returns the
+    summary."""
     from tqdm.auto import tqdm
 
     from posbias.evaluation.lm_eval_adapter import PosbiasLM
 
     out = Path(out)
     specs = task_specs(tasks, Path(data) if data else None)
-    rows = read_jsonl(out / "samples.jsonl")
-    done = {r.get("spec", r["task"]) for r in rows}
+    check_method_folder(out, method, method_options or {})
+    rows, done = completed_rows(out / "samples.jsonl")
     todo = [s for s in specs if _task_name(s) not in done]
     if todo:
         lm = PosbiasLM(model, tokenizer, method=method, method_options=method_options, batch_size=batch_size)
@@ -145,6 +148,8 @@ def score_ability(model, tokenizer, *, tasks: Sequence[str], out: str | Path, me
                 new = _score_task(lm, spec, limit, include_path)
                 for r in new:
                     append_jsonl(out / "samples.jsonl", r)
+                # the task's end: a kill before this line leaves a partial task, rescored on resume
+                append_jsonl(out / "samples.jsonl", {"spec": _task_name(spec), "task_done": True, "n": len(new)})
                 rows += new
         finally:
             lm.close()
@@ -158,6 +163,46 @@ def score_ability(model, tokenizer, *, tasks: Sequence[str], out: str | Path, me
     return summary
 
 
+METHOD_FILE = "method.json"
+
+
+def check_method_folder(out: Path, method: str, options: dict) -> None:
+    """Refuse to add scores of ``method`` with ``options`` to a folder holding another method's or
+    other options' scores (``method.json``, written here on first use; summary.json for older folders)."""
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"method": method, "method_options": options}
+    found = out / METHOD_FILE if (out / METHOD_FILE).exists() else out / "summary.json"
+    if found.exists() and (out / "samples.jsonl").exists():
+        old = read_json(found)
+        old = {"method": old.get("method"), "method_options": old.get("method_options", {})}
+        if json.loads(json.dumps(old)) != json.loads(json.dumps(record)):
+            raise ValueError(f"{out} holds scores of {old['method']} with options {old['method_options']}, not "
+                             f"{method} with {options}; use another --out or another method label")
+    atomic_write_json(out / METHOD_FILE, record)
+
+
+def completed_rows(path: Path) -> tuple[list[dict], set[str]]:
+    """The question rows of the tasks finished in ``samples.jsonl`` and their names; rows of a task
+    cut short by a kill (no ``task_done`` line after them) are removed from the file so it is
+    rescored. A file from before the ``task_done`` lines: every task but its last counts as finished
+    (tasks are scored one after another, so only the last can be partial)."""
+    rows = read_jsonl(path)
+    marked = {r["spec"] for r in rows if r.get("task_done")}
+    questions = [r for r in rows if not r.get("task_done")]
+    if not marked and questions:
+        last = questions[-1].get("spec", questions[-1]["task"])
+        marked = {r.get("spec", r["task"]) for r in questions} - {last}
+        legacy = True
+    else:
+        legacy = False
+    kept = [r for r in questions if r.get("spec", r["task"]) in marked]
+    if len(kept) != len(questions):
+        markers = [{"spec": name, "task_done": True, "n": sum(r.get("spec", r["task"]) == name for r in kept)}
+                   for name in sorted(marked)] if legacy else [r for r in rows if r.get("task_done")]
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept + markers))
+    return kept, marked
+
+
 def _task_name(spec) -> str:
     return spec["task"] if isinstance(spec, dict) else str(spec)
 
@@ -169,9 +214,13 @@ def _score_task(lm, spec, limit: int | None, include_path: str | None) -> list[d
 
     res = lm_eval.simple_evaluate(model=lm, tasks=[spec], task_manager=TaskManager(include_path=include_path),
                                   limit=limit, num_fewshot=0, log_samples=True, bootstrap_iters=0)
-    return [{"spec": _task_name(spec), "task": task, "doc_id": s["doc_id"],
+    rows = [{"spec": _task_name(spec), "task": task, "doc_id": s["doc_id"],
              **{m: float(s[m]) for m in ("acc", "acc_norm") if m in s}}
             for task, samples in sorted(res["samples"].items()) for s in samples]
+    if any("acc" not in r for r in rows):
+        raise ValueError(f"task {_task_name(spec)}: its samples have no 'acc' (posbias ability scores "
+                         "multiple-choice log-likelihood tasks)")
+    return rows
 
 
 def summarise(rows: Sequence[dict]) -> dict:
@@ -193,6 +242,8 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict:
     """Mean of ``b - a`` over paired questions with a 95% normal interval."""
     d = [y - x for x, y in zip(a, b)]
     n = len(d)
+    if not n:
+        return {"n": 0, "diff": float("nan"), "ci95": [float("nan"), float("nan")]}
     mean = sum(d) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
     half = 1.96 * sd / math.sqrt(n) if n else 0.0
@@ -203,7 +254,7 @@ def compare_ability(folders: dict[str, Path], out: Path) -> str:
     """Markdown table of every method's accuracy per group and its paired difference to the first
     method (``folders``: label -> folder of :func:`score_ability`); written to ``out/ability.md``."""
     labels = list(folders)
-    samples = {lab: {(r["task"], r["doc_id"]): r for r in read_jsonl(Path(f) / "samples.jsonl")}
+    samples = {lab: {(r["task"], r["doc_id"]): r for r in read_jsonl(Path(f) / "samples.jsonl") if "doc_id" in r}
                for lab, f in folders.items()}
     base = labels[0]
     groups = sorted({group_of(t) for t, _ in samples[base]})

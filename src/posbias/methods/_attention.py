@@ -153,9 +153,11 @@ class RotatedKeyCache:
     prefilled (Ms-PoE's per-head ratios, MoICE's expert bases) can keep the rotated keys and extend
     them. A call *continues* the stored keys when it is not a prefill (``q_len < kv``), extends the
     very cache object of the stored call (see :func:`module_cache`), the stored length is exactly
-    ``kv - q_len``, the batch size matches and the stored last key equals the cache's key at that
-    index; anything else (a cropped, repeated or other cache) is rotated afresh. Memory: one rotated
-    copy per tag of the (possibly query-head-expanded) key cache.
+    ``kv - q_len`` and the stored un-rotated keys equal the cache's first ``kv - q_len`` keys
+    (``torch.equal``: a beam reorder or row selection that keeps the object and its length, a
+    cropped, repeated or other cache is rotated afresh; comparing costs one read of the un-rotated
+    keys, far less than rotating them per query head or expert). Memory: one rotated copy per tag of
+    the (possibly query-head-expanded) key cache, plus one copy of the un-rotated keys.
     """
 
     def __init__(self):
@@ -171,9 +173,9 @@ class RotatedKeyCache:
         prev = self._store.get(slot)
         start = 0
         if prev is not None and q_len < kv and cache is not None:
-            rot, n, last, owner = prev
-            if (owner() is cache and n == kv - q_len and rot.shape[0] == key.shape[0]
-                    and torch.equal(last, key[:, :, n - 1])):
+            rot, seen, owner = prev
+            n = seen.shape[2]
+            if owner() is cache and n == kv - q_len and seen.shape[:2] == key.shape[:2] and torch.equal(seen, key[:, :, :n]):
                 start = n
                 self.reused += 1
         new = rotate_from(start)
@@ -181,7 +183,7 @@ class RotatedKeyCache:
         if cache is None:
             self._store.pop(slot, None)
         else:
-            self._store[slot] = (rot, kv, key[:, :, kv - 1].clone(), weakref.ref(cache))
+            self._store[slot] = (rot, key.clone(), weakref.ref(cache))
         return rot
 
     def clear(self) -> None:

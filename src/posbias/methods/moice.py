@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from posbias.methods import _attention as A
-from posbias.methods.registry import MethodHandle, as_bool, as_list, register_method
+from posbias.methods.registry import MethodHandle, as_bool, as_count, as_layer_indices, as_list, register_method
 from posbias.architecture.layers import get_decoder_layers
 from posbias.architecture.rope_layout import rope_layout
 from posbias.utils.io import atomic_write_bytes, atomic_write_json
@@ -184,6 +184,31 @@ class MoICE:
         return loss
 
 
+def _saved_routers(routers: str, head_dim: int, n_layers: int, top_k: int | None) -> "MoICERouters":
+    """Routers saved by ``posbias train-moice``, checked against the model; ``top_k`` overrides theirs."""
+    mods = load_routers(routers)
+    if mods.head_dim != head_dim or max(mods.layers, default=-1) >= n_layers:
+        raise ValueError(f"moice: routers at {routers} were trained for head_dim {mods.head_dim} and layers "
+                         f"{mods.layers}; this model has head_dim {head_dim} and {n_layers} layers")
+    if top_k is not None:
+        mods.top_k = min(top_k, len(mods.multipliers))
+    return mods
+
+
+def _expert_multipliers(model, thetas: list[float], multipliers, bases) -> list[float]:
+    """The experts' RoPE bases as multiples of the model's base (from ``bases`` on a one-base model)."""
+    if bases is not None:
+        if len(thetas) > 1:
+            raise ValueError(f"moice: {type(model).__name__} uses several RoPE bases ({thetas}); give the "
+                             "experts as multipliers of each layer's own base, not as absolute bases")
+        mult = [x / thetas[0] for x in as_list(bases, float, "moice: bases")]
+    else:
+        mult = as_list(multipliers, float, "moice: multipliers") or list(DEFAULT_MULTIPLIERS)
+    if not mult or any(not m > 0 for m in mult):
+        raise ValueError(f"moice: need at least one expert base and all > 0, got {mult}")
+    return mult
+
+
 @register_method("moice", "MoICE: per-head/token router over RoPE bases (options routers=PATH, top_k, "
                            "multipliers/bases, hidden, layers, seed)", aliases=("mixture-of-in-context-experts",))
 def apply_moice(model, routers: str | None = None, top_k: int | None = None, multipliers: Sequence[float] | None = None,
@@ -199,13 +224,7 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
     the whole cache at every step; same outputs).
     """
     rotated_cache = as_bool(rotated_cache, "moice: rotated_cache")
-    if top_k is not None:
-        try:
-            top_k = int(top_k)
-        except (TypeError, ValueError):
-            raise ValueError(f"moice: top_k must be an integer, got {top_k!r}") from None
-        if top_k < 1:
-            raise ValueError(f"moice: top_k must be >= 1, got {top_k}")
+    top_k = None if top_k is None else as_count(top_k, "moice: top_k")
     n_layers = len(get_decoder_layers(model))
     head_dim = int(getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads)
     thetas = sorted(set(rope_layout(model).thetas.values()))
@@ -215,30 +234,13 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
         if clash:
             raise ValueError(f"moice: {', '.join(clash)} cannot be combined with routers={routers}: the routers "
                              "file fixes them (train new routers to change them)")
-        mods = load_routers(routers)
-        if mods.head_dim != head_dim or max(mods.layers, default=-1) >= n_layers:
-            raise ValueError(f"moice: routers at {routers} were trained for head_dim {mods.head_dim} and layers "
-                             f"{mods.layers}; this model has head_dim {head_dim} and {n_layers} layers")
-        if top_k is not None:
-            mods.top_k = min(top_k, len(mods.multipliers))
+        mods = _saved_routers(routers, head_dim, n_layers, top_k)
     else:
         warnings.warn("moice: no routers=PATH given, using freshly initialised (untrained) routers; "
                       "train them with `posbias train-moice`", stacklevel=3)
-        if bases is not None:
-            if len(thetas) > 1:
-                raise ValueError(f"moice: {type(model).__name__} uses several RoPE bases ({thetas}); give the "
-                                 "experts as multipliers of each layer's own base, not as absolute bases")
-            mult = [x / thetas[0] for x in as_list(bases, float, "moice: bases")]
-        else:
-            mult = as_list(multipliers, float, "moice: multipliers") or list(DEFAULT_MULTIPLIERS)
-        if not mult or any(not m > 0 for m in mult):
-            raise ValueError(f"moice: need at least one expert base and all > 0, got {mult}")
+        mult = _expert_multipliers(model, thetas, multipliers, bases)
         top_k = DEFAULT_TOP_K if top_k is None else top_k
-        if layers is None:
-            layers = list(range(n_layers))
-        layers = sorted(set(as_list(layers, int, "moice: layers")))
-        if any(not 0 <= i < n_layers for i in layers):
-            raise ValueError(f"moice: layer indices {layers} out of range 0..{n_layers - 1}")
+        layers = as_layer_indices(list(range(n_layers)) if layers is None else layers, n_layers, "moice: layers")
         gen_state = torch.random.get_rng_state()
         torch.manual_seed(int(seed))
         mods = MoICERouters(layers, head_dim, int(hidden or len(mult)), mult, min(top_k, len(mult)))

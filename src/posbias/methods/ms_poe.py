@@ -36,7 +36,8 @@ from typing import Sequence
 import torch
 
 from posbias.methods import _attention as A
-from posbias.methods.registry import PROMPT_DEPENDENT_ATTR, MethodHandle, as_bool, as_list, register_method
+from posbias.methods.registry import (PROMPT_DEPENDENT_ATTR, MethodHandle, as_bool, as_choice, as_count,
+                                      as_layer_indices, as_list, register_method)
 from posbias.architecture.layers import get_decoder_layers
 
 
@@ -152,6 +153,29 @@ class MsPoE:
         return ratios
 
 
+def _ratio_range(r_min, r_max) -> tuple[float, float]:
+    try:
+        r_min, r_max = float(r_min), float(r_max)
+    except (TypeError, ValueError):
+        raise ValueError(f"ms-poe: r_min / r_max must be numbers, got {r_min!r}, {r_max!r}") from None
+    if not (r_min > 0 and r_max > 0):
+        raise ValueError(f"ms-poe: ratios must be > 0 (got r_min={r_min}, r_max={r_max})")
+    if r_max < r_min:
+        raise ValueError(f"ms-poe: r_max ({r_max}) must be >= r_min ({r_min})")
+    return r_min, r_max
+
+
+def _fixed_ratios(ratios, n_heads: int) -> torch.Tensor:
+    """Explicit per-query-head ratios, shape (H,); one value is repeated for every head."""
+    ratios = as_list(ratios, float, "ms-poe: ratios")
+    fixed = torch.tensor(ratios * n_heads if len(ratios) == 1 else ratios, dtype=torch.float32)
+    if fixed.numel() != n_heads:
+        raise ValueError(f"ms-poe: ratios needs one value per query head ({n_heads}), got {fixed.numel()}")
+    if not bool((fixed > 0).all()):
+        raise ValueError(f"ms-poe: every ratio must be > 0, got {fixed.tolist()}")
+    return fixed
+
+
 @register_method("ms-poe", "Ms-PoE: per-head position interpolation, ratios r_min..r_max ordered by "
                            "position-awareness (options r_min, r_max, skip_layers, layers, order, ratios)",
                  aliases=("mspoe", "ms_poe"))
@@ -176,40 +200,15 @@ def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int
     """
     n_layers = len(get_decoder_layers(model))
     n_heads = int(model.config.num_attention_heads)
-    try:
-        r_min, r_max = float(r_min), float(r_max)
-    except (TypeError, ValueError):
-        raise ValueError(f"ms-poe: r_min / r_max must be numbers, got {r_min!r}, {r_max!r}") from None
-    if not (r_min > 0 and r_max > 0):
-        raise ValueError(f"ms-poe: ratios must be > 0 (got r_min={r_min}, r_max={r_max})")
-    if r_max < r_min:
-        raise ValueError(f"ms-poe: r_max ({r_max}) must be >= r_min ({r_min})")
-    if order not in ("score", "index"):
-        raise ValueError(f"ms-poe: order must be 'score' or 'index', got {order!r}")
-    if mapping not in MAPPINGS:
-        raise ValueError(f"ms-poe: mapping must be one of {', '.join(MAPPINGS)}, got {mapping!r}")
-    if score_rope not in SCORE_ROPE:
-        raise ValueError(f"ms-poe: score_rope must be one of {', '.join(SCORE_ROPE)}, got {score_rope!r}")
-    fixed = None
-    if ratios is not None:
-        ratios = as_list(ratios, float, "ms-poe: ratios")
-        if len(ratios) == 1:
-            ratios = ratios * n_heads
-        fixed = torch.tensor(ratios, dtype=torch.float32)
-        if fixed.numel() != n_heads:
-            raise ValueError(f"ms-poe: ratios needs one value per query head ({n_heads}), got {fixed.numel()}")
-        if not bool((fixed > 0).all()):
-            raise ValueError(f"ms-poe: every ratio must be > 0, got {fixed.tolist()}")
+    r_min, r_max = _ratio_range(r_min, r_max)
+    order = as_choice(order, ("score", "index"), "ms-poe: order")
+    mapping = as_choice(mapping, MAPPINGS, "ms-poe: mapping")
+    score_rope = as_choice(score_rope, SCORE_ROPE, "ms-poe: score_rope")
+    fixed = None if ratios is None else _fixed_ratios(ratios, n_heads)
     if layers is None:
-        skip = int(skip_layers)
-        if skip < 0:
-            raise ValueError(f"ms-poe: skip_layers must be >= 0, got {skip}")
-        layers = list(range(min(skip, n_layers), n_layers))
+        layers = list(range(min(as_count(skip_layers, "ms-poe: skip_layers", minimum=0), n_layers), n_layers))
     else:
-        layers = sorted(set(as_list(layers, int, "ms-poe: layers")))
-        bad = [i for i in layers if not 0 <= i < n_layers]
-        if bad:
-            raise ValueError(f"ms-poe: layer indices {bad} out of range 0..{n_layers - 1}")
+        layers = as_layer_indices(layers, n_layers, "ms-poe: layers")
     grid = ratio_grid(n_heads, r_min, r_max)
     rotated_cache = as_bool(rotated_cache, "ms-poe: rotated_cache")
     state = MsPoE(model, layers, grid, order, fixed, float(threshold), mapping, score_rope, rotated_cache)

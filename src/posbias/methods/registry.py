@@ -160,6 +160,33 @@ def prompt_dependent(model) -> bool:
     return bool(getattr(model, PROMPT_DEPENDENT_ATTR, False))
 
 
+def as_choice(value, choices, name: str) -> str:
+    """``value`` if it is one of ``choices``, else a :class:`ValueError` listing them."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+    return value
+
+
+def as_count(value, name: str, minimum: int = 1) -> int:
+    """An integer option >= ``minimum`` (from an int or its text)."""
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if count < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {count}")
+    return count
+
+
+def as_layer_indices(value, n_layers: int, name: str) -> list[int]:
+    """Sorted distinct decoder-layer indices from a list or ``"1,2"``, each in ``0..n_layers - 1``."""
+    layers = sorted(set(as_list(value, int, name)))
+    bad = [i for i in layers if not 0 <= i < n_layers]
+    if bad:
+        raise ValueError(f"{name}: layer indices {bad} out of range 0..{n_layers - 1}")
+    return layers
+
+
 def as_bool(value, name: str = "option") -> bool:
     """A bool option (``True`` / ``False``, or 0 / 1 as parsed from ``key=value``); anything else is refused."""
     if isinstance(value, bool):

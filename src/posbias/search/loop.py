@@ -150,8 +150,10 @@ def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed:
         if ckpt is not None:
             if before_write is not None:
                 before_write()
-            _save_checkpoint(ckpt, ga, memo, best, {"num_layers": num_layers, "seed": seed})
+            # the metrics line first: a kill before the checkpoint leaves one line too many, which the
+            # resume drops (_start) and redoes; the other order would lose this generation's line
             append_jsonl(out / METRICS, record)
+            _save_checkpoint(ckpt, ga, memo, best, {"num_layers": num_layers, "seed": seed})
         if log is not None:
             log(record)
         if on_generation is not None:

@@ -145,11 +145,20 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
             evaluator.fitness.close()
     folder.commit()
     write_outputs(res)
+    _plot_search(out, res, title=f"LPES factors ({model}, {task})")
+    return _search_result(out, res, cfg, curve)
+
+
+def _plot_search(out: Path, res, title: str) -> None:
+    """factors.png and fitness.png; plots are a convenience, never lose a finished search over them."""
     try:
-        plot_factors(out / "factors.png", res.best_factors, res.best_points, title=f"LPES factors ({model}, {task})")
+        plot_factors(out / "factors.png", res.best_factors, res.best_points, title=title)
         plot_fitness(out / "fitness.png", res.history)
-    except Exception as e:  # plots are a convenience, never lose a finished search over them
+    except Exception as e:
         print(f"warning: plotting failed: {e}")
+
+
+def _search_result(out: Path, res, cfg, curve: str) -> SearchResult:
     from posbias.search.ga import identity_genome
 
     ident = res.memo.get(identity_genome(cfg))

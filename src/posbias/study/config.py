@@ -21,6 +21,23 @@ HELDOUT_CHARS_PER_TOKEN = 6  # generous: English BPE averages ~4-5 characters pe
 MAX_HELDOUT_FRACTION = 0.3
 
 
+def study_modes(modes) -> list[str]:
+    """The grid's scoring modes: ``teacher-forced`` / ``generate`` in any accepted spelling, ``both``
+    for the two; anything else is refused here, before any scheme is trained."""
+    from posbias.evaluation.long_context import MODES
+
+    out: list[str] = []
+    for m in modes:
+        for mode in (MODES if str(m).strip().lower() == "both" else [canonical_mode(m)]):
+            if mode not in MODES:
+                raise ValueError(f"unknown mode {m!r}; choose teacher-forced, generate or both")
+            if mode not in out:
+                out.append(mode)
+    if not out:
+        raise ValueError("modes is empty: choose teacher-forced, generate or both")
+    return out
+
+
 @dataclass
 class StudyConfig:
     """Settings of one study (see the module docstring)."""
@@ -54,7 +71,7 @@ class StudyConfig:
 
     def __post_init__(self):
         self.schemes = parse_schemes(self.schemes)
-        self.modes = [canonical_mode(m) for m in self.modes]
+        self.modes = study_modes(self.modes)
         self.multipliers = [float(m) for m in self.multipliers]
         self.depths = [float(d) for d in self.depths]
         self.ppl_multipliers = [float(m) for m in self.ppl_multipliers]

@@ -14,72 +14,113 @@ from posbias.study.training import model_dir_name
 
 def write_report(cfg: StudyConfig) -> list[dict]:
     """Aggregate the jsonl results into metrics.jsonl, summary.md and the PNGs; returns the metrics."""
-    from posbias.evaluation.long_context import accuracy_by_length, summarize_grid
-    from posbias.study.plots import plot_accuracy_vs_length, plot_heatmap, plot_perplexity_vs_length
-
     out = Path(cfg.out)
-    plots = out / "plots"
-    # every model of the study folder, not only this invocation's (a later run may add lengths
-    # for a few schemes only); this invocation's schemes first, in their order
-    schemes = list(cfg.schemes)
-    models_file = out / MODELS_FILE
-    if models_file.exists():
-        schemes += [m for m in json.loads(models_file.read_text()) if m not in schemes]
+    schemes = _study_schemes(cfg)
     lengths = sorted({int(r["length"]) for _v, _t, f in VIEW_FILES for r in read_jsonl(out / f)}
                      | set(cfg.lengths))
     metrics: list[dict] = []
-    options = ", ".join(f"{k}={v}" for k, v in sorted(cfg.train_options.items())) or "none"
-    sections = [f"# Length-extrapolation study\n\npreset `{cfg.preset}`, training context {cfg.train_context}, "
-                f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus `{cfg.corpus or 'trainer default'}`, "
-                f"tokenizer `{cfg.tokenizer or 'trainer default'}`, passkey rate {cfg.passkey_rate}, "
-                f"training options: {options}; n = {cfg.n} per cell, depths {cfg.depths}.\n"]
+    sections = [_header(cfg)]
     training = _training_table(out, schemes)
     if training:
         sections.append(training)
-    for task, _task, fname in VIEW_FILES:  # "task" here is the view: passkey, passkey-essay, niah
+    for view, _task, fname in VIEW_FILES:  # the view: passkey, passkey-essay, niah
         recs = [r for r in read_jsonl(out / fname) if r.get("model") in schemes and int(r["length"]) in lengths]
-        if not recs:
-            continue
-        cells = summarize_grid(recs)
-        metrics += [{"kind": f"{task}_cell", **c} for c in cells]
-        sizes = sorted({c["n"] for c in cells})
-        if sizes != [cfg.n]:  # cells of earlier invocations (other schemes / lengths) may hold fewer
-            sections.append(f"Note ({task}): cells hold {sizes[0]}-{sizes[-1]} instances, not {cfg.n} each "
-                            f"(see metrics.jsonl, kind {task}_cell, field n).\n")
-        for mode, label in (("tf", "teacher-forced"), ("gen", "generation")):
-            curves = accuracy_by_length(recs, mode=mode)
-            if not curves:
-                continue
-            for m, by in curves.items():
-                metrics += [{"kind": f"{task}_{mode}_by_length", "model": m, "length": L, "acc": a} for L, a in by.items()]
-            plot_accuracy_vs_length(curves, plots / f"{task}_{mode}_accuracy_vs_length.png",
-                                    title=f"{task} accuracy ({label})", train_context=cfg.train_context)
-            sections.append(_accuracy_table(f"{task}, {label} accuracy (%), mean over depths", curves, schemes,
-                                            lengths, cfg.train_context))
-        for m in schemes:
-            rows = [c for c in cells if c["model"] == m]
-            for value, label in (("tf_acc", "teacher-forced"), ("gen_acc", "generation")):
-                if any(r[value] is not None for r in rows):
-                    plot_heatmap(rows, plots / f"{task}_heatmap_{model_dir_name(m)}_{value.split('_')[0]}.png",
-                                 title=f"{m}: {task} ({label})", value=value, train_context=cfg.train_context)
+        if recs:
+            sections += _grid_sections(cfg, view, recs, schemes, lengths, metrics)
     ppl = [r for r in read_jsonl(out / PPL_FILE) if r.get("model") in schemes]
     if ppl:
-        metrics += [{"kind": "perplexity", **{k: r[k] for k in ("model", "context", "mode", "ppl", "nll", "tokens")}}
-                    for r in ppl]
-        plot_perplexity_vs_length(ppl, plots / "perplexity_vs_length.png", train_context=cfg.train_context)
-        sections.append(_ppl_table(ppl, schemes))
-    priors_dir = out / "priors"
-    for m in schemes:
-        f = priors_dir / f"{model_dir_name(m)}.md"
-        if f.exists():
-            sections.append(f"## Learned GGD priors: {m}\n\nbeta = theta_beta, alpha = exp(-theta_alpha / theta_beta) "
-                            f"(bias = -|d/alpha|^beta); beta <= 0 marks a head without locality.\n\n{f.read_text()}")
-    figs = sorted(p.name for p in plots.glob("*.png")) if plots.exists() else []
-    if figs:
-        sections.append("## Figures\n\n" + "\n".join(f"- plots/{p}" for p in figs) + "\n")
+        sections.append(_perplexity_section(cfg, ppl, schemes, metrics))
+    sections += _priors_sections(out, schemes) + _figures_section(out / "plots")
     atomic_write_text(out / METRICS_FILE, "".join(json.dumps(m) + "\n" for m in metrics))
     atomic_write_text(out / SUMMARY_FILE, "\n".join(sections))
     return metrics
+
+
+def _study_schemes(cfg: StudyConfig) -> list[str]:
+    """Every model of the study folder, not only this invocation's (a later run may add lengths for
+    a few schemes only); this invocation's schemes first, in their order."""
+    schemes = list(cfg.schemes)
+    models_file = Path(cfg.out) / MODELS_FILE
+    if models_file.exists():
+        schemes += [m for m in json.loads(models_file.read_text()) if m not in schemes]
+    return schemes
+
+
+def _header(cfg: StudyConfig) -> str:
+    options = ", ".join(f"{k}={v}" for k, v in sorted(cfg.train_options.items())) or "none"
+    return (f"# Length-extrapolation study\n\npreset `{cfg.preset}`, training context {cfg.train_context}, "
+            f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus `{cfg.corpus or 'trainer default'}`, "
+            f"tokenizer `{cfg.tokenizer or 'trainer default'}`, passkey rate {cfg.passkey_rate}, "
+            f"training options: {options}; n = {cfg.n} per cell, depths {cfg.depths}.\n")
+
+
+def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Sequence[str], lengths: Sequence[int],
+                   metrics: list[dict]) -> list[str]:
+    """One grid view (passkey / passkey-essay / niah): its cells and curves appended to ``metrics``,
+    accuracy-vs-length plots and per-scheme heatmaps drawn, tables returned."""
+    from posbias.evaluation.long_context import accuracy_by_length, summarize_grid
+    from posbias.study.plots import plot_accuracy_vs_length, plot_heatmap
+
+    plots, sections = Path(cfg.out) / "plots", []
+    cells = summarize_grid(recs)
+    metrics += [{"kind": f"{view}_cell", **c} for c in cells]
+    sizes = sorted({c["n"] for c in cells})
+    if sizes != [cfg.n]:  # cells of earlier invocations (other schemes / lengths) may hold fewer
+        sections.append(f"Note ({view}): cells hold {sizes[0]}-{sizes[-1]} instances, not {cfg.n} each "
+                        f"(see metrics.jsonl, kind {view}_cell, field n).\n")
+    for mode, label in (("tf", "teacher-forced"), ("gen", "generation")):
+        curves = accuracy_by_length(recs, mode=mode)
+        if not curves:
+            continue
+        for m, by in curves.items():
+            metrics += [{"kind": f"{view}_{mode}_by_length", "model": m, "length": L, "acc": a} for L, a in by.items()]
+        plot_accuracy_vs_length(curves, plots / f"{view}_{mode}_accuracy_vs_length.png",
+                                title=f"{view} accuracy ({label})", train_context=cfg.train_context)
+        sections.append(_accuracy_table(f"{view}, {label} accuracy (%), mean over depths", curves, schemes,
+                                        lengths, cfg.train_context))
+    for m in schemes:
+        rows = [c for c in cells if c["model"] == m]
+        for value, label in (("tf_acc", "teacher-forced"), ("gen_acc", "generation")):
+            if any(r[value] is not None for r in rows):
+                plot_heatmap(rows, plots / f"{view}_heatmap_{model_dir_name(m)}_{value.split('_')[0]}.png",
+                             title=f"{m}: {view} ({label})", value=value, train_context=cfg.train_context)
+    return sections
+
+
+def _perplexity_section(cfg: StudyConfig, ppl: list[dict], schemes: Sequence[str], metrics: list[dict]) -> str:
+    from posbias.study.plots import plot_perplexity_vs_length
+
+    metrics += [{"kind": "perplexity", **{k: r[k] for k in ("model", "context", "mode", "ppl", "nll", "tokens")}}
+                for r in ppl]
+    plot_perplexity_vs_length(ppl, Path(cfg.out) / "plots" / "perplexity_vs_length.png",
+                              train_context=cfg.train_context)
+    return _ppl_table(ppl, schemes)
+
+
+def _priors_sections(out: Path, schemes: Sequence[str]) -> list[str]:
+    sections = []
+    for m in schemes:
+        f = out / "priors" / f"{model_dir_name(m)}.md"
+        if f.exists():
+            sections.append(f"## Learned GGD priors: {m}\n\nbeta = theta_beta, alpha = exp(-theta_alpha / theta_beta) "
+                            f"(bias = -|d/alpha|^beta); beta <= 0 marks a head without locality.\n\n{f.read_text()}")
+    return sections
+
+
+def _figures_section(plots: Path) -> list[str]:
+    figs = sorted(p.name for p in plots.glob("*.png")) if plots.exists() else []
+    return ["## Figures\n\n" + "\n".join(f"- plots/{p}" for p in figs) + "\n"] if figs else []
+
+
+def _target_note(model_dir: Path, logged: list[dict]) -> str:
+    """``", target 95% reached at step 1800 (3.69M tokens)"`` / ``", target 95% not reached"`` for a
+    model trained with ``probe_target`` (stop once the probe holds the target), else ``""``."""
+    stop = next((r for r in logged if r.get("stopped_by") == "probe_target"), None)
+    if stop:
+        return f", target {100 * stop['probe_target']:.0f}% reached at step {stop['step']} ({stop['tokens'] / 1e6:.2f}M tokens)"
+    cfg_file = model_dir / "config.json"
+    target = json.loads(cfg_file.read_text()).get("config", {}).get("probe_target", 0) if cfg_file.exists() else 0
+    return f", target {100 * target:.0f}% not reached" if target else ""
 
 
 def _training_table(out: Path, schemes: Sequence[str]) -> str:
@@ -98,7 +139,8 @@ def _training_table(out: Path, schemes: Sequence[str]) -> str:
         last = recs[-1]
         probe = [r for r in logged if r.get("passkey_em") is not None]
         probes = probes or bool(probe)
-        probe_cell = f" {100 * probe[-1]['passkey_em']:.0f}% ({probe[-1]['passkey_logprob']:.1f}) |" if probe else " |"
+        probe_cell = (f" {100 * probe[-1]['passkey_em']:.0f}% ({probe[-1]['passkey_logprob']:.1f})"
+                      f"{_target_note(out / 'models' / model_dir_name(m), logged)} |") if probe else " |"
         rows.append((f"| {m} | {last['step']} | {last.get('tokens', 0) / 1e6:.2f}M | {loss:.3f} | "
                      f"{last.get('elapsed_s', 0) / 60:.1f} |", probe_cell))
     if not rows:

@@ -19,6 +19,16 @@ def model_dir_name(scheme: str) -> str:
     return scheme.replace("+", "_")
 
 
+def is_saved_model(path: Path) -> bool:
+    """Whether ``path`` holds a saved model (a Hugging Face ``config.json`` with ``model_type``), not a
+    training run folder (whose ``config.json`` is the run's settings)."""
+    cfg = Path(path) / "config.json"
+    try:
+        return cfg.exists() and "model_type" in json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return False
+
+
 def default_train_fn() -> Callable:
     from posbias.training import train
 
@@ -97,15 +107,16 @@ def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus:
     todo = []
     for scheme in cfg.schemes:
         known = models.get(scheme)
-        if known and (_resolve(out, known) / "config.json").exists():
+        if known and is_saved_model(_resolve(out, known)):
             models[scheme] = str(_resolve(out, known))
         else:
             todo.append(scheme)
 
     def record(scheme: str, result, target: Path, seconds: float) -> None:
         model_path = Path(result) if result is not None else target
-        if not (model_path / "config.json").exists():
-            raise RuntimeError(f"training {scheme} returned {model_path}, which holds no saved model (config.json)")
+        if not is_saved_model(model_path):
+            raise RuntimeError(f"training {scheme} ended without a final model in {model_path} (stopped early, "
+                               "e.g. by stop_after?); re-run the study to continue its training")
         models[scheme] = str(model_path)
         atomic_write_json(path, {k: _relative(out, v) for k, v in models.items()})
         log(f"[study] trained {scheme} in {seconds:.0f}s")

@@ -107,42 +107,16 @@ def make_niah(*, tokenizer=None, n, depths, seed, split, haystack="noise", num_n
         return _make_niah_shared(tokenizer=tokenizer, n=n, depths=depths, seed=seed, split=split,
                                  haystack=haystack, num_needles=num_needles, num_values=num_values,
                                  num_queries=num_queries, length=length)
-    if haystack not in HAYSTACKS:
-        raise ValueError(f"haystack {haystack!r} is not one of {list(HAYSTACKS)}")
-    K = check_int("num_needles", num_needles)
-    V = check_int("num_values", num_values)
-    Q = check_int("num_queries", num_queries)
-    length = check_int("length", length)
+    K, V, Q, length = _check_options(haystack, num_needles, num_values, num_queries, length)
     if Q > K:
         raise ValueError(f"num_queries={Q} is more than num_needles={K} (keys to ask among)")
-    spread = K > Q
-    plural = V > 1 or Q > 1
     if haystack == "essay":
         essay_units(1)  # clear error early when the essays are missing
-
-    out_samples = []
-    for i in range(n):
-        keys, values, groups, units_of, max_units = draw_needles(derive_rng(task, split, seed, i), K, V,
-                                                                 haystack, length)
-        gold_values = [values[k * V + v] for k in range(Q) for v in range(V)]
-        question, prefix = question_and_prefix(keys[:Q], plural)
-
-        def build(u: int, depth: float, units_of=units_of, groups=groups, question=question):
-            gold_start = int(round(depth * (K - Q)))
-            ctx, gi, ni = layout(units_of(u), groups, gold_start, Q, depth, spread)
-            return f"{NIAH_INTRO}\n{ctx}\n{question}", gi, ni
-
-        def tokens(u: int, depth: float, build=build, prefix=prefix) -> int:
-            return prompt_tokens(tokenizer, apply_chat(tokenizer, build(u, depth)[0], prefix))
-
-        u = fit_units(lambda u: tokens(u, 0.5), length, max_units=max_units, what="the NIAH prompt")
-        while u > 0 and max(tokens(u, d) for d in depths) > length:
-            u -= 1
-        out_samples.append({"build": build, "units": u, "prefix": prefix, "answers": gold_values,
-                            "keys": keys[:Q]})
+    samples = [_niah_sample(tokenizer, derive_rng(task, split, seed, i), K, V, Q, haystack, length, depths)
+               for i in range(n)]
     out = []
     for depth in depths:
-        for i, s in enumerate(out_samples):
+        for i, s in enumerate(samples):
             prompt, gi, ni = s["build"](s["units"], depth)
             answers = sorted(s["answers"], key=prompt.index)  # order of appearance
             out.append(Instance(
@@ -155,6 +129,35 @@ def make_niah(*, tokenizer=None, n, depths, seed, split, haystack="noise", num_n
                       "realised_depth": realised_depth(gi, ni)},
             ))
     return out
+
+
+def _check_options(haystack: str, num_needles, num_values, num_queries, length, min_needles: int = 1):
+    """``(K, V, Q, length)`` checked: needles, values per needle, queried keys, prompt tokens."""
+    if haystack not in HAYSTACKS:
+        raise ValueError(f"haystack {haystack!r} is not one of {list(HAYSTACKS)}")
+    return (check_int("num_needles", num_needles, minimum=min_needles), check_int("num_values", num_values),
+            check_int("num_queries", num_queries), check_int("length", length))
+
+
+def _niah_sample(tokenizer, rng, K: int, V: int, Q: int, haystack: str, length: int, depths) -> dict:
+    """One haystack with its needles: ``build(units, depth) -> (prompt, gold_index, num_items)`` and
+    the largest haystack size (``units``) whose prompt fits ``length`` tokens at every depth."""
+    keys, values, groups, units_of, max_units = draw_needles(rng, K, V, haystack, length)
+    question, prefix = question_and_prefix(keys[:Q], V > 1 or Q > 1)
+
+    def build(u: int, depth: float):
+        gold_start = int(round(depth * (K - Q)))
+        ctx, gi, ni = layout(units_of(u), groups, gold_start, Q, depth, K > Q)
+        return f"{NIAH_INTRO}\n{ctx}\n{question}", gi, ni
+
+    def tokens(u: int, depth: float) -> int:
+        return prompt_tokens(tokenizer, apply_chat(tokenizer, build(u, depth)[0], prefix))
+
+    u = fit_units(lambda u: tokens(u, 0.5), length, max_units=max_units, what="the NIAH prompt")
+    while u > 0 and max(tokens(u, d) for d in depths) > length:
+        u -= 1
+    return {"build": build, "units": u, "prefix": prefix, "answers": [values[k * V + v] for k in range(Q)
+                                                                       for v in range(V)], "keys": keys[:Q]}
 
 
 def draw_needles(rng, K: int, V: int, haystack: str, length: int):
@@ -180,11 +183,7 @@ def draw_needles(rng, K: int, V: int, haystack: str, length: int):
 def _make_niah_shared(*, tokenizer, n, depths, seed, split, haystack, num_needles, num_values, num_queries,
                       length) -> list[Instance]:
     task = "niah"
-    if haystack not in HAYSTACKS:
-        raise ValueError(f"haystack {haystack!r} is not one of {list(HAYSTACKS)}")
-    K = check_int("num_needles", num_needles, minimum=2)
-    V = check_int("num_values", num_values)
-    length = check_int("length", length)
+    K, V, _, length = _check_options(haystack, num_needles, num_values, num_queries, length, min_needles=2)
     if num_queries != 1:
         raise ValueError("shared_context asks one key per question: num_queries must be 1")
     out = []

@@ -70,6 +70,8 @@ class TrainConfig:
     checkpoint_every: int = 200
     probe_every: int = 0  # every N steps log passkey retrieval at the training length (0 = never)
     probe_n: int = 8  # passkey documents per probe
+    probe_target: float = 0.0  # stop once the probe's exact match >= this for probe_patience probes in a row (0 = off)
+    probe_patience: int = 3  # consecutive probes at probe_target that end training (steps is then the cap)
     log_every: int = 10
     resume: bool = False
     precision: str = "auto"  # auto = bf16 autocast on CUDA with bf16 support, else fp32
@@ -83,6 +85,10 @@ class TrainConfig:
         get_scheme(self.pe)
         if self.probe_every < 0 or self.probe_n < 1:
             raise ValueError("probe_every must be >= 0 and probe_n >= 1")
+        if not 0.0 <= self.probe_target <= 1.0 or self.probe_patience < 1:
+            raise ValueError("probe_target must be in [0, 1] and probe_patience >= 1")
+        if self.probe_target > 0 and self.probe_every <= 0:
+            raise ValueError("probe_target needs probe_every > 0 (the probe it waits for)")
         for name in ("steps", "context", "batch_size", "grad_accum", "checkpoint_every", "log_every"):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -261,9 +267,14 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
     ddp = _wrap_ddp(model, info)
     end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     log = _StepLog(cfg, info, out)
+    streak = probe_streak(read_jsonl(out / "metrics.jsonl"), cfg.probe_target) if cfg.probe_target else 0
+    # a run that already stopped at its target stays stopped (main reads the log; every rank agrees)
+    reached = bool(cfg.probe_target) and mean_across(float(streak >= cfg.probe_patience), info) > 0
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.pe}{'+ssmax' if cfg.ssmax else ''}",
                disable=not (cfg.progress and info.is_main), dynamic_ncols=True)
     for step in range(start, end):
+        if reached:
+            break
         loss, gnorm = _step(cfg, info, ddp, model, ds, step, optimizer, scheduler)
         done = step + 1
         if callback is not None:
@@ -272,16 +283,32 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
         if done % cfg.log_every == 0 or done == end:
             rec = log.write(done, optimizer, gnorm, model)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}")
-        if probe_docs and (done % cfg.probe_every == 0 or done == end):
-            append_jsonl(out / "metrics.jsonl", {"step": done, **passkey_probe(model, probe_docs)})
+        if cfg.probe_every and (done % cfg.probe_every == 0 or done == end):
+            if probe_docs:
+                probe = passkey_probe(model, probe_docs)
+                append_jsonl(out / "metrics.jsonl", {"step": done, **probe})
+                streak = streak + 1 if cfg.probe_target and (probe["passkey_em"] or 0) >= cfg.probe_target else 0
+            reached = bool(cfg.probe_target) and mean_across(float(streak >= cfg.probe_patience), info) > 0
+            if reached and info.is_main:
+                append_jsonl(out / "metrics.jsonl", {"step": done, "stopped_by": "probe_target",
+                                                     "probe_target": cfg.probe_target, "tokens": done * log.tokens_per_step})
         bar.update(1)
-        if done % cfg.checkpoint_every == 0 or done == end:
+        if done % cfg.checkpoint_every == 0 or done == end or reached:
             if info.is_main:
                 _save_checkpoint(out / CHECKPOINT, model=model, optimizer=optimizer, scheduler=scheduler,
                                  step=done, cfg=cfg, model_config=bam_cfg.to_dict())
             barrier(info)
     bar.close()
-    return out if end < cfg.steps else _save_final(out, model, tokenizer, info)
+    return _save_final(out, model, tokenizer, info) if reached or end >= cfg.steps else out
+
+
+def probe_streak(records: list[dict], target: float) -> int:
+    """How many of the last passkey probes in ``records`` (``metrics.jsonl``) reached ``target`` in a row."""
+    streak = 0
+    for r in records:
+        if r.get("passkey_em") is not None:
+            streak = streak + 1 if r["passkey_em"] >= target else 0
+    return streak
 
 
 def _setup(cfg: TrainConfig, info: DistInfo, tokenizer):

@@ -68,9 +68,10 @@ def _json_default(o: Any) -> Any:
 def append_jsonl(path: str | Path, record: dict) -> None:
     """Append one JSON line and flush it to disk.
 
-    Every line this writes ends with a newline, so a file that does not has a torn last line (a kill
-    mid-write); it is cut off first, so the new record never lands on it (:func:`read_jsonl` skips
-    such a line, so no record a reader has seen is lost).
+    Every line this writes ends with a newline, so a file whose last line does not is either torn (a
+    kill mid-write: not valid JSON, cut off first so the new record never lands on it; :func:`read_jsonl`
+    skips such a line) or complete without its newline (written by hand or another tool: kept, and
+    the newline added). No record a reader has seen is lost.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,10 +82,23 @@ def append_jsonl(path: str | Path, record: dict) -> None:
             f.seek(size - 1)
             if f.read(1) != b"\n":
                 f.seek(0)
-                f.truncate(f.read().rfind(b"\n") + 1)
+                data = f.read()
+                start = data.rfind(b"\n") + 1
+                if _is_json(data[start:]):
+                    f.write(b"\n")
+                else:
+                    f.truncate(start)
         f.write(line)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        json.loads(data.decode("utf-8"))
+        return True
+    except (UnicodeDecodeError, ValueError):
+        return False
 
 
 def read_jsonl(path: str | Path, *, strict: bool = False) -> list[dict]:

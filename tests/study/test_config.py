@@ -1,0 +1,25 @@
+"""Study settings refused or normalised before any scheme is trained."""
+import json
+
+import pytest
+
+from posbias.study.config import StudyConfig, study_modes
+from posbias.study.training import is_saved_model
+
+
+def test_modes_both_means_the_two_and_bad_modes_are_refused_before_training(tmp_path):
+    assert study_modes(["both"]) == ["teacher-forced", "generate"]
+    assert study_modes(["tf", "teacher_forced"]) == ["teacher-forced"]
+    assert StudyConfig(out=str(tmp_path), modes=["both"]).modes == ["teacher-forced", "generate"]
+    with pytest.raises(ValueError, match="unknown mode 'greedy'"):
+        StudyConfig(out=str(tmp_path), modes=["greedy"])
+
+
+def test_a_training_run_folder_is_not_a_saved_model(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"kind": "train", "config": {"steps": 10}}))
+    assert not is_saved_model(run)  # what the trainer returns when stop_after ended it early
+    (run / "final").mkdir()
+    (run / "final" / "config.json").write_text(json.dumps({"model_type": "bam"}))
+    assert is_saved_model(run / "final") and not is_saved_model(tmp_path / "missing")
