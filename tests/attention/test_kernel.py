@@ -25,8 +25,8 @@ def _docs(b=2, n=40):
     return d
 
 
-def _reference(q, k, v, bias, docs, ssmax):
-    """Naive per-(b, h, i) loop following the BAM order literally."""
+def _reference(q, k, v, bias, docs, ssmax, content_only=False):
+    """Naive per-(b, h, i) loop following the BAM order literally (``content_only``: SSMax on q.k only)."""
     b, h, n, d = q.shape
     out = torch.zeros_like(q)
     pos = torch.arange(n)
@@ -35,9 +35,10 @@ def _reference(q, k, v, bias, docs, ssmax):
         for hi in range(h):
             for i in range(n):
                 keys = [j for j in range(i + 1) if docs is None or docs[bi, j] == docs[bi, i]]
-                z = torch.stack([q[bi, hi, i] @ k[bi, hi, j] / math.sqrt(d) + B[hi, i, j] for j in keys])
-                if ssmax is not None:
-                    z = z * ssmax.s[hi] * math.log(len(keys))
+                c = torch.stack([q[bi, hi, i] @ k[bi, hi, j] / math.sqrt(d) for j in keys])
+                prior = torch.stack([B[hi, i, j] for j in keys])
+                scale = ssmax.s[hi] * math.log(len(keys)) if ssmax is not None else 1.0
+                z = c * scale + prior if content_only else (c + prior) * scale
                 p = torch.softmax(z, 0)
                 out[bi, hi, i] = sum(p[t] * v[bi, hi, j] for t, j in enumerate(keys))
     return out
@@ -55,6 +56,29 @@ def test_sdpa_matches_naive_reference():
         for backend in ("sdpa", "eager", "chunked"):
             out = attend(q, k, v, bias=g, doc_ids=docs, normaliser=s, backend=backend, chunk_size=5)
             assert torch.allclose(out, ref, atol=1e-5), backend
+
+
+def test_ssmax_on_the_content_only_matches_its_naive_reference():
+    """The SSMax ablation: (q k / sqrt(d)) * s log n + prior, every backend, and differs from BAM's order."""
+    q, k, v = _qkv(n=12, h=2)
+    g = GGDBias(2, theta_alpha=[-1.0, 0.2], theta_beta=[0.7, -0.5])
+    s = SSMax(2, scope="content")
+    with torch.no_grad():
+        s.s.copy_(torch.tensor([0.8, 1.3]))
+        docs = _docs(n=12)
+        ref = _reference(q, k, v, g, docs, s, content_only=True)
+        for backend in ("sdpa", "eager", "chunked"):
+            out = attend(q, k, v, bias=g, doc_ids=docs, normaliser=s, backend=backend, chunk_size=5)
+            assert torch.allclose(out, ref, atol=1e-5), backend
+        s.scope = "all"
+        assert not torch.allclose(attend(q, k, v, bias=g, doc_ids=docs, normaliser=s), ref, atol=1e-3)
+        # without a prior the two scopes are the same function
+        s2 = SSMax(2, scope="content")
+        s2.s.copy_(s.s)
+        assert torch.equal(attend(q, k, v, doc_ids=docs, normaliser=s2, backend="eager"),
+                           attend(q, k, v, doc_ids=docs, normaliser=s, backend="eager"))
+    with pytest.raises(ValueError, match="unknown SSMax scope"):
+        SSMax(2, scope="prior")
 
 
 @pytest.mark.parametrize("use_bias,use_ssmax,use_docs", [(True, True, True), (True, False, False),

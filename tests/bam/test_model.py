@@ -191,3 +191,17 @@ def test_sinusoidal_embeddings_are_scaled_by_sqrt_d_model(tmp_path):
     assert BamForCausalLM.from_pretrained(tmp_path / "m").config.embed_scale == pytest.approx(scale)
     with pytest.raises(ValueError, match="embed_scale"):
         BamConfig(pe="sinusoidal", embed_scale=0)
+
+
+def test_ssmax_scope_is_saved_with_the_model(tmp_path):
+    from posbias.bam import BamConfig, BamForCausalLM
+
+    cfg = BamConfig.from_preset("tiny", pe="ggd", normaliser="ssmax", ssmax_scope="content", vocab_size=64,
+                                num_hidden_layers=1)
+    model = BamForCausalLM(cfg)
+    assert model.model.layers[0].self_attn.ssmax.scope == "content"
+    model.save_pretrained(tmp_path)
+    again = BamForCausalLM.from_pretrained(tmp_path)
+    assert again.model.layers[0].self_attn.ssmax.scope == "content"
+    with pytest.raises(ValueError, match="unknown ssmax_scope"):
+        BamConfig(ssmax_scope="prior")

@@ -23,3 +23,17 @@ def test_a_training_run_folder_is_not_a_saved_model(tmp_path):
     (run / "final").mkdir()
     (run / "final" / "config.json").write_text(json.dumps({"model_type": "bam"}))
     assert is_saved_model(run / "final") and not is_saved_model(tmp_path / "missing")
+
+
+def test_the_ssmax_content_ablation_is_a_scheme_of_its_own(tmp_path):
+    from posbias.study.grid import parse_schemes
+    from posbias.study.training import train_config
+
+    assert parse_schemes("ggd+ssmax,ggd+ssmax-content") == ["ggd+ssmax", "ggd+ssmax-content"]
+    cfg = StudyConfig(out=str(tmp_path), schemes=["ggd+ssmax", "ggd+ssmax-content"],
+                      train_options={"model_overrides": {"num_hidden_layers": 2}})
+    bam = train_config(cfg, "ggd+ssmax", tmp_path / "a")
+    ablation = train_config(cfg, "ggd+ssmax-content", tmp_path / "b")
+    assert bam.ssmax and ablation.ssmax and bam.pe == ablation.pe == "ggd"
+    assert bam.model_overrides == {"num_hidden_layers": 2}
+    assert ablation.model_overrides == {"num_hidden_layers": 2, "ssmax_scope": "content"}

@@ -91,13 +91,20 @@ def _expand_kv(k, v, n_heads):
     return k, v
 
 
+def _content_only(normaliser) -> bool:
+    """SSMax scaling the content logits only (the prior added after it; ``SSMax.scope``)."""
+    return normaliser is not None and getattr(normaliser, "scope", "all") == "content"
+
+
 def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0, return_probs=False):
     """Exact float32 attention of a query block against all keys. q: [b, h, i, d] -> [b, h, i, d]
     (and the float32 probabilities [b, h, i, j] with ``return_probs``)."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     z = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [b, h, i, j]
-    if bias is not None:
-        z = z + _bias(bias, q_pos, k_pos, q0)[None]
+    prior = _bias(bias, q_pos, k_pos, q0)[None] if bias is not None else None
+    content_only = _content_only(normaliser)
+    if prior is not None and not content_only:
+        z = z + prior
     allowed = _allowed(q_pos, k_pos, q_doc, k_doc, key_mask, causal)
     if normaliser is not None:
         if allowed is None:
@@ -105,6 +112,8 @@ def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, caus
         else:
             n = allowed.sum(-1)[:, 0]
         z = z * normaliser.multiplier(n)
+    if prior is not None and content_only:
+        z = z + prior
     if allowed is not None:
         z = z.masked_fill(~allowed, _NEG)
     p = torch.softmax(z, dim=-1)
@@ -128,7 +137,7 @@ def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causa
             n = allowed.sum(-1)[:, 0]
         c = normaliser.multiplier(n)  # [b, h, i, 1]
         q = (q.float() * c).to(q.dtype)
-        if add is not None:
+        if add is not None and not _content_only(normaliser):
             add = add * c
     if add is None:
         if allowed is None:
@@ -153,12 +162,16 @@ def _flex(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causa
         n = visible_keys(nq, nk, doc_ids=k_doc, key_mask=key_mask, causal=causal, device=q.device)
         mult = normaliser.multiplier(n.expand(b, nq))[..., 0].contiguous()  # [b, h, i]
 
+    content_only = _content_only(normaliser)
+
     def score_mod(score, bi, hi, qi, ki):
         z = score.float()
-        if bias_f is not None:
+        if bias_f is not None and not content_only:
             z = z + bias_f(hi, (qi + offset - ki).float())
         if mult is not None:
             z = z * mult[bi, hi, qi]
+        if bias_f is not None and content_only:
+            z = z + bias_f(hi, (qi + offset - ki).float())
         return z.to(score.dtype)
 
     def mask_mod(bi, hi, qi, ki):

@@ -13,12 +13,22 @@ import torch
 import torch.nn as nn
 
 
-class SSMax(nn.Module):
-    """Per-head SSMax scale ``s`` (float32 [H], init ``init``)."""
+SCOPES = ("all", "content")
 
-    def __init__(self, n_heads: int, init: float = 1.0):
+
+class SSMax(nn.Module):
+    """Per-head SSMax scale ``s`` (float32 [H], init ``init``).
+
+    ``scope``: what ``s_h log n_i`` multiplies: ``"all"`` the content logits plus the positional
+    prior (BAM's order), ``"content"`` the content logits only, the prior added after (an ablation).
+    """
+
+    def __init__(self, n_heads: int, init: float = 1.0, scope: str = "all"):
         super().__init__()
+        if scope not in SCOPES:
+            raise ValueError(f"unknown SSMax scope {scope!r}; known: {', '.join(SCOPES)}")
         self.n_heads = n_heads
+        self.scope = scope
         self.init = float(init)
         self.s = nn.Parameter(torch.full((n_heads,), self.init))
 
@@ -37,4 +47,4 @@ class SSMax(nn.Module):
         return self.s.float()[None, :, None, None] * logn[:, None, :, None]
 
     def extra_repr(self) -> str:
-        return f"n_heads={self.n_heads}, init={self.init:g}"
+        return f"n_heads={self.n_heads}, init={self.init:g}, scope={self.scope}"

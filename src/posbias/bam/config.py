@@ -7,6 +7,7 @@ from posbias.positional import get_scheme
 from posbias.positional.ggd import INITS as GGD_INITS
 
 NORMALISERS = ("softmax", "ssmax")
+SSMAX_SCOPES = ("all", "content")  # what SSMax's s_h log n scales: content + prior (BAM) or content only
 
 # name -> (layers, hidden, heads, intermediate)
 PRESETS: dict[str, dict] = {
@@ -23,6 +24,8 @@ class BamConfig(PretrainedConfig):
     Args (beyond the usual Hugging Face ones):
         pe: positional scheme, one of ``posbias.positional.SCHEMES`` (rope, sinusoidal, nope, alibi, ggd).
         normaliser: ``"softmax"`` or ``"ssmax"`` (Scalable-Softmax, ``s_h`` per head and layer).
+        ssmax_scope: ``"all"`` (BAM's order: ``(q k^T / sqrt(d) + prior) * s_h log n``) or
+            ``"content"`` (``q k^T / sqrt(d) * s_h log n + prior``; the ablation of issue #16).
         rope_theta: RoPE base (500000 as the BAM RoPE baseline).
         ggd_init / ggd_theta_alpha / ggd_theta_beta / ggd_eps: GGD prior initialisation
             (see :class:`posbias.positional.GGDBias`).
@@ -42,7 +45,7 @@ class BamConfig(PretrainedConfig):
                  sinusoidal_base: float = 10000.0, embed_scale: float | None = None, ggd_init: str = "nope",
                  ggd_theta_alpha=None,
                  ggd_theta_beta=None, ggd_eps: float = 1e-5, ggd_share_layers: bool = False,
-                 ssmax_init: float = 1.0, rms_norm_eps: float = 1e-5, initializer_range: float = 0.02,
+                 ssmax_init: float = 1.0, ssmax_scope: str = "all", rms_norm_eps: float = 1e-5, initializer_range: float = 0.02,
                  attn_backend: str = "auto", attn_chunk_size: int = 512, ffn_chunk_size: int | None = 32768,
                  max_position_embeddings: int = 512,
                  tie_word_embeddings: bool = True, use_cache: bool = True, pad_token_id: int | None = None,
@@ -50,6 +53,8 @@ class BamConfig(PretrainedConfig):
         get_scheme(pe)  # ValueError listing the known schemes
         if normaliser not in NORMALISERS:
             raise ValueError(f"unknown normaliser {normaliser!r}; known: {', '.join(NORMALISERS)}")
+        if ssmax_scope not in SSMAX_SCOPES:
+            raise ValueError(f"unknown ssmax_scope {ssmax_scope!r}; known: {', '.join(SSMAX_SCOPES)}")
         if ggd_init not in GGD_INITS:
             raise ValueError(f"unknown ggd_init {ggd_init!r}; known: {', '.join(GGD_INITS)}")
         for name, val in (("vocab_size", vocab_size), ("hidden_size", hidden_size),
@@ -87,6 +92,7 @@ class BamConfig(PretrainedConfig):
         self.ggd_eps = ggd_eps
         self.ggd_share_layers = ggd_share_layers
         self.ssmax_init = ssmax_init
+        self.ssmax_scope = ssmax_scope
         self.rms_norm_eps = rms_norm_eps
         self.initializer_range = initializer_range
         self.attn_backend = attn_backend

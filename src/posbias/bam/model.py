@@ -67,7 +67,8 @@ class BamAttention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
         spec = get_scheme(config.pe)
         self.rotary = spec.build(head_dim=self.head_dim, theta=config.rope_theta) if spec.kind == "rotary" else None
-        self.ssmax = SSMax(self.n_heads, config.ssmax_init) if config.normaliser == "ssmax" else None
+        self.ssmax = (SSMax(self.n_heads, config.ssmax_init, scope=getattr(config, "ssmax_scope", "all"))
+                      if config.normaliser == "ssmax" else None)
 
     def forward(self, x, *, positions, bias, doc_ids, key_mask, cache, backend, chunk_size, probs=None):
         """x: [b, n, hidden]; with a list ``probs`` the attention probabilities [b, h, n, j] are appended."""

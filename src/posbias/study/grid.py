@@ -1,6 +1,7 @@
 """The evaluation grid of the extrapolation study, for one trained model.
 
 * scheme names: ``"<pe>[+ssmax]"`` with ``pe`` in rope | sinusoidal | nope | alibi | ggd
+  (``+ssmax-content``: SSMax scaling the content logits only, the prior added after: an ablation)
   (:func:`parse_scheme`);
 * lengths: multiples of the training context (:func:`grid_lengths`);
 * :func:`evaluate_model`: passkey (teacher-forced + generation) over lengths x depths, NIAH
@@ -16,7 +17,7 @@ from posbias.utils.corpus import load_texts
 from posbias.utils.io import append_jsonl, read_jsonl
 
 PES = ("rope", "sinusoidal", "nope", "alibi", "ggd")
-NORMALISERS = ("softmax", "ssmax")
+NORMALISERS = ("softmax", "ssmax", "ssmax-content")  # ssmax-content: SSMax on the content logits only
 DEFAULT_SCHEMES = ("rope", "sinusoidal", "nope", "alibi", "ggd", "ggd+ssmax", "rope+ssmax")
 DEFAULT_MULTIPLIERS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)

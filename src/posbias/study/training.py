@@ -47,13 +47,15 @@ def train_config(cfg: StudyConfig, scheme: str, out_dir: Path, corpus: str | Non
     tokenizer = cfg.tokenizer
     if tokenizer is not None and (_tokenizer_dir(cfg) / "tokenizer.json").exists():
         tokenizer = str(_tokenizer_dir(cfg).resolve())
-    values = {"pe": pe, "normaliser": normaliser, "ssmax": normaliser == "ssmax", "preset": cfg.preset,
+    values = {"pe": pe, "normaliser": normaliser, "ssmax": normaliser.startswith("ssmax"), "preset": cfg.preset,
               "tokenizer": tokenizer,
               "steps": cfg.train_steps, "context": cfg.train_context, "seed": cfg.seed,
               "corpus": [corpus] if corpus is not None else None, "passkey_rate": cfg.passkey_rate,
               "niah_rate": cfg.niah_rate or None,
               "device": cfg.device, "out": str(out_dir), "resume": out_dir.exists() and any(out_dir.iterdir()),
               **cfg.train_options}
+    if normaliser == "ssmax-content":
+        values["model_overrides"] = {**values.get("model_overrides", {}), "ssmax_scope": "content"}
     values = {k: v for k, v in values.items() if v is not None}
     cls = _train_config_class()
     if cls is None:
