@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import left_padded_batch, make_tiny_model, make_variant_model
-from posbias.methods import METHODS, apply_method, method_options, parse_options
+from posbias.methods import METHODS, apply_method, method_options, split_variant
 
 # options that make each method an exact no-op
 IDENTITY = {
@@ -58,8 +58,9 @@ def greedy(model, ids, mask, pos, steps):
 def test_registry_lists_all_methods():
     assert {"none", "pi", "lpes", "ms-poe", "attention-buckets", "moice"} <= set(METHODS)
     assert "factor" in method_options("pi")
-    assert parse_options(["factor=1.5", "bases=1,2", "order=index"]) == {"factor": 1.5, "bases": [1.0, 2.0],
-                                                                        "order": "index"}
+    assert split_variant("ms-poe@r_min=1.0@r_max=1.5@order=index") == (
+        "ms-poe", {"r_min": 1.0, "r_max": 1.5, "order": "index"})
+    assert split_variant("pi") == ("pi", {})
 
 
 @pytest.mark.filterwarnings("ignore:moice")

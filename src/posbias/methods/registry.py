@@ -117,14 +117,6 @@ def apply_method(model, name: str, **options) -> MethodHandle:
     return handle
 
 
-def parse_options(pairs: list[str] | None) -> dict[str, Any]:
-    """``["factor=1.5", "bases=10000,13000", "order=index"]`` -> typed dict (for CLIs); see
-    :func:`posbias.utils.options.parse_key_values`."""
-    from posbias.utils.options import parse_key_values
-
-    return parse_key_values(pairs, "method-opt")
-
-
 def split_variant(label: str) -> tuple[str, dict[str, Any]]:
     """A method variant ``name@key=value@key=value`` -> ``(name, {key: value, ...})``.
 
@@ -202,5 +194,4 @@ def _none(model) -> MethodHandle:
 
 
 __all__ = ["METHODS", "MethodHandle", "MethodSpec", "apply_method", "check_option_names", "method_options",
-           "parse_options",
-           "register_method", "resolve_method", "as_list"]
+           "register_method", "resolve_method", "split_variant", "variant_options", "as_list"]
