@@ -9,8 +9,9 @@ pytest.importorskip("lm_eval")
 datasets = pytest.importorskip("datasets")
 
 from conftest import make_tiny_model  # noqa: E402
-from posbias.evaluation.ability import (compare_ability, data_root, mmlu_configs, paired_difference,  # noqa: E402
+from posbias.evaluation.ability import (compare_ability, data_root, mmlu_configs,  # noqa: E402
                                         score_ability)
+from posbias.evaluation.stats import paired_difference  # noqa: E402
 
 
 def _fake_tree(root):

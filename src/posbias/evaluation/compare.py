@@ -8,8 +8,9 @@ from typing import Any
 
 from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.session import plan_eval, run_planned
+from posbias.evaluation.stats import paired_difference
 from posbias.methods.registry import variant_options
-from posbias.utils.io import append_jsonl, atomic_write_text
+from posbias.utils.io import append_jsonl, atomic_write_text, read_jsonl
 from posbias.utils.run_folder import open_run
 
 # Settings every method's results in a comparison folder share (each method's folder checks its
@@ -53,7 +54,8 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
         append_jsonl(top.path / "metrics.jsonl", {"method": name, "overall": summaries[name]["overall"],
                                                   "by_depth": summaries[name]["by_depth"],
                                                   "seconds": round(time.time() - start, 1)})
-    atomic_write_text(top.path / "comparison.md", comparison_table(summaries) + "\n")
+    folders = {label: top.path / method_folder(label) for label in plans}
+    atomic_write_text(top.path / "comparison.md", comparison_table(summaries) + "\n\n" + paired_table(folders) + "\n")
     plot_accuracy_by_depth({m: s["by_depth"] for m, s in summaries.items()}, top.path / "comparison.png",
                            title=f"{model} / {task}")
     return summaries
@@ -70,6 +72,41 @@ def check_method_list(methods: list[str]) -> None:
     clash = sorted({m for m, f in zip(methods, folders) if folders.count(f) > 1})
     if clash:
         raise ValueError(f"--methods {', '.join(clash)} would share one folder; rename a variant")
+
+
+def paired_table(folders: dict[str, Path]) -> str:
+    """Markdown: every method against the first on the very same instances, per depth and over all:
+    instances gained / lost, the accuracy difference (points) and the per-token gold log-prob
+    difference (teacher-forced records), each with its 95% normal interval (:func:`paired_difference`)."""
+    recs = {lab: {r["id"]: r for r in read_jsonl(Path(f) / "results.jsonl")} for lab, f in folders.items()}
+    labels = list(folders)
+    if len(labels) < 2:
+        return ""
+    base = labels[0]
+    depths = sorted({float(r["depth"]) for r in recs[base].values()})
+    lines = [f"Paired against `{base}` (the same instances): gained/lost, accuracy difference in points "
+             "[95% interval], per-token gold log-prob difference +- 95% half-width",
+             "", "| method | " + " | ".join(f"depth {d:g}" for d in depths) + " | all |",
+             "|---|" + "---|" * (len(depths) + 1)]
+    for lab in labels[1:]:
+        cells = [_paired_cell(recs[base], recs[lab], d) for d in depths + [None]]
+        lines.append(f"| {lab} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _paired_cell(base: dict, other: dict, depth: float | None) -> str:
+    ids = [i for i, r in base.items() if i in other and (depth is None or float(r["depth"]) == depth)]
+    if not ids:
+        return "-"
+    a, b = [float(base[i]["correct"]) for i in ids], [float(other[i]["correct"]) for i in ids]
+    gained, lost = sum(y > x for x, y in zip(a, b)), sum(y < x for x, y in zip(a, b))
+    acc = paired_difference(a, b)
+    cell = f"+{gained}/-{lost}, {100 * acc['diff']:+.0f} [{100 * acc['ci95'][0]:+.0f}, {100 * acc['ci95'][1]:+.0f}]"
+    if all(r.get("tf_logprob") is not None and r.get("n_tokens") for r in [*(base[i] for i in ids), *(other[i] for i in ids)]):
+        lp = paired_difference([base[i]["tf_logprob"] / base[i]["n_tokens"] for i in ids],
+                               [other[i]["tf_logprob"] / other[i]["n_tokens"] for i in ids])
+        cell += f", {lp['diff']:+.3f} +- {(lp['ci95'][1] - lp['ci95'][0]) / 2:.3f}"
+    return cell
 
 
 def method_folder(label: str) -> str:

@@ -1,9 +1,9 @@
-"""Accuracy summaries with 95% Wilson score intervals."""
+"""Accuracy summaries with 95% Wilson score intervals, and paired differences between methods."""
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable
+from typing import Iterable, Sequence
 
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -45,3 +45,16 @@ def format_table(rows: list[dict], title: str = "") -> str:
             f"[{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}] |"
         )
     return "\n".join(lines)
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict:
+    """Mean of ``b - a`` over paired items (the same questions under two methods) with a 95% normal
+    interval; ``n`` 0 gives NaN."""
+    d = [y - x for x, y in zip(a, b)]
+    n = len(d)
+    if not n:
+        return {"n": 0, "diff": float("nan"), "ci95": [float("nan"), float("nan")]}
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
+    half = 1.96 * sd / math.sqrt(n) if n else 0.0
+    return {"n": n, "diff": mean, "ci95": [mean - half, mean + half]}
