@@ -1,0 +1,111 @@
+"""The BAM GPU checks of issue #16, in one short run: does the FlexAttention path equal the exact
+chunked path on CUDA (forward and backward), and how fast does each scheme train relative to RoPE?
+
+    python benchmarks/gpu_check_bam.py --out $OUT/gpu_check_bam.json          # on a CUDA machine
+    python benchmarks/gpu_check_bam.py --device cpu --backends eager,chunked  # the same logic on CPU
+
+1. Equivalence: for every setup (ggd+ssmax, ggd+ssmax-content, ggd, alibi) one attention call with
+   packed documents and a GQA key/value, computed by each backend of ``--backends`` (default
+   ``chunked,flex``: the first is the reference); the largest absolute difference of the output and
+   of the gradients of q, k, v, the prior's parameters and the SSMax scales, in float32, and that
+   difference relative to the reference's largest magnitude.
+2. Throughput: ``benchmarks/train_throughput.py`` on ``--preset`` (default ``120m``, bf16 on CUDA)
+   for rope / ggd / ggd+ssmax / alibi, interleaved, tokens per second and the ratio to rope, once
+   with the default attention path and once with FlexAttention (``--throughput-backends``).
+
+Everything is written to ``--out`` (JSON) and printed; nothing large is downloaded (random weights).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from posbias.attention import SSMax, attend
+from posbias.positional import get_scheme
+
+SETUPS = {"ggd+ssmax": ("ggd", "all"), "ggd+ssmax-content": ("ggd", "content"), "ggd": ("ggd", None),
+          "alibi": ("alibi", None)}
+
+
+def _inputs(device, b=2, h=8, h_kv=2, n=512, d=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, hh, n, d, generator=g).to(device).requires_grad_() for hh in (h, h_kv, h_kv))
+    docs = torch.zeros(b, n, dtype=torch.long)
+    docs[0, n // 3:], docs[0, 2 * n // 3:], docs[1, n // 2:] = 1, 2, 1  # packed documents
+    return q, k, v, docs.to(device)
+
+
+def _modules(setup: str, heads: int, device):
+    pe, scope = SETUPS[setup]
+    spec = get_scheme(pe)
+    torch.manual_seed(1)
+    # a GGD prior with varied, non-trivial alpha / beta per head (beta < 0 included), as after training
+    ggd = {"ggd_theta_alpha": torch.linspace(-2.0, 1.0, heads).tolist(),
+           "ggd_theta_beta": torch.linspace(-0.5, 1.5, heads).tolist()} if pe == "ggd" else {}
+    bias = spec.build(num_heads=heads, **ggd) if spec.kind == "bias" else None
+    ssmax = SSMax(heads, scope=scope) if scope else None
+    with torch.no_grad():
+        if ssmax is not None:
+            ssmax.s.uniform_(0.5, 1.5)
+    return [m.to(device) if m is not None else None for m in (bias, ssmax)]
+
+
+def equivalence(setup: str, backends: list[str], device) -> dict:
+    """Max |difference| to ``backends[0]`` of the output and every gradient, per other backend."""
+    q, k, v, docs = _inputs(device)
+    bias, ssmax = _modules(setup, q.shape[1], device)
+    params = [p for m in (bias, ssmax) if m is not None for p in m.parameters()]
+    results = {}
+    for backend in backends:
+        for t in [q, k, v, *params]:
+            t.grad = None
+        out = attend(q, k, v, bias=bias, doc_ids=docs, normaliser=ssmax, backend=backend, chunk_size=128)
+        (out.float() * torch.linspace(-1, 1, out.shape[-1], device=device)).sum().backward()
+        results[backend] = [out.detach().float(), *[t.grad.detach().float() for t in [q, k, v, *params]]]
+    ref = results[backends[0]]
+    names = ["out", "dq", "dk", "dv"] + [f"dparam{i}" for i in range(len(params))]
+    return {b: {name: {"abs": float((x - y).abs().max()), "rel": float((x - y).abs().max() / y.abs().max().clamp(min=1e-12))}
+                for name, x, y in zip(names, got, ref)}
+            for b, got in results.items() if b != backends[0]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--backends", default="chunked,flex", help="attention backends; the first is the reference")
+    ap.add_argument("--setups", default=",".join(SETUPS))
+    ap.add_argument("--preset", default="120m")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--throughput-backends", default="auto,flex", help="'' skips the throughput part")
+    ap.add_argument("--out", default="gpu_check_bam.json")
+    a = ap.parse_args(argv)
+    device = torch.device(a.device)
+    backends = [b for b in a.backends.split(",") if b]
+    if "flex" in backends and device.type != "cuda":
+        raise SystemExit("error: backend flex needs a CUDA device (give --device cpu --backends eager,chunked to "
+                         "check the comparison on CPU)")
+    report: dict = {"device": str(device), "torch": torch.__version__, "equivalence": {}, "throughput": {}}
+    if device.type == "cuda":
+        report["gpu"] = torch.cuda.get_device_name(device)
+    for setup in [s for s in a.setups.split(",") if s]:
+        t = time.perf_counter()
+        report["equivalence"][setup] = equivalence(setup, backends, device)
+        print(f"{setup:<20} {json.dumps(report['equivalence'][setup])}  ({time.perf_counter() - t:.1f} s)")
+    for backend in [b for b in a.throughput_backends.split(",") if b]:
+        from train_throughput import main as throughput  # benchmarks/ is on sys.path when run as a script
+
+        args = ["--preset", a.preset, "--context", str(a.context), "--batch-size", str(a.batch_size),
+                "--setups", "rope,ggd,ggd+ssmax,alibi", "--device", str(device), "--backend", backend]
+        report["throughput"][backend] = throughput(args + (["--bf16"] if device.type == "cuda" else []))
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()

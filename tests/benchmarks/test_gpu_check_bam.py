@@ -1,0 +1,38 @@
+"""benchmarks/gpu_check_bam.py: its CPU dry run (eager vs chunked vs sdpa) and the clear refusal of flex on CPU."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check_bam.py"
+
+
+def _load():
+    sys.path.insert(0, str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("gpu_check_bam", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_backends_agree_on_cpu_forward_and_backward(tmp_path):
+    mod = _load()
+    out = tmp_path / "r.json"
+    report = mod.main(["--device", "cpu", "--backends", "eager,chunked,sdpa", "--throughput-backends", "",
+                       "--out", str(out)])
+    assert set(report["equivalence"]) == {"ggd+ssmax", "ggd+ssmax-content", "ggd", "alibi"}
+    for setup, by_backend in report["equivalence"].items():
+        assert set(by_backend) == {"chunked", "sdpa"}
+        grads = by_backend["chunked"]
+        assert len(grads) == {"ggd+ssmax": 7, "ggd+ssmax-content": 7, "ggd": 6, "alibi": 4}[setup]
+        assert all(v["rel"] < 1e-4 for b in by_backend.values() for v in b.values()), (setup, by_backend)
+    assert json.loads(out.read_text())["device"] == "cpu"
+
+
+def test_flex_on_cpu_is_refused_with_one_line():
+    with pytest.raises(SystemExit, match="flex needs a CUDA device"):
+        _load().main(["--device", "cpu", "--backends", "chunked,flex", "--throughput-backends", ""])
