@@ -242,6 +242,21 @@ def test_rotated_key_cache_is_not_reused_after_a_beam_reorder(method, opts):
     assert reused[True] == 0 and torch.equal(got[True], got[False])
 
 
+def test_rotated_keys_are_freed_with_their_cache():
+    import gc
+
+    model = make_tiny_model("llama", layers=2, seed=4)
+    ids = torch.randint(3, 500, (1, 12), generator=torch.Generator().manual_seed(2))
+    with apply_method(model, "ms-poe", order="index", skip_layers=0) as h:
+        store = h.state["ms_poe"].rotated
+        cache = model(input_ids=ids, use_cache=True).past_key_values
+        model(input_ids=torch.tensor([[7]]), past_key_values=cache, use_cache=True)
+        assert len(store._store) == 2  # one slot per patched layer
+        del cache
+        gc.collect()
+        assert not store._store and not store._owners
+
+
 def test_rotated_cache_option_must_be_a_bool():
     model = make_tiny_model("llama", layers=2, seed=4)
     with pytest.raises(ValueError, match="rotated_cache must be true or false"):

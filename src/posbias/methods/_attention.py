@@ -157,11 +157,13 @@ class RotatedKeyCache:
     (``torch.equal``: a beam reorder or row selection that keeps the object and its length, a
     cropped, repeated or other cache is rotated afresh; comparing costs one read of the un-rotated
     keys, far less than rotating them per query head or expert). Memory: one rotated copy per tag of
-    the (possibly query-head-expanded) key cache, plus one copy of the un-rotated keys.
+    the (possibly query-head-expanded) key cache, plus one copy of the un-rotated keys, held until
+    that cache is garbage-collected.
     """
 
     def __init__(self):
         self._store: dict[tuple, tuple] = {}
+        self._owners: dict[int, weakref.ref] = {}  # id(cache) -> its weak reference (one per cache)
         self.reused = 0  # calls that rotated only their new keys
 
     def keys(self, module, tag, key: torch.Tensor, q_len: int,
@@ -183,11 +185,25 @@ class RotatedKeyCache:
         if cache is None:
             self._store.pop(slot, None)
         else:
-            self._store[slot] = (rot, key.clone(), weakref.ref(cache))
+            self._store[slot] = (rot, key.clone(), self._owner(cache))
         return rot
+
+    def _owner(self, cache) -> weakref.ref:
+        """The weak reference to ``cache``; when the cache is garbage-collected its rotated keys go too."""
+        ref = self._owners.get(id(cache))
+        if ref is None or ref() is not cache:
+            ref = self._owners[id(cache)] = weakref.ref(cache, self._forget)
+        return ref
+
+    def _forget(self, ref: weakref.ref) -> None:
+        for slot in [slot for slot, stored in self._store.items() if stored[2] is ref]:
+            del self._store[slot]
+        for key in [key for key, r in self._owners.items() if r is ref]:
+            del self._owners[key]
 
     def clear(self) -> None:
         self._store.clear()
+        self._owners.clear()
 
 
 # ----------------------------------------------------------------------------- the patch
