@@ -28,10 +28,11 @@ import torch
 from torch import nn
 
 from posbias.methods import _attention as A
-from posbias.methods.registry import MethodHandle, as_bool, as_count, as_layer_indices, as_list, register_method
+from posbias.methods.registry import MethodHandle, as_bool, as_layer_indices, as_list, register_method
 from posbias.architecture.layers import get_decoder_layers
 from posbias.architecture.rope_layout import rope_layout
 from posbias.utils.io import atomic_write_bytes, atomic_write_json
+from posbias.utils.options import check_int
 
 DEFAULT_MULTIPLIERS = (1.0, 1.75, 1.8, 1.9, 2.0, 2.25, 2.5)  # the reference's 10000 .. 25000 / 10000
 DEFAULT_TOP_K = 7  # dense, as the reference run
@@ -224,7 +225,7 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
     the whole cache at every step; same outputs).
     """
     rotated_cache = as_bool(rotated_cache, "moice: rotated_cache")
-    top_k = None if top_k is None else as_count(top_k, "moice: top_k")
+    top_k = None if top_k is None else check_int("moice: top_k", top_k)
     n_layers = len(get_decoder_layers(model))
     head_dim = int(getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads)
     thetas = sorted(set(rope_layout(model).thetas.values()))

@@ -36,8 +36,9 @@ from typing import Sequence
 import torch
 
 from posbias.methods import _attention as A
-from posbias.methods.registry import (PROMPT_DEPENDENT_ATTR, MethodHandle, as_bool, as_choice, as_count,
+from posbias.methods.registry import (PROMPT_DEPENDENT_ATTR, MethodHandle, as_bool, as_choice,
                                       as_layer_indices, as_list, register_method)
+from posbias.utils.options import check_int
 from posbias.architecture.layers import get_decoder_layers
 
 
@@ -206,7 +207,7 @@ def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int
     score_rope = as_choice(score_rope, SCORE_ROPE, "ms-poe: score_rope")
     fixed = None if ratios is None else _fixed_ratios(ratios, n_heads)
     if layers is None:
-        layers = list(range(min(as_count(skip_layers, "ms-poe: skip_layers", minimum=0), n_layers), n_layers))
+        layers = list(range(min(check_int("ms-poe: skip_layers", skip_layers, minimum=0), n_layers), n_layers))
     else:
         layers = as_layer_indices(layers, n_layers, "ms-poe: layers")
     grid = ratio_grid(n_heads, r_min, r_max)

@@ -159,17 +159,6 @@ def as_choice(value, choices, name: str) -> str:
     return value
 
 
-def as_count(value, name: str, minimum: int = 1) -> int:
-    """An integer option >= ``minimum`` (from an int or its text)."""
-    try:
-        count = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if count < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {count}")
-    return count
-
-
 def as_layer_indices(value, n_layers: int, name: str) -> list[int]:
     """Sorted distinct decoder-layer indices from a list or ``"1,2"``, each in ``0..n_layers - 1``."""
     layers = sorted(set(as_list(value, int, name)))

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
+from posbias.utils.options import check_int  # noqa: F401 (task generators check counts with it)
+
 
 @dataclass
 class Instance:
@@ -82,21 +84,6 @@ def derive_rng(task: str, split: str, seed: int, *extra: int):
 def instance_id(task: str, split: str, seed: int, depth: float, index: int) -> str:
     """Stable, unique id, e.g. ``kv_eval_s0_d0.5_i3``."""
     return f"{task}_{split}_s{int(seed)}_d{float(depth)!r}_i{int(index)}"
-
-
-def check_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> int:
-    """Validate an integer option (bools, strings and floats with a fraction are rejected)."""
-    import numbers
-
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value
-            or value in (float("inf"), float("-inf")) or int(value) != value):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value}")
-    return value
 
 
 def realised_depth(gold_index: int, num_items: int) -> float:

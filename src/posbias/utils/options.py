@@ -63,3 +63,18 @@ def as_list(value, cast=float, name: str = "option") -> list | None:
         return [cast(v) for v in value]
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a list of numbers, got {value!r}") from None
+
+
+def check_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """Validate an integer option (bools, strings and floats with a fraction are rejected)."""
+    import numbers
+
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value
+            or value in (float("inf"), float("-inf")) or int(value) != value):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
