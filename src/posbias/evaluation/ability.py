@@ -187,20 +187,20 @@ def completed_rows(path: Path) -> tuple[list[dict], set[str]]:
     rescored. A file from before the ``task_done`` lines: every task but its last counts as finished
     (tasks are scored one after another, so only the last can be partial)."""
     rows = read_jsonl(path)
-    marked = {r["spec"] for r in rows if r.get("task_done")}
     questions = [r for r in rows if not r.get("task_done")]
-    if not marked and questions:
-        last = questions[-1].get("spec", questions[-1]["task"])
-        marked = {r.get("spec", r["task"]) for r in questions} - {last}
-        legacy = True
-    else:
-        legacy = False
-    kept = [r for r in questions if r.get("spec", r["task"]) in marked]
+    done = {r["spec"] for r in rows if r.get("task_done")}
+    if not done and questions:
+        done = {_spec_of(r) for r in questions} - {_spec_of(questions[-1])}
+    kept = [r for r in questions if _spec_of(r) in done]
     if len(kept) != len(questions):
-        markers = [{"spec": name, "task_done": True, "n": sum(r.get("spec", r["task"]) == name for r in kept)}
-                   for name in sorted(marked)] if legacy else [r for r in rows if r.get("task_done")]
+        markers = [{"spec": name, "task_done": True, "n": sum(_spec_of(r) == name for r in kept)} for name in sorted(done)]
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept + markers))
-    return kept, marked
+    return kept, done
+
+
+def _spec_of(row: dict) -> str:
+    """The task spec a question row belongs to (rows written before ``spec`` was recorded: its task)."""
+    return row.get("spec", row["task"])
 
 
 def _task_name(spec) -> str:
