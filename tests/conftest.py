@@ -5,6 +5,8 @@ SmolLM2-135M (converted once into ``$POSBIAS_CACHE``).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -140,8 +142,6 @@ def smollm2():
 def saved_figures(monkeypatch):
     """Every figure posbias saves during the test (:func:`posbias.utils.figures.save_figure`), by file
     name: ``{name: matplotlib figure}``, still inspectable (``fig.axes[0].lines[i].get_ydata()``)."""
-    from pathlib import Path
-
     from matplotlib.figure import Figure
 
     import posbias.utils.io as io
@@ -162,3 +162,16 @@ def saved_figures(monkeypatch):
     monkeypatch.setattr(Figure, "savefig", savefig)
     monkeypatch.setattr(io, "atomic_write_bytes", write)
     return figures
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` imported as a module (the scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

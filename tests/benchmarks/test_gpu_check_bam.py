@@ -1,22 +1,15 @@
 """benchmarks/gpu_check_bam.py: its CPU dry run (eager vs chunked vs sdpa) and the clear refusal of flex on CPU."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check_bam.py"
+from conftest import load_benchmark
 
 
 def _load():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("gpu_check_bam", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("gpu_check_bam")
 
 
 def test_backends_agree_on_cpu_forward_and_backward(tmp_path):

@@ -1,20 +1,16 @@
 """benchmarks/latency.py runs end to end on a random tiny config (the GPU script's CPU dry run)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "latency.py"
+from conftest import load_benchmark
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("latency_benchmark", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("latency")
 
 
 def test_latency_on_a_random_config_with_every_method(tmp_path):
