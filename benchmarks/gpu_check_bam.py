@@ -42,15 +42,14 @@ def _inputs(device, b=2, h=8, h_kv=2, n=512, d=64, seed=0):
 def _modules(setup: str, heads: int, device):
     pe, scope = SETUPS[setup]
     spec = get_scheme(pe)
-    torch.manual_seed(1)
     # a GGD prior with varied, non-trivial alpha / beta per head (beta < 0 included), as after training
     ggd = {"ggd_theta_alpha": torch.linspace(-2.0, 1.0, heads).tolist(),
            "ggd_theta_beta": torch.linspace(-0.5, 1.5, heads).tolist()} if pe == "ggd" else {}
     bias = spec.build(num_heads=heads, **ggd) if spec.kind == "bias" else None
     ssmax = SSMax(heads, scope=scope) if scope else None
-    with torch.no_grad():
-        if ssmax is not None:
-            ssmax.s.uniform_(0.5, 1.5)
+    if ssmax is not None:
+        with torch.no_grad():  # varied per-head scales, from an explicit generator
+            ssmax.s.copy_(0.5 + torch.rand(heads, generator=torch.Generator().manual_seed(1)))
     return [m.to(device) if m is not None else None for m in (bias, ssmax)]
 
 
