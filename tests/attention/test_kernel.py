@@ -127,6 +127,40 @@ def test_gradients_reach_prior_and_ssmax():
             assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, backend
 
 
+@pytest.mark.parametrize("scope", ["all", "content"])
+def test_chunked_gradients_equal_sdpa(scope):
+    """The chunked path updates its logits in place where autograd allows: its gradients (q, k, v,
+    GGD alpha / beta, SSMax s) equal those of the out-of-place SDPA path."""
+    grads = {}
+    for backend in ("sdpa", "chunked"):
+        q, k, v = (t.clone().requires_grad_(True) for t in _qkv(n=24))
+        g = GGDBias(4, theta_alpha=0.1, theta_beta=[-1.0, 0.0, 1.0, 2.0])
+        s = SSMax(4, scope=scope)
+        attend(q, k, v, bias=g, normaliser=s, doc_ids=_docs(n=24), backend=backend, chunk_size=5).pow(2).sum().backward()
+        grads[backend] = [t.grad for t in (q, k, v, g.theta_alpha, g.theta_beta, s.s)]
+    for a, b in zip(grads["sdpa"], grads["chunked"]):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_chunk_rows_shrink_to_the_block_budget(monkeypatch):
+    """Long keys get fewer query rows per chunk (one float32 logits block <= BLOCK_BYTES), same result."""
+    import posbias.attention.kernel as kernel
+
+    assert kernel._rows_per_chunk(512, 4 * 16384) == 128  # b=1, h=4, 16K keys: 32 MB blocks
+    assert kernel._rows_per_chunk(512, 1) == 512 and kernel._rows_per_chunk(4, 10 ** 9) == 4
+    assert kernel._rows_per_chunk(512, 10 ** 9) == kernel.MIN_ROWS
+    q, k, v = _qkv()
+    g, s = GGDBias(4, "linear"), SSMax(4)
+    full = attend(q, k, v, bias=g, normaliser=s, backend="eager")
+    monkeypatch.setattr(kernel, "BLOCK_BYTES", 4 * 2 * 4 * 40 * 3)  # 3 rows of [b=2, h=4, j=40]
+    monkeypatch.setattr(kernel, "MIN_ROWS", 1)
+    rows = []
+    block = kernel._block
+    monkeypatch.setattr(kernel, "_block", lambda q, *a, **kw: rows.append(q.shape[2]) or block(q, *a, **kw))
+    ch = attend(q, k, v, bias=g, normaliser=s, chunk_size=16)
+    assert max(rows) == 3 and torch.allclose(full, ch, atol=1e-5)
+
+
 def test_no_cross_document_attention():
     q, k, v = _qkv()
     docs = _docs()

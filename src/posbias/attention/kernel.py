@@ -32,8 +32,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from posbias.utils.memory import keep_freed_memory
+
 CHUNK_THRESHOLD = 4096 * 4096  # q_len * k_len above which "auto" switches to the chunked path
 DEFAULT_CHUNK = 512
+BLOCK_BYTES = 32 << 20  # largest float32 logits block per chunk (glibc's mmap ceiling: heap-reused below it)
+MIN_ROWS = 16
 BACKENDS = ("auto", "sdpa", "chunked", "eager", "flex")
 _NEG = torch.finfo(torch.float32).min  # masked logits of the float32 paths (replaced, never added to)
 _MASK_ADD = -1e30  # additive SDPA mask: finite in bf16 too, far below any prior (|bias| <= ~1e26 x s log n)
@@ -98,24 +102,30 @@ def _content_only(normaliser) -> bool:
 
 def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0, return_probs=False):
     """Exact float32 attention of a query block against all keys. q: [b, h, i, d] -> [b, h, i, d]
-    (and the float32 probabilities [b, h, i, j] with ``return_probs``)."""
+    (and the float32 probabilities [b, h, i, j] with ``return_probs``).
+
+    The [b, h, i, j] logits are updated in place wherever autograd allows it (one such block is
+    allocated per step instead of one per operation: at long contexts the copies, not the
+    arithmetic, dominated the time)."""
     scale = 1.0 / math.sqrt(q.shape[-1])
-    z = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [b, h, i, j]
+    z = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scale)  # [b, h, i, j]
     prior = _bias(bias, q_pos, k_pos, q0)[None] if bias is not None else None
     content_only = _content_only(normaliser)
     if prior is not None and not content_only:
-        z = z + prior
+        z.add_(prior)
     allowed = _allowed(q_pos, k_pos, q_doc, k_doc, key_mask, causal)
     if normaliser is not None:
         if allowed is None:
             n = torch.full((1, q.shape[2]), k.shape[2], device=q.device)
         else:
             n = allowed.sum(-1)[:, 0]
-        z = z * normaliser.multiplier(n)
+        multiplier = normaliser.multiplier(n)
+        # the multiplier's gradient needs the logits before scaling: out of place when it is tracked
+        z = z * multiplier if multiplier.requires_grad and torch.is_grad_enabled() else z.mul_(multiplier)
     if prior is not None and content_only:
-        z = z + prior
+        z.add_(prior)
     if allowed is not None:
-        z = z.masked_fill(~allowed, _NEG)
+        z.masked_fill_(~allowed, _NEG)
     p = torch.softmax(z, dim=-1)
     out = torch.matmul(p, v.float()).to(q.dtype)
     return (out, p) if return_probs else out
@@ -269,12 +279,20 @@ def _check_shapes(q, k, v, doc_ids, key_mask) -> tuple[int, int, int]:
     return h, nq, nk
 
 
+def _rows_per_chunk(chunk_size: int, cells_per_row: int) -> int:
+    """Query rows per chunk: at most ``chunk_size``, fewer when one float32 [b, h, rows, j] block
+    would exceed ``BLOCK_BYTES`` (``cells_per_row`` = b * h * j), never fewer than ``MIN_ROWS``."""
+    return max(min(chunk_size, MIN_ROWS), min(chunk_size, BLOCK_BYTES // (4 * max(1, cells_per_row))))
+
+
 def _chunked(q, k, v, q_pos, k_pos, q_doc, doc_ids, key_mask, bias, normaliser, causal, offset, *,
              chunk_size: int) -> torch.Tensor:
     """Exact attention one query chunk at a time (memory ~ chunk x keys); k, v already expanded."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    keep_freed_memory()
     nq, nk = q.shape[2], k.shape[2]
+    chunk_size = _rows_per_chunk(chunk_size, q.shape[0] * q.shape[1] * nk)
     outs = []
     for s in range(0, nq, chunk_size):
         e = min(nq, s + chunk_size)
