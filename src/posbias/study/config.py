@@ -58,6 +58,7 @@ class StudyConfig:
     niah: bool = False
     niah_options: dict = field(default_factory=dict)
     passkey_essay: bool = False  # also passkey in the essay haystack (a filler never trained on)
+    dead_after: int = 0  # a view stops for a scheme after this many lengths in a row with 0 correct (0 = never)
     modes: list[str] = field(default_factory=lambda: ["teacher-forced", "generate"])
     ppl_multipliers: list[float] = field(default_factory=lambda: list(DEFAULT_PPL_MULTIPLIERS))
     ppl_tokens: int | None = None
@@ -77,6 +78,8 @@ class StudyConfig:
         self.ppl_multipliers = [float(m) for m in self.ppl_multipliers]
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.dead_after < 0:
+            raise ValueError(f"dead_after must be >= 0, got {self.dead_after}")
         if self.train_workers < 1:
             raise ValueError(f"train_workers must be >= 1, got {self.train_workers}")
         if self.train_steps is not None and self.train_steps < 1:

@@ -140,23 +140,48 @@ def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Seq
                    modes: Sequence[str] = ("teacher-forced", "generate"), niah: bool = False,
                    niah_options: dict | None = None, passkey_essay: bool = False, ppl_tokens: Sequence[int] | None = None,
                    ppl_contexts: Sequence[int] = (), batch_size: int = 4, token_budget: int = 8192,
-                   extra: dict | None = None, make_instances: Callable | None = None,
-                   progress: bool = True) -> dict[str, list[dict]]:
+                   extra: dict | None = None, make_instances: Callable | None = None, dead_after: int = 0,
+                   progress: bool = True, log: Callable = print) -> dict[str, list[dict]]:
     """Passkey grid (+ NIAH) and perplexity of one model into ``out``; returns the records.
 
-    Lengths the model cannot reach (``LengthBeyondModelError``) are never silently dropped: a
-    study model is a BAM model, which runs at any length.
+    ``dead_after`` > 0: a view stops for this model once that many consecutive lengths (shortest
+    first) had no instance right in any mode; its longer lengths are left unscored (a collapsed
+    scheme costs nothing at 64x+). Lengths the model cannot reach (``LengthBeyondModelError``) are
+    never silently dropped: a study model is a BAM model, which runs at any length.
     """
-    from posbias.evaluation.long_context import run_grid
-
     out = Path(out)
     res: dict[str, list[dict]] = {}
-    common = dict(model_name=name, lengths=lengths, depths=depths, n=n, seed=seed, modes=modes,
+    common = dict(model_name=name, depths=depths, n=n, seed=seed, modes=modes,
                   batch_size=batch_size, token_budget=token_budget, extra=extra,
                   make_instances=make_instances, progress=progress)
     for view, task, options, fname in grid_views(niah=niah, niah_options=niah_options, passkey_essay=passkey_essay):
-        res[view] = run_grid(model, tokenizer, out_jsonl=out / fname, task=task, task_kwargs=options, **common)
+        res[view] = _run_view(model, tokenizer, out_jsonl=out / fname, task=task, options=options, lengths=lengths,
+                              dead_after=dead_after, common=common, log=lambda msg: log(f"[study] {name} {view}: {msg}"))
     if ppl_tokens is not None and len(ppl_contexts):
         res["perplexity"] = run_perplexity(model, ppl_tokens, model_name=name, out_jsonl=out / PPL_FILE,
                                            contexts=ppl_contexts, extra=extra, progress=progress)
     return res
+
+
+def _run_view(model, tokenizer, *, out_jsonl: Path, task: str, options: dict, lengths: Sequence[int],
+              dead_after: int, common: dict, log: Callable) -> list[dict]:
+    """One view's grid, all lengths at once, or shortest first until ``dead_after`` dead lengths."""
+    from posbias.evaluation.long_context import run_grid
+
+    if not dead_after:
+        return run_grid(model, tokenizer, out_jsonl=out_jsonl, task=task, task_kwargs=options, lengths=lengths, **common)
+    records, dead = [], 0
+    ordered = sorted({int(L) for L in lengths})
+    for i, length in enumerate(ordered):
+        records = run_grid(model, tokenizer, out_jsonl=out_jsonl, task=task, task_kwargs=options, lengths=[length],
+                           **common)
+        dead = dead + 1 if not any(is_right(r) for r in records if int(r["length"]) == length) else 0
+        if dead >= dead_after and i + 1 < len(ordered):
+            log(f"0 right at {dead} lengths in a row (up to {length}); lengths {ordered[i + 1:]} not scored")
+            break
+    return records
+
+
+def is_right(record: dict) -> bool:
+    """An instance answered right in any scoring mode (teacher-forced exact match, or a generation score > 0)."""
+    return bool(record.get("tf_em")) or (record.get("gen_score") or 0) > 0

@@ -48,10 +48,14 @@ def _study_schemes(cfg: StudyConfig) -> list[str]:
 
 def _header(cfg: StudyConfig) -> str:
     options = ", ".join(f"{k}={v}" for k, v in sorted(cfg.train_options.items())) or "none"
-    return (f"# Length-extrapolation study\n\npreset `{cfg.preset}`, training context {cfg.train_context}, "
+    text = (f"# Length-extrapolation study\n\npreset `{cfg.preset}`, training context {cfg.train_context}, "
             f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus `{cfg.corpus or 'trainer default'}`, "
             f"tokenizer `{cfg.tokenizer or 'trainer default'}`, passkey rate {cfg.passkey_rate}, "
-            f"training options: {options}; n = {cfg.n} per cell, depths {cfg.depths}.\n")
+            f"NIAH rate {cfg.niah_rate}, training options: {options}; n = {cfg.n} per cell, depths {cfg.depths}.\n")
+    if cfg.dead_after:
+        text += (f"\nBlank cells after a scheme's last scored length were not scored: `--dead-after {cfg.dead_after}` "
+                 f"stops a scheme's grid after {cfg.dead_after} lengths in a row with no instance right.\n")
+    return text
 
 
 def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Sequence[str], lengths: Sequence[int],
@@ -78,6 +82,10 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
                                 title=f"{view} accuracy ({label})", train_context=cfg.train_context)
         sections.append(_accuracy_table(f"{view}, {label} accuracy (%), mean over depths", curves, schemes,
                                         lengths, cfg.train_context))
+    cost = _cost_table(f"{view}, seconds per instance (median) / peak memory (MB)", recs, schemes, lengths,
+                       cfg.train_context)
+    if cost:
+        sections.append(cost)
     for m in schemes:
         rows = [c for c in cells if c["model"] == m]
         for value, label in (("tf_acc", "teacher-forced"), ("gen_acc", "generation")):
@@ -167,6 +175,29 @@ def _accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: S
         cells = [f"{100 * by[L]:.0f}" if L in by else "" for L in lengths]
         rows.append(f"| {m} | " + " | ".join(cells) + " |")
     return f"## {title}\n\n" + "\n".join([head, sep, *rows]) + "\n"
+
+
+def _cost_table(title: str, recs: list[dict], schemes: Sequence[str], lengths: Sequence[int],
+                train_context: int) -> str:
+    """Per scheme and length: the median of the records' ``seconds`` and the largest peak memory
+    (``peak_gpu_mb`` on CUDA, else the process's ``peak_rss_mb``); "" when no record carries them."""
+    import statistics
+
+    def cell(rows):
+        secs = [r["seconds"] for r in rows if r.get("seconds") is not None]
+        mem = [r.get("peak_gpu_mb", r.get("peak_rss_mb")) for r in rows]
+        mem = [m for m in mem if m is not None]
+        return (f"{statistics.median(secs):.3g}" if secs else "-") + " / " + (f"{max(mem):.0f}" if mem else "-")
+
+    if not any(r.get("seconds") is not None for r in recs):
+        return ""
+    head = "| scheme | " + " | ".join(_fmt_len(L, train_context) for L in lengths) + " |"
+    rows = []
+    for m in schemes:
+        by = {L: [r for r in recs if r.get("model") == m and int(r["length"]) == L] for L in lengths}
+        if any(by.values()):
+            rows.append(f"| {m} | " + " | ".join(cell(v) if v else "" for v in by.values()) + " |")
+    return f"## {title}\n\n" + "\n".join([head, "|---|" + "---|" * len(lengths), *rows]) + "\n"
 
 
 def _ppl_table(rows: list[dict], schemes: Sequence[str]) -> str:

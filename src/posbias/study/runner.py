@@ -115,8 +115,8 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
                        seed=cfg.seed, modes=cfg.modes, niah=cfg.niah, niah_options=cfg.niah_options,
                        passkey_essay=cfg.passkey_essay,
                        ppl_tokens=ppl_tokens, ppl_contexts=cfg.ppl_contexts, batch_size=cfg.batch_size,
-                       token_budget=cfg.token_budget, extra={"scheme": scheme},
-                       make_instances=make_instances, progress=progress)
+                       token_budget=cfg.token_budget, extra={"scheme": scheme}, dead_after=cfg.dead_after,
+                       make_instances=make_instances, progress=progress, log=log)
         _model_views(cfg, scheme, model, tok, make_instances=make_instances, log=log)
         del model
     metrics = write_report(cfg)

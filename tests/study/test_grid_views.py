@@ -1,0 +1,70 @@
+"""The study grid stops a collapsed scheme early (``dead_after``) and reports cost per instance."""
+from __future__ import annotations
+
+import pytest
+
+
+def _fake_grid(right_at: set[int], calls: list):
+    """A run_grid stand-in: one record per requested length, right exactly at ``right_at``."""
+    store: list[dict] = []
+
+    def run_grid(model, tokenizer, *, out_jsonl, task, task_kwargs, lengths, model_name, **kw):
+        calls.append((task, tuple(lengths), dict(task_kwargs)))
+        store.extend({"model": model_name, "task": task, "length": L, "tf_em": L in right_at, "gen_score": None}
+                     for L in lengths)
+        return [r for r in store if r["task"] == task]
+
+    return run_grid
+
+
+@pytest.mark.parametrize("dead_after,scored", [(0, [1, 2, 4, 8, 16]), (1, [1, 2]), (2, [1, 2, 4]), (9, [1, 2, 4, 8, 16])])
+def test_a_view_stops_after_dead_lengths_in_a_row(monkeypatch, tmp_path, dead_after, scored):
+    import posbias.evaluation.long_context as lc
+    from posbias.study.grid import evaluate_model
+
+    calls, logs = [], []
+    monkeypatch.setattr(lc, "run_grid", _fake_grid({1}, calls))
+    res = evaluate_model(None, None, name="rope", out=tmp_path, lengths=[16, 1, 4, 2, 8], dead_after=dead_after,
+                         log=logs.append, progress=False)
+    assert sorted({r["length"] for r in res["passkey"]}) == scored
+    if 0 < dead_after < 5:
+        assert len(logs) == 1 and f"lengths {[L for L in (1, 2, 4, 8, 16) if L not in scored]} not scored" in logs[0]
+    else:
+        assert not logs
+
+
+def test_a_right_answer_resets_the_dead_count_and_each_view_counts_alone(monkeypatch, tmp_path):
+    import posbias.evaluation.long_context as lc
+    from posbias.study.grid import evaluate_model
+
+    calls = []
+    monkeypatch.setattr(lc, "run_grid", _fake_grid({1, 4}, calls))
+    res = evaluate_model(None, None, name="ggd", out=tmp_path, lengths=[1, 2, 4, 8, 16, 32], dead_after=2, niah=True,
+                         log=lambda m: None, progress=False)
+    assert sorted({r["length"] for r in res["passkey"]}) == [1, 2, 4, 8, 16]  # 2 dead, 4 right, 8 + 16 dead
+    assert sorted({r["length"] for r in res["niah"]}) == [1, 2, 4, 8, 16]
+    assert {c[0] for c in calls} == {"passkey", "niah"}
+
+
+def test_is_right_reads_either_mode():
+    from posbias.study.grid import is_right
+
+    assert is_right({"tf_em": True}) and is_right({"tf_em": False, "gen_score": 0.5})
+    assert not is_right({"tf_em": False, "gen_score": 0.0}) and not is_right({"tf_em": None, "gen_score": None})
+
+
+def test_cost_table_medians_seconds_and_largest_peak_memory():
+    from posbias.study.report import _cost_table
+
+    recs = [{"model": "ggd", "length": 256, "seconds": s, "peak_rss_mb": m} for s, m in ((0.1, 700), (0.3, 720), (0.2, 710))]
+    recs += [{"model": "ggd", "length": 512, "seconds": 1.5, "peak_rss_mb": 900}]
+    table = _cost_table("cost", recs, ["ggd", "rope"], [256, 512, 1024], 256)
+    assert "| ggd | 0.2 / 720 | 1.5 / 900 |  |" in table and "| rope" not in table
+    assert _cost_table("cost", [{"model": "ggd", "length": 256}], ["ggd"], [256], 256) == ""
+
+
+def test_negative_dead_after_is_refused():
+    from posbias.study.config import StudyConfig
+
+    with pytest.raises(ValueError, match="dead_after"):
+        StudyConfig(out="x", dead_after=-1)
