@@ -68,3 +68,18 @@ def test_negative_dead_after_is_refused():
 
     with pytest.raises(ValueError, match="dead_after"):
         StudyConfig(out="x", dead_after=-1)
+
+
+def test_niah_essay_is_ruler_single_2_in_its_own_file(monkeypatch, tmp_path):
+    """--niah is RULER single_1 (noise haystack), --niah-essay single_2 (essays), each in its own file."""
+    import posbias.evaluation.long_context as lc
+    from posbias.study.grid import NIAH_ESSAY_FILE, NIAH_FILE, evaluate_model, grid_views
+
+    views = {v: (task, opts, f) for v, task, opts, f in grid_views(niah=True, niah_essay=True,
+                                                                    niah_options={"num_needles": 1})}
+    assert views["niah"] == ("niah", {"num_needles": 1}, NIAH_FILE)
+    assert views["niah-essay"] == ("niah", {"num_needles": 1, "haystack": "essay"}, NIAH_ESSAY_FILE)
+    calls = []
+    monkeypatch.setattr(lc, "run_grid", _fake_grid({1}, calls))
+    res = evaluate_model(None, None, name="ggd", out=tmp_path, lengths=[1], niah_essay=True, progress=False)
+    assert set(res) == {"passkey", "niah-essay"} and calls[-1] == ("niah", (1,), {"haystack": "essay"})

@@ -140,7 +140,7 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
 
     total = len(lengths) * len(depths) * n
     bar = tqdm(total=total, desc=f"{model_name} {task}", unit="inst", disable=not progress)
-    bar.update(min(total, len(done)))
+    bar.update(min(total, sum(1 for key in done if key[2] in lengths)))  # this call's lengths only
     try:
         for length in lengths:
             bs = 1 if shared else max(1, min(batch_size, token_budget // max(1, length)))

@@ -58,6 +58,7 @@ class StudyConfig:
     niah: bool = False
     niah_options: dict = field(default_factory=dict)
     passkey_essay: bool = False  # also passkey in the essay haystack (a filler never trained on)
+    niah_essay: bool = False  # also NIAH in the essay haystack (RULER single_2)
     dead_after: int = 0  # a view stops for a scheme after this many lengths in a row with 0 correct (0 = never)
     modes: list[str] = field(default_factory=lambda: ["teacher-forced", "generate"])
     ppl_multipliers: list[float] = field(default_factory=lambda: list(DEFAULT_PPL_MULTIPLIERS))

@@ -113,7 +113,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         ppl_tokens = _ppl_tokens(cfg, tok, heldout)
         evaluate_model(model, tok, name=scheme, out=out, lengths=cfg.lengths, depths=cfg.depths, n=cfg.n,
                        seed=cfg.seed, modes=cfg.modes, niah=cfg.niah, niah_options=cfg.niah_options,
-                       passkey_essay=cfg.passkey_essay,
+                       passkey_essay=cfg.passkey_essay, niah_essay=cfg.niah_essay,
                        ppl_tokens=ppl_tokens, ppl_contexts=cfg.ppl_contexts, batch_size=cfg.batch_size,
                        token_budget=cfg.token_budget, extra={"scheme": scheme}, dead_after=cfg.dead_after,
                        make_instances=make_instances, progress=progress, log=log)
