@@ -46,6 +46,8 @@ def grid_views(*, niah: bool = False, niah_options: dict | None = None, passkey_
     if niah_essay:
         views.append(("niah-essay", "niah", {**(niah_options or {}), "haystack": "essay"}, NIAH_ESSAY_FILE))
     return views
+
+
 PPL_FILE = "perplexity.jsonl"
 
 
@@ -143,8 +145,8 @@ def run_perplexity(model, token_ids, *, model_name: str, out_jsonl: str | Path, 
 def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Sequence[int],
                    depths: Sequence[float] = DEFAULT_DEPTHS, n: int = 5, seed: int = 0,
                    modes: Sequence[str] = ("teacher-forced", "generate"), niah: bool = False,
-                   niah_options: dict | None = None, passkey_essay: bool = False, niah_essay: bool = False, ppl_tokens: Sequence[int] | None = None,
-                   ppl_contexts: Sequence[int] = (), batch_size: int = 4, token_budget: int = 8192,
+                   niah_options: dict | None = None, passkey_essay: bool = False, niah_essay: bool = False,
+                   ppl_tokens: Sequence[int] | None = None, ppl_contexts: Sequence[int] = (), batch_size: int = 4, token_budget: int = 8192,
                    extra: dict | None = None, make_instances: Callable | None = None, dead_after: int = 0,
                    progress: bool = True, log: Callable = print) -> dict[str, list[dict]]:
     """Passkey grid (+ NIAH) and perplexity of one model into ``out``; returns the records.
