@@ -146,7 +146,8 @@ def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Seq
                    depths: Sequence[float] = DEFAULT_DEPTHS, n: int = 5, seed: int = 0,
                    modes: Sequence[str] = ("teacher-forced", "generate"), niah: bool = False,
                    niah_options: dict | None = None, passkey_essay: bool = False, niah_essay: bool = False,
-                   ppl_tokens: Sequence[int] | None = None, ppl_contexts: Sequence[int] = (), batch_size: int = 4, token_budget: int = 8192,
+                   ppl_tokens: Sequence[int] | None = None, ppl_contexts: Sequence[int] = (), batch_size: int = 4,
+                   token_budget: int = 8192,
                    extra: dict | None = None, make_instances: Callable | None = None, dead_after: int = 0,
                    progress: bool = True, log: Callable = print) -> dict[str, list[dict]]:
     """Passkey grid (+ NIAH) and perplexity of one model into ``out``; returns the records.
