@@ -411,7 +411,7 @@ def test_study_end_to_end_and_resume(tmp_path, fake_train):
               progress=False, log=lambda *a: None)
     assert len(calls) == 2 and len((out / "passkey.jsonl").read_text().splitlines()) == len(pk) + 1
     summary = (out / "summary.md").read_text()
-    assert "| rope | 0 | 0 |  |" in summary and "640 (4x)" in summary
+    assert "| rope | 0 [0, 79] | 0 [0, 79] |  |" in summary and "640 (4x)" in summary  # n = 1: Wilson interval
     # a resume with other training settings is refused
     with pytest.raises(ValueError, match="train_steps"):
         run_study(StudyConfig(**{**kw, "train_steps": 4}, resume=True), train_fn=train, progress=False,

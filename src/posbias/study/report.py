@@ -80,8 +80,9 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
             metrics += [{"kind": f"{view}_{mode}_by_length", "model": m, "length": L, "acc": a} for L, a in by.items()]
         plot_accuracy_vs_length(curves, plots / f"{view}_{mode}_accuracy_vs_length.png",
                                 title=f"{view} accuracy ({label})", train_context=cfg.train_context)
-        sections.append(_accuracy_table(f"{view}, {label} accuracy (%), mean over depths", curves, schemes,
-                                        lengths, cfg.train_context))
+        sizes_by = _instances_by_length(recs, "tf_em" if mode == "tf" else "gen_score")
+        sections.append(_accuracy_table(f"{view}, {label} accuracy (%), mean over depths [95% Wilson interval]",
+                                        curves, schemes, lengths, cfg.train_context, sizes_by))
     cost = _cost_table(f"{view}, seconds per instance (median) / peak memory (MB)", recs, schemes, lengths,
                        cfg.train_context)
     if cost:
@@ -166,14 +167,34 @@ def _fmt_len(L: int, train_context: int) -> str:
     return f"{L} ({x:g}x)"
 
 
-def _accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: Sequence[int], train_context: int) -> str:
+def _instances_by_length(recs: list[dict], key: str) -> dict[str, dict[int, int]]:
+    """``{model: {length: instances scored}}`` for the score ``key`` (tf_em / gen_score)."""
+    out: dict[str, dict[int, int]] = {}
+    for r in recs:
+        if r.get(key) is not None:
+            by = out.setdefault(r["model"], {})
+            by[int(r["length"])] = by.get(int(r["length"]), 0) + 1
+    return out
+
+
+def _accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: Sequence[int], train_context: int,
+                    sizes: dict[str, dict[int, int]] | None = None) -> str:
+    """Accuracy (%) per scheme and length; with ``sizes`` (instances per cell) also its Wilson interval."""
+    from posbias.evaluation.stats import wilson_interval
+
+    def cell(m, L):
+        a = curves.get(m, {}).get(L)
+        if a is None:
+            return ""
+        n = (sizes or {}).get(m, {}).get(L)
+        if not n:
+            return f"{100 * a:.0f}"
+        lo, hi = wilson_interval(a * n, n)
+        return f"{100 * a:.0f} [{100 * lo:.0f}, {100 * hi:.0f}]"
+
     head = "| scheme | " + " | ".join(_fmt_len(L, train_context) for L in lengths) + " |"
     sep = "|---|" + "---|" * len(lengths)
-    rows = []
-    for m in schemes:
-        by = curves.get(m, {})
-        cells = [f"{100 * by[L]:.0f}" if L in by else "" for L in lengths]
-        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    rows = [f"| {m} | " + " | ".join(cell(m, L) for L in lengths) + " |" for m in schemes]
     return f"## {title}\n\n" + "\n".join([head, sep, *rows]) + "\n"
 
 
