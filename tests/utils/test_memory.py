@@ -17,3 +17,13 @@ def test_glibc_accepts_the_settings(monkeypatch):
     monkeypatch.delenv("POSBIAS_MALLOC_TUNING", raising=False)
     assert memory.keep_freed_memory() is True
     assert memory.keep_freed_memory() is True  # once per process; the second call does nothing
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/clear_refs")
+def test_peak_rss_restarts_at_each_reset():
+    block = bytearray(200 * 2**20)
+    block[:: 4096] = b"x" * len(block[:: 4096])  # touch every page
+    high = memory.peak_rss_mb()
+    del block
+    assert memory.reset_peak_rss()
+    assert memory.peak_rss_mb() < high - 150  # the freed 200 MB no longer count

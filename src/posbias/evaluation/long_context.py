@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from posbias.evaluation.modes import GENERATE, TEACHER_FORCED, canonical_mode
+from posbias.utils.memory import peak_rss_mb, reset_peak_rss
 from posbias.utils.io import append_jsonl, read_jsonl
 
 MODES = (TEACHER_FORCED, GENERATE)
@@ -178,19 +179,20 @@ def _reset_peak(model) -> None:
         import torch
 
         torch.cuda.reset_peak_memory_stats(dev)
+    else:
+        reset_peak_rss()
 
 
 def _peak_memory(model) -> dict:
-    """``peak_gpu_mb`` (this chunk's peak on CUDA) or ``peak_rss_mb`` (the process's peak so far: the
-    grid runs lengths in increasing order, so at a length it bounds that length's instances)."""
+    """``peak_gpu_mb`` (this chunk's peak on CUDA) or ``peak_rss_mb`` (resident memory: this chunk's
+    peak on Linux, see :func:`posbias.utils.memory.peak_rss_mb`; elsewhere the process's peak so far,
+    which bounds the chunk's because the grid runs lengths in increasing order)."""
     dev = _model_device(model)
     if dev.type == "cuda":
         import torch
 
         return {"peak_gpu_mb": round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)}
-    import resource
-
-    return {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    return {"peak_rss_mb": round(peak_rss_mb(), 1)}
 
 
 def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_size: int,

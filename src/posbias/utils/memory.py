@@ -33,4 +33,32 @@ def keep_freed_memory() -> bool:
     return _done
 
 
-__all__ = ["keep_freed_memory", "SETTINGS"]
+def reset_peak_rss() -> bool:
+    """Restart the kernel's resident-memory high-water mark (Linux ``/proc/self/clear_refs`` = 5), so
+    :func:`peak_rss_mb` then reports the peak since this call; False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory in MB: since the last :func:`reset_peak_rss` on Linux (``VmHWM``; it
+    includes freed memory the allocator keeps for reuse), else the process's peak (``ru_maxrss``)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KB elsewhere
+
+
+__all__ = ["keep_freed_memory", "peak_rss_mb", "reset_peak_rss", "SETTINGS"]
