@@ -5,8 +5,10 @@ default malloc returns such blocks to the kernel at once (``mmap`` / heap trimmi
 is page-faulted and zeroed again: on the 2-core machine that kernel time was as large as the
 arithmetic itself. :func:`keep_freed_memory` makes freed memory stay in the process (``mallopt``:
 mmap threshold 32 MB, 512 MB of top padding, no trimming below 2 GB), which the next chunk reuses.
-Results are unchanged; only where the bytes come from differs. Set ``POSBIAS_MALLOC_TUNING=0`` to
-keep the defaults; nothing happens on non-glibc systems.
+Results are unchanged; only where the bytes come from differs. The price: the process keeps what it
+freed (up to ~2.5 GB resident after a long-context run) until it exits. Set ``POSBIAS_MALLOC_TUNING=0``
+to keep the defaults; nothing happens on non-glibc systems. It is applied by the first chunked
+attention call (:func:`posbias.attention.attend`), not at import.
 """
 from __future__ import annotations
 
