@@ -192,16 +192,20 @@ def _accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: S
         lo, hi = wilson_interval(a * n, n)
         return f"{100 * a:.0f} [{100 * lo:.0f}, {100 * hi:.0f}]"
 
+    return _length_table(title, lengths, train_context, [(m, [cell(m, L) for L in lengths]) for m in schemes])
+
+
+def _length_table(title: str, lengths: Sequence[int], train_context: int, rows: list[tuple[str, list[str]]]) -> str:
+    """A markdown section: one row per ``(scheme, cells)``, one column per length ("256 (1x)")."""
     head = "| scheme | " + " | ".join(_fmt_len(L, train_context) for L in lengths) + " |"
-    sep = "|---|" + "---|" * len(lengths)
-    rows = [f"| {m} | " + " | ".join(cell(m, L) for L in lengths) + " |" for m in schemes]
-    return f"## {title}\n\n" + "\n".join([head, sep, *rows]) + "\n"
+    lines = [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows]
+    return f"## {title}\n\n" + "\n".join([head, "|---|" + "---|" * len(lengths), *lines]) + "\n"
 
 
 def _cost_table(title: str, recs: list[dict], schemes: Sequence[str], lengths: Sequence[int],
                 train_context: int) -> str:
     """Per scheme and length: the median of the records' ``seconds`` and the largest peak memory
-    (``peak_gpu_mb`` on CUDA, else the process's ``peak_rss_mb``); "" when no record carries them."""
+    (``peak_gpu_mb`` on CUDA, else ``peak_rss_mb``); "" when no record carries them."""
     import statistics
 
     def cell(rows):
@@ -212,13 +216,12 @@ def _cost_table(title: str, recs: list[dict], schemes: Sequence[str], lengths: S
 
     if not any(r.get("seconds") is not None for r in recs):
         return ""
-    head = "| scheme | " + " | ".join(_fmt_len(L, train_context) for L in lengths) + " |"
     rows = []
     for m in schemes:
         by = {L: [r for r in recs if r.get("model") == m and int(r["length"]) == L] for L in lengths}
         if any(by.values()):
-            rows.append(f"| {m} | " + " | ".join(cell(v) if v else "" for v in by.values()) + " |")
-    return f"## {title}\n\n" + "\n".join([head, "|---|" + "---|" * len(lengths), *rows]) + "\n"
+            rows.append((m, [cell(v) if v else "" for v in by.values()]))
+    return _length_table(title, lengths, train_context, rows)
 
 
 def _ppl_table(rows: list[dict], schemes: Sequence[str]) -> str:
