@@ -18,21 +18,24 @@ import os
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc <malloc.h>
 SETTINGS = ((M_MMAP_THRESHOLD, 32 << 20), (M_TOP_PAD, 512 << 20), (M_TRIM_THRESHOLD, (1 << 31) - 1))
-_done = False
+_state: dict[str, bool] = {}  # "applied": the outcome of the one attempt per process
 
 
 def keep_freed_memory() -> bool:
-    """Apply :data:`SETTINGS` once per process; True when glibc accepted them."""
-    global _done
-    if _done or os.environ.get("POSBIAS_MALLOC_TUNING", "1") == "0":
-        return _done
+    """Apply :data:`SETTINGS` once per process; True when glibc accepted them. Later calls only return
+    that outcome (it sits on the chunked-attention path: no library lookup is retried)."""
+    if "applied" not in _state:
+        _state["applied"] = os.environ.get("POSBIAS_MALLOC_TUNING", "1") != "0" and _mallopt_all()
+    return _state["applied"]
+
+
+def _mallopt_all() -> bool:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # not glibc (macOS, musl without mallopt, Windows)
         return False
-    _done = all(mallopt(option, value) == 1 for option, value in SETTINGS)
-    return _done
+    return all(mallopt(option, value) == 1 for option, value in SETTINGS)
 
 
 def reset_peak_rss() -> bool:
