@@ -285,3 +285,13 @@ def accuracy_by_length(records: Iterable[dict], *, mode: str = "tf") -> dict[str
         if key in r:
             acc[r["model"]][int(r["length"])].append(float(r[key]))
     return {m: {L: sum(v) / len(v) for L, v in sorted(by.items())} for m, by in acc.items()}
+
+
+def instances_by_length(records: Iterable[dict], *, mode: str = "tf") -> dict[str, dict[int, int]]:
+    """``{model: {length: instances}}``: the denominators of :func:`accuracy_by_length` (same records)."""
+    key = "tf_em" if mode == "tf" else "gen_score"
+    out: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for r in records:
+        if key in r:
+            out[r["model"]][int(r["length"])] += 1
+    return {m: dict(by) for m, by in out.items()}

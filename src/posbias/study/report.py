@@ -62,7 +62,7 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
                    metrics: list[dict]) -> list[str]:
     """One grid view (passkey / passkey-essay / niah): its cells and curves appended to ``metrics``,
     accuracy-vs-length plots and per-scheme heatmaps drawn, tables returned."""
-    from posbias.evaluation.long_context import accuracy_by_length, summarize_grid
+    from posbias.evaluation.long_context import accuracy_by_length, instances_by_length, summarize_grid
     from posbias.study.plots import plot_accuracy_vs_length, plot_heatmap
 
     plots, sections = Path(cfg.out) / "plots", []
@@ -80,7 +80,7 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
             metrics += [{"kind": f"{view}_{mode}_by_length", "model": m, "length": L, "acc": a} for L, a in by.items()]
         plot_accuracy_vs_length(curves, plots / f"{view}_{mode}_accuracy_vs_length.png",
                                 title=f"{view} accuracy ({label})", train_context=cfg.train_context)
-        sizes_by = _instances_by_length(recs, "tf_em" if mode == "tf" else "gen_score")
+        sizes_by = instances_by_length(recs, mode=mode)
         sections.append(_accuracy_table(f"{view}, {label} accuracy (%), mean over depths [95% Wilson interval]",
                                         curves, schemes, lengths, cfg.train_context, sizes_by))
     cost = _cost_table(f"{view}, seconds per instance (median) / peak memory (MB)", recs, schemes, lengths,
@@ -165,16 +165,6 @@ def _training_table(out: Path, schemes: Sequence[str]) -> str:
 def _fmt_len(L: int, train_context: int) -> str:
     x = L / train_context
     return f"{L} ({x:g}x)"
-
-
-def _instances_by_length(recs: list[dict], key: str) -> dict[str, dict[int, int]]:
-    """``{model: {length: instances scored}}`` for the score ``key`` (tf_em / gen_score)."""
-    out: dict[str, dict[int, int]] = {}
-    for r in recs:
-        if r.get(key) is not None:
-            by = out.setdefault(r["model"], {})
-            by[int(r["length"])] = by.get(int(r["length"]), 0) + 1
-    return out
 
 
 def _accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: Sequence[int], train_context: int,
