@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from posbias.study.grid import (DEFAULT_DEPTHS, DEFAULT_MULTIPLIERS, DEFAULT_PPL_MULTIPLIERS, DEFAULT_SCHEMES,
                                 grid_lengths, parse_schemes)
 from posbias.evaluation.modes import canonical_mode
+from posbias.utils.options import check_int
 
 
 MODELS_FILE = "models.json"
@@ -79,8 +80,7 @@ class StudyConfig:
         self.ppl_multipliers = [float(m) for m in self.ppl_multipliers]
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.dead_after < 0:
-            raise ValueError(f"dead_after must be >= 0, got {self.dead_after}")
+        self.dead_after = check_int("dead_after", self.dead_after, minimum=0)
         if self.train_workers < 1:
             raise ValueError(f"train_workers must be >= 1, got {self.train_workers}")
         if self.train_steps is not None and self.train_steps < 1:
