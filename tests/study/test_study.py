@@ -544,3 +544,22 @@ def test_one_mode_spelling_with_the_old_one_accepted():
     assert StudyConfig(out="x", modes=["teacher_forced", "generate"]).modes == ["teacher-forced", "generate"]
     assert StudyConfig(out="x").modes == ["teacher-forced", "generate"]
     assert canonical_mode("tf") == "teacher-forced" and canonical_mode("bogus") == "bogus"
+
+
+def test_two_study_invocations_training_at_once_keep_each_others_models(tmp_path, monkeypatch):
+    """models.json is re-read before each entry is added: an invocation that read it before another
+    one recorded its model (two `posbias study --schemes X` on one folder at once) does not drop it."""
+    import posbias.study.training as training
+    from posbias.study.runner import StudyConfig, ensure_models
+
+    monkeypatch.setattr(training, "_train_config_class", lambda: None)
+    out = tmp_path / "s"
+
+    def train_rope_meanwhile(config):  # while alibi trains, another invocation records rope
+        ensure_models(StudyConfig(out=str(out), schemes="rope", train_steps=2, train_context=160),
+                      train_fn=_picklable_fake_train, log=lambda *a: None)
+        return _picklable_fake_train(config)
+
+    ensure_models(StudyConfig(out=str(out), schemes="alibi", train_steps=2, train_context=160),
+                  train_fn=train_rope_meanwhile, log=lambda *a: None)
+    assert set(json.loads((out / "models.json").read_text())) == {"rope", "alibi"}

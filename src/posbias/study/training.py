@@ -120,7 +120,7 @@ def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus:
             raise RuntimeError(f"training {scheme} ended without a final model in {model_path} (stopped early, "
                                "e.g. by stop_after?); re-run the study to continue its training")
         models[scheme] = str(model_path)
-        atomic_write_json(path, {k: _relative(out, v) for k, v in models.items()})
+        _record_model(path, scheme, _relative(out, model_path))
         log(f"[study] trained {scheme} in {seconds:.0f}s")
 
     jobs = [(scheme, out / "models" / model_dir_name(scheme)) for scheme in todo]
@@ -134,6 +134,13 @@ def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus:
             t0 = time.time()
             record(scheme, fn(train_config(cfg, scheme, target, corpus)), target, time.time() - t0)
     return models
+
+
+def _record_model(path: Path, scheme: str, folder: str) -> None:
+    """Add one trained model to models.json, re-reading the file first: another study invocation
+    on the same folder (e.g. one training a different scheme at the same time) keeps its entries."""
+    on_disk = json.loads(path.read_text()) if path.exists() else {}
+    atomic_write_json(path, {**on_disk, scheme: folder})
 
 
 def _train_parallel(cfg: StudyConfig, jobs, train_fn, corpus, record) -> None:
