@@ -134,7 +134,7 @@ def discard_unfinished(out: Path, config: dict) -> None:
     removed, so the corrected command starts afresh. Nothing else is touched."""
     import shutil
 
-    from posbias.utils.run_folder import CONFIG, folder_kind, settings_diff
+    from posbias.utils.run_folder import CONFIG, INVOCATIONS, folder_kind, settings_diff
 
     path = out / CONFIG
     if folder_kind(out) != "study" or any((out / f).exists() for f in RESULT_FILES):
@@ -144,6 +144,7 @@ def discard_unfinished(out: Path, config: dict) -> None:
         return
     for name in DERIVED:
         shutil.rmtree(out / name, ignore_errors=True)
+    (out / INVOCATIONS).unlink(missing_ok=True)
     path.unlink()
 
 

@@ -13,7 +13,9 @@ The returned :class:`RunFolder` writes ``config.json`` (``kind``, settings, libr
 command line) only when :meth:`RunFolder.commit` is called, which a run does just before it
 writes its first result; a run rejected while validating its input therefore leaves nothing
 behind and never locks the folder. On a resume ``commit`` records this invocation's settings,
-the ones the run's summary then describes.
+the ones the run's summary then describes; every committed invocation is also appended to
+``invocations.jsonl`` (time, command line, settings), the record of a folder that several
+invocations filled (e.g. a study evaluated one scheme per invocation).
 
 ``posbias apply`` writes a model folder instead: its kind is recognised by the Hugging Face
 ``config.json`` next to ``posbias_factors.json``, and it never commits a posbias config.
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 CONFIG = "config.json"
+INVOCATIONS = "invocations.jsonl"
 KINDS = ("eval", "compare", "search", "analyze", "apply", "train", "study", "tune", "train-moice", "ability")
 # Configs written before ``kind`` was recorded: the key that only that kind's settings have.
 _LEGACY_MARKERS = (("search", "ga"), ("compare", "methods"), ("study", "schemes"), ("train", "pe"),
@@ -46,15 +49,20 @@ class RunFolder:
     _committed: bool = field(default=False, repr=False)
 
     def commit(self) -> Path:
-        """Write ``config.json`` (once; the parent run's first) and return the folder."""
+        """Write ``config.json`` and append to ``invocations.jsonl`` (once; the parent run's first)
+        and return the folder."""
         if not self._committed:
-            from posbias.utils.io import atomic_write_json, versions
+            import time
+
+            from posbias.utils.io import append_jsonl, atomic_write_json, versions
 
             if self.parent is not None:
                 self.parent.commit()
             self.path.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.path / CONFIG, {"kind": self.kind, "config": self.config,
-                                                   "versions": versions(), "argv": sys.argv})
+            record = {"kind": self.kind, "config": self.config, "versions": versions(), "argv": sys.argv}
+            atomic_write_json(self.path / CONFIG, record)
+            append_jsonl(self.path / INVOCATIONS, {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                                   "resumed": self.resuming, **record})
             self._committed = True
         return self.path
 

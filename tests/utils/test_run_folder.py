@@ -1,0 +1,43 @@
+"""Run folders record every invocation that wrote into them (config.json holds only the last)."""
+import json
+
+import pytest
+
+from posbias.utils.run_folder import CONFIG, INVOCATIONS, open_run
+
+
+def _lines(folder):
+    return [json.loads(line) for line in (folder / INVOCATIONS).read_text().splitlines()]
+
+
+def test_each_committed_invocation_is_appended_and_config_holds_the_last(tmp_path):
+    out = tmp_path / "run"
+    open_run(out, "study", {"schemes": ["ggd"], "seed": 1}, check_keys=["seed"]).commit()
+    second = open_run(out, "study", {"schemes": ["alibi"], "seed": 1}, check_keys=["seed"])
+    second.commit()
+    second.commit()  # one line per invocation, however often a run commits
+    lines = _lines(out)
+    assert [r["config"]["schemes"] for r in lines] == [["ggd"], ["alibi"]]
+    assert [r["resumed"] for r in lines] == [False, True]
+    assert all(r["kind"] == "study" and r["time"] and r["argv"] for r in lines)
+    assert json.loads((out / CONFIG).read_text())["config"]["schemes"] == ["alibi"]
+
+
+def test_a_rejected_invocation_appends_nothing(tmp_path):
+    out = tmp_path / "run"
+    open_run(out, "study", {"seed": 1}, check_keys=["seed"]).commit()
+    with pytest.raises(ValueError, match="other settings"):
+        open_run(out, "study", {"seed": 2}, check_keys=["seed"])
+    open_run(tmp_path / "never", "study", {"seed": 1})  # checked, never committed
+    assert len(_lines(out)) == 1 and not (tmp_path / "never").exists()
+
+
+def test_a_study_folder_discarded_before_any_result_leaves_no_invocation_record(tmp_path):
+    from posbias.study.runner import discard_unfinished
+
+    out = tmp_path / "study"
+    open_run(out, "study", {"seed": 0, "train_context": 256}, check_keys=["seed"]).commit()
+    discard_unfinished(out, {"seed": 0, "train_context": 4})  # nothing trained or scored yet
+    assert not any(out.iterdir())
+    open_run(out, "study", {"seed": 0, "train_context": 4}, check_keys=["seed"]).commit()
+    assert len(_lines(out)) == 1
