@@ -4,11 +4,14 @@ import json
 from posbias.study.report import _training_table
 
 
-def _model(out, name, metrics, probe_target=0.0):
+def _model(out, name, metrics, probe_target=0.0, finished=True):
     folder = out / "models" / name
     folder.mkdir(parents=True)
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
     (folder / "config.json").write_text(json.dumps({"kind": "train", "config": {"probe_target": probe_target}}))
+    if finished:  # the trainer's final model (a Hugging Face config)
+        (folder / "final").mkdir()
+        (folder / "final" / "config.json").write_text(json.dumps({"model_type": "bam"}))
 
 
 def test_training_table_says_where_each_scheme_reached_its_probe_target(tmp_path):
@@ -17,8 +20,10 @@ def test_training_table_says_where_each_scheme_reached_its_probe_target(tmp_path
                                     {"step": 3, "stopped_by": "probe_target", "probe_target": 0.95, "tokens": 3000}], 0.95)
     _model(tmp_path, "rope", loss + [{"step": 3, "passkey_em": 0.25, "passkey_logprob": -8.0}], 0.95)
     _model(tmp_path, "alibi", loss + [{"step": 3, "passkey_em": 0.5, "passkey_logprob": -4.0}])
-    table = _training_table(tmp_path, ["ggd", "rope", "alibi"]).splitlines()
+    _model(tmp_path, "nope", loss + [{"step": 3, "passkey_em": 0.0, "passkey_logprob": -9.0}], 0.95, finished=False)
+    table = _training_table(tmp_path, ["ggd", "rope", "alibi", "nope"]).splitlines()
     row = {line.split("|")[1].strip(): line for line in table if line.startswith("| ") and "scheme" not in line}
     assert "100% (-0.1), target 95% reached at step 3 (0.00M tokens)" in row["ggd"]
     assert "25% (-8.0), target 95% not reached" in row["rope"]
     assert row["alibi"].endswith("50% (-4.0) |")
+    assert "0% (-9.0), still training |" in row["nope"]  # a report written mid-training says so

@@ -9,7 +9,7 @@ from typing import Sequence
 from posbias.study.grid import PPL_FILE, VIEW_FILES
 from posbias.utils.io import atomic_write_text, read_jsonl
 from posbias.study.config import METRICS_FILE, MODELS_FILE, SUMMARY_FILE, StudyConfig
-from posbias.study.training import model_dir_name
+from posbias.study.training import is_saved_model, model_dir_name
 
 
 def write_report(cfg: StudyConfig) -> list[dict]:
@@ -123,10 +123,13 @@ def _figures_section(plots: Path) -> list[str]:
 
 def _target_note(model_dir: Path, logged: list[dict]) -> str:
     """``", target 95% reached at step 1800 (3.69M tokens)"`` / ``", target 95% not reached"`` for a
-    model trained with ``probe_target`` (stop once the probe holds the target), else ``""``."""
+    model trained with ``probe_target`` (stop once the probe holds the target), else ``""``; a model
+    without its final weights yet is ``", still training"`` (a report written while it trains)."""
     stop = next((r for r in logged if r.get("stopped_by") == "probe_target"), None)
     if stop:
         return f", target {100 * stop['probe_target']:.0f}% reached at step {stop['step']} ({stop['tokens'] / 1e6:.2f}M tokens)"
+    if not is_saved_model(model_dir / "final"):
+        return ", still training"
     cfg_file = model_dir / "config.json"
     target = json.loads(cfg_file.read_text()).get("config", {}).get("probe_target", 0) if cfg_file.exists() else 0
     return f", target {100 * target:.0f}% not reached" if target else ""
