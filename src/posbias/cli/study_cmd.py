@@ -86,5 +86,19 @@ def study_command(
     typer.echo(open(result["summary"], encoding="utf-8").read())
 
 
+def study_seeds_command(
+    folders: list[str] = typer.Argument(..., help="two or more study folders (e.g. one per training seed)"),
+    out: str = typer.Option(..., help="markdown file to write; one accuracy-vs-length PNG per view beside it"),
+    mode: str = typer.Option("tf", help="passkey scoring to tabulate: tf (teacher-forced) or gen (generation)"),
+):
+    """Study folders side by side: one row per scheme and seed for every grid view."""
+    from posbias.study.seeds import compare_studies
+
+    if mode not in ("tf", "gen"):
+        raise ValueError(f"--mode must be tf or gen, not {mode!r}")
+    typer.echo(compare_studies(folders, out, mode=mode))
+
+
 def register(app: typer.Typer) -> None:
     app.command("study")(friendly_errors(study_command))
+    app.command("study-seeds")(friendly_errors(study_seeds_command))

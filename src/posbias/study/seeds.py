@@ -1,0 +1,112 @@
+"""Several study folders side by side, one row per scheme and folder: do a study's figures survive a
+re-train with another seed? (Issue #16: "at least two training seeds ... with both results shown".)
+
+Each folder keeps its own instances and models; this module only reads their jsonl results. Rows are
+labelled by the folder's seed (``ggd (seed 1)``), or by the folder name where two folders share a
+seed. Settings that differ between the folders besides the seed are listed in the header, so a
+comparison of unequal protocols (another step cap, say) says so; folders trained at different
+context lengths are refused (their multipliers would not line up).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from posbias.study.config import CHECK_KEYS, MODELS_FILE
+from posbias.study.grid import VIEW_FILES
+from posbias.study.report import _accuracy_table, _training_table
+from posbias.utils.io import atomic_write_text, read_json, read_jsonl
+from posbias.utils.run_folder import CONFIG, folder_kind, settings_diff
+
+
+@dataclass
+class Study:
+    """One study folder: its path, settings (``config.json``) and the label of its rows."""
+
+    path: Path
+    config: dict
+    label: str = ""
+
+    @property
+    def schemes(self) -> list[str]:
+        models = self.path / MODELS_FILE
+        return list(read_json(models)) if models.exists() else []
+
+
+def load_studies(folders: Sequence[str | Path]) -> list[Study]:
+    """Read and check the folders; raises ``ValueError`` naming the folder that is not a study."""
+    if len(folders) < 2:
+        raise ValueError("give at least two study folders to compare")
+    studies = []
+    for f in folders:
+        path = Path(f).expanduser()
+        if not path.is_dir() or folder_kind(path) != "study":
+            raise ValueError(f"{path} is not a study folder (no config.json of a posbias study)")
+        studies.append(Study(path, read_json(path / CONFIG).get("config", {})))
+    contexts = {s.config.get("train_context") for s in studies}
+    if len(contexts) > 1:
+        raise ValueError(f"the studies were trained at different contexts ({sorted(contexts)}): their lengths "
+                         "do not line up")
+    seeds = [s.config.get("seed") for s in studies]
+    for s in studies:
+        s.label = f"seed {s.config.get('seed')}" if seeds.count(s.config.get("seed")) == 1 else s.path.name
+    return studies
+
+
+def _differences(studies: list[Study]) -> list[str]:
+    keys = [k for k in CHECK_KEYS if k != "seed"]
+    first = studies[0]
+    return [f"{s.label} vs {first.label}: {d}" for s in studies[1:] for d in settings_diff(first.config, s.config, keys)]
+
+
+def _schemes(studies: list[Study]) -> list[str]:
+    order: list[str] = []
+    for s in studies:
+        order += [m for m in s.schemes if m not in order]
+    return order
+
+
+def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str = "tf") -> str:
+    """Write ``out`` (markdown: training per folder, then per view one accuracy table with a row per
+    scheme and folder, 95% Wilson intervals) and one accuracy-vs-length PNG per view beside it
+    (``<stem>_<view>.png``); returns the markdown."""
+    from posbias.evaluation.long_context import accuracy_by_length, instances_by_length
+    from posbias.study.plots import plot_accuracy_vs_length
+
+    studies = load_studies(folders)
+    out = Path(out)
+    schemes, context = _schemes(studies), int(studies[0].config.get("train_context"))
+    sections = [_header(studies)]
+    for s in studies:
+        table = _training_table(s.path, s.schemes)
+        if table:
+            sections.append(table.replace("## Training", f"## Training, {s.label}", 1))
+    for view, _task, fname in VIEW_FILES:
+        curves, sizes = {}, {}
+        for s in studies:
+            recs = read_jsonl(s.path / fname)
+            for m, by in accuracy_by_length(recs, mode=mode).items():
+                curves[f"{m} ({s.label})"] = by
+            sizes.update({f"{m} ({s.label})": by for m, by in instances_by_length(recs, mode=mode).items()})
+        if not curves:
+            continue
+        rows = [f"{m} ({s.label})" for m in schemes for s in studies if f"{m} ({s.label})" in curves]
+        lengths = sorted({L for by in curves.values() for L in by})
+        sections.append(_accuracy_table(f"{view}, accuracy (%), mean over depths [95% Wilson interval]",
+                                        curves, rows, lengths, context, sizes))
+        plot = plot_accuracy_vs_length(curves, out.with_name(f"{out.stem}_{view}.png"),
+                                       title=f"{view} accuracy, one line per scheme and seed", train_context=context)
+        sections.append(f"![{view}]({plot.name})\n")
+    text = "\n".join(sections)
+    atomic_write_text(out, text)
+    return text
+
+
+def _header(studies: list[Study]) -> str:
+    folders = ", ".join(f"`{s.path}` ({s.label})" for s in studies)
+    text = f"# Study across seeds\n\nFolders: {folders}.\n"
+    diffs = _differences(studies)
+    text += ("\nSettings that differ besides the seed: " + "; ".join(diffs) + ".\n") if diffs else \
+        "\nThe folders differ only in the seed (training data order, initialisation and evaluation instances).\n"
+    return text

@@ -1,0 +1,57 @@
+"""Study folders side by side (posbias study-seeds): one row per scheme and seed, settings compared."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from posbias.cli.main import app
+from posbias.study.grid import PASSKEY_FILE
+from posbias.utils.run_folder import open_run
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _study(path, seed, results, **settings):
+    """A study folder with ``results = {scheme: {length: [tf_em, ...]}}`` in its passkey jsonl."""
+    open_run(path, "study", {"seed": seed, "train_context": 256, "train_steps": 4000, **settings}).commit()
+    (path / "models.json").write_text(json.dumps({m: f"models/{m}/final" for m in results}))
+    lines = [json.dumps({"model": m, "length": L, "depth": 0.5, "tf_em": em})
+             for m, by in results.items() for L, ems in by.items() for em in ems]
+    (path / PASSKEY_FILE).write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_rows_per_scheme_and_seed_with_intervals_and_a_plot(tmp_path):
+    a = _study(tmp_path / "s0", 0, {"ggd": {256: [1, 1], 512: [1, 0]}, "rope": {256: [0, 0]}})
+    b = _study(tmp_path / "s1", 1, {"ggd": {256: [1, 1], 512: [1, 1]}})
+    res = cli("study-seeds", a, b, "--out", tmp_path / "cmp" / "seeds.md")
+    assert res.exit_code == 0, res.output
+    text = (tmp_path / "cmp" / "seeds.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "scheme" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["ggd (seed 0)", "ggd (seed 1)", "rope (seed 0)"]
+    assert rows[0].startswith("| ggd (seed 0) | 100 [34, 100] | 50 [9, 91] |")  # Wilson, n = 2
+    assert rows[2].endswith("| 0 [0, 66] |  |")  # rope: not scored at 512
+    assert "differ only in the seed" in text and (tmp_path / "cmp" / "seeds_passkey.png").stat().st_size > 0
+
+
+def test_other_differences_are_listed_and_unequal_contexts_refused(tmp_path):
+    from posbias.study.seeds import compare_studies
+
+    a = _study(tmp_path / "s0", 0, {"ggd": {256: [1]}})
+    b = _study(tmp_path / "cap", 0, {"ggd": {256: [0]}})
+    c = _study(tmp_path / "long", 1, {"ggd": {256: [1]}})
+    json_c = json.loads((c / "config.json").read_text())
+    json_c["config"]["train_steps"] = 8000
+    (c / "config.json").write_text(json.dumps(json_c))
+    text = compare_studies([a, b, c], tmp_path / "x.md")
+    assert "ggd (s0)" in text and "ggd (cap)" in text and "ggd (seed 1)" in text  # a shared seed: folder names
+    assert "seed 1 vs s0: train_steps: 4000 -> 8000" in text
+    d = tmp_path / "ctx"
+    open_run(d, "study", {"seed": 2, "train_context": 128}).commit()
+    with pytest.raises(ValueError, match="different contexts"):
+        compare_studies([a, d], tmp_path / "y.md")
+    refused = cli("study-seeds", a, tmp_path / "nothing", "--out", tmp_path / "z.md")
+    assert refused.exit_code == 2 and "is not a study folder" in refused.output
+    assert cli("study-seeds", a, "--out", tmp_path / "z.md").exit_code == 2
