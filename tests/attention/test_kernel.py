@@ -217,3 +217,24 @@ def test_flex_score_mod_semantics_on_cpu(monkeypatch):
         out = kernel._flex(q[:, :, 33:], k, v, pos[33:], pos, None if dd is None else dd[:, 33:], dd, None,
                            bias, norm, True)
         assert torch.allclose(out, ref[:, :, 33:], atol=1e-5)
+
+
+def test_ssmax_max_keys_holds_the_multiplier_at_its_value_beyond_it():
+    """``max_keys`` (an evaluation ablation): counts above it count as it; below it nothing changes."""
+    ssmax = SSMax(2)
+    with torch.no_grad():
+        ssmax.s.copy_(torch.tensor([0.5, 2.0]))
+    counts = torch.tensor([0, 1, 3, 8, 100])
+    free = ssmax.multiplier(counts)
+    ssmax.max_keys = 8
+    held = ssmax.multiplier(counts)
+    assert torch.equal(held[..., :4, :], free[..., :4, :])
+    assert torch.allclose(held[0, :, 4, 0], torch.tensor([0.5, 2.0]) * math.log(8))
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 12, 8) for _ in range(3))
+    ssmax.max_keys = None
+    full = attend(q, k, v, normaliser=ssmax, backend="chunked", chunk_size=4)
+    ssmax.max_keys = 12  # no query sees more than 12 keys: identical
+    assert torch.equal(attend(q, k, v, normaliser=ssmax, backend="chunked", chunk_size=4), full)
+    ssmax.max_keys = 4
+    assert not torch.allclose(attend(q, k, v, normaliser=ssmax, backend="chunked", chunk_size=4), full)

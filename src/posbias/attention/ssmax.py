@@ -31,6 +31,7 @@ class SSMax(nn.Module):
         self.scope = scope
         self.init = float(init)
         self.s = nn.Parameter(torch.full((n_heads,), self.init))
+        self.max_keys: int | None = None  # an evaluation knob (not saved): counts above it count as it
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -39,11 +40,13 @@ class SSMax(nn.Module):
     def multiplier(self, n_keys: torch.Tensor) -> torch.Tensor:
         """``n_keys``: [b, i] (or [i]) visible-key counts -> float32 [b, H, i, 1] = ``s_h * log n_i``.
 
-        Counts below 1 (a query that sees nothing, e.g. padding) are treated as 1 (log = 0).
+        Counts below 1 (a query that sees nothing, e.g. padding) are treated as 1 (log = 0); with
+        ``max_keys`` set, counts above it as ``max_keys`` (e.g. the training context: the multiplier
+        then never leaves the range it had in training; an ablation, not SSMax).
         """
         if n_keys.dim() == 1:
             n_keys = n_keys[None]
-        logn = torch.log(n_keys.to(torch.float32).clamp(min=1.0))  # [b, i]
+        logn = torch.log(n_keys.to(torch.float32).clamp(min=1.0, max=self.max_keys))  # [b, i]
         return self.s.float()[None, :, None, None] * logn[:, None, :, None]
 
     def extra_repr(self) -> str:

@@ -34,16 +34,19 @@ class Study:
         return list(read_json(models)) if models.exists() else []
 
 
+def load_study(folder: str | Path) -> Study:
+    """One study folder; raises ``ValueError`` when ``folder`` is not a study."""
+    path = Path(folder).expanduser()
+    if not path.is_dir() or folder_kind(path) != "study":
+        raise ValueError(f"{path} is not a study folder (no config.json of a posbias study)")
+    return Study(path, read_json(path / CONFIG).get("config", {}))
+
+
 def load_studies(folders: Sequence[str | Path]) -> list[Study]:
-    """Read and check the folders; raises ``ValueError`` naming the folder that is not a study."""
+    """Read and check the folders (at least two, one training context); rows get their labels."""
     if len(folders) < 2:
         raise ValueError("give at least two study folders to compare")
-    studies = []
-    for f in folders:
-        path = Path(f).expanduser()
-        if not path.is_dir() or folder_kind(path) != "study":
-            raise ValueError(f"{path} is not a study folder (no config.json of a posbias study)")
-        studies.append(Study(path, read_json(path / CONFIG).get("config", {})))
+    studies = [load_study(f) for f in folders]
     contexts = {s.config.get("train_context") for s in studies}
     if len(contexts) > 1:
         raise ValueError(f"the studies were trained at different contexts ({sorted(contexts)}): their lengths "
