@@ -110,6 +110,41 @@ def test_passkey_mixing(tiny_tokenizer, corpus):
         PackedDataset(load_texts([corpus]), tiny_tokenizer, 40, passkey_rate=0.5)
 
 
+def test_passkey_filler_from_the_corpus(tiny_tokenizer, corpus):
+    """passkey_haystack: corpus sentences instead of the noise (about as many tokens, same wording
+    around them); mixed draws either; noise leaves every block as it was."""
+    from posbias.tasks.haystack import NOISE, split_sentences
+    from posbias.tasks.passkey import PASSKEY_INTRO
+
+    texts = load_texts([corpus])
+    sentences = {x for t in texts for x in split_sentences(t)}
+    noise = PackedDataset(texts, tiny_tokenizer, 320, passkey_rate=0.5, seed=3)
+    default = PackedDataset(texts, tiny_tokenizer, 320, passkey_rate=0.5, seed=3, passkey_haystack="noise")
+    fillers = {}
+    for haystack in ("corpus", "mixed"):
+        ds = PackedDataset(texts, tiny_tokenizer, 320, passkey_rate=0.5, seed=3, passkey_haystack=haystack)
+        kinds = []
+        for k in range(40):
+            ids, docs = ds.block(k)
+            assert torch.equal(default.block(k)[0], noise.block(k)[0])
+            if docs[0] >= 0:
+                continue
+            n = int((docs == docs[0]).sum())
+            text = tiny_tokenizer.decode(ids[: n - 1])
+            key = text.rsplit("The pass key is ", 1)[1][:5]
+            assert text.startswith(PASSKEY_INTRO) and text.endswith(f"What is the pass key? The pass key is {key}.")
+            hay = text.split("\n")[1].replace(f"The pass key is {key}. Remember it. {key} is the pass key.", " ")
+            kinds.append("noise" if not hay.replace(NOISE, " ").strip() else "corpus")
+            if kinds[-1] == "corpus":
+                assert n > 100 and any(x in hay for x in sentences)
+        fillers[haystack] = kinds
+    assert set(fillers["corpus"]) == {"corpus"} and set(fillers["mixed"]) == {"noise", "corpus"}
+    with pytest.raises(ValueError, match="passkey_haystack must be one of"):
+        PackedDataset(texts, tiny_tokenizer, 320, passkey_rate=0.5, passkey_haystack="essay")
+    with pytest.raises(ValueError, match="passkey_haystack must be one of"):
+        TrainConfig(pe="rope", passkey_haystack="essay").validate()
+
+
 def test_niah_documents_in_the_training_mix(tiny_tokenizer, corpus):
     """Single-needle RULER documents beside passkey ones; niah_rate=0 leaves every block as before."""
     from posbias.tasks.niah import NIAH_INTRO

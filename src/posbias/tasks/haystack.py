@@ -9,12 +9,17 @@ from posbias.utils.corpus import essay_dir  # noqa: F401 (the essays' folder, fo
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
 
+def split_sentences(text: str) -> list[str]:
+    """``text`` with whitespace collapsed, split after every ``.``, ``!`` or ``?`` followed by a space."""
+    text = re.sub(r"\s+", " ", text).strip()
+    return [s for s in re.split(r"(?<=[.!?])\s+", text) if s]
+
+
 @functools.lru_cache(maxsize=2)
 def essay_sentences() -> tuple[str, ...]:
     """All essays (sorted by file name), whitespace collapsed, split into sentences."""
-    text = " ".join(p.read_text(encoding="utf-8", errors="replace") for p in sorted(essay_dir().glob("*.txt")))
-    text = re.sub(r"\s+", " ", text).strip()
-    return tuple(s for s in re.split(r"(?<=[.!?])\s+", text) if s)
+    return tuple(split_sentences(" ".join(p.read_text(encoding="utf-8", errors="replace")
+                                          for p in sorted(essay_dir().glob("*.txt")))))
 
 
 def essay_units(count: int) -> list[str]:

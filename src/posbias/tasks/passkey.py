@@ -23,15 +23,22 @@ def passkey_prompt(key: str, units: int, position: int, haystack: str = "noise")
     noise never saw)."""
     if haystack not in HAYSTACKS:
         raise ValueError(f"passkey: haystack {haystack!r} is not one of {list(HAYSTACKS)}")
-    hay = [NOISE] * units if haystack == "noise" else essay_units(units)
+    return passkey_prompt_in(key, [NOISE] * units if haystack == "noise" else essay_units(units), position)
+
+
+def passkey_prompt_in(key: str, filler: list[str], position: int) -> str:
+    """The passkey prompt with the given filler units (sentences), the key sentence after ``position`` of them."""
+    hay = list(filler)
     hay.insert(position, f"The pass key is {key}. Remember it. {key} is the pass key.")
     return f"{PASSKEY_INTRO}\n{' '.join(hay)}\n{PASSKEY_QUESTION}"
 
 
-def passkey_document(key: str, units: int, position: int) -> str:
-    """A passkey *training* document: the evaluation prompt (:func:`passkey_prompt`, raw format)
-    followed by its answer, so training and evaluation see the same wording."""
-    return f"{passkey_prompt(key, units, position)} {PASSKEY_PREFIX} {key}."
+def passkey_document(key: str, units: int, position: int, filler: list[str] | None = None) -> str:
+    """A passkey *training* document: the evaluation prompt (:func:`passkey_prompt`, raw format;
+    with ``filler``, those units instead of ``units`` noise units) followed by its answer, so
+    training and evaluation see the same wording."""
+    prompt = passkey_prompt(key, units, position) if filler is None else passkey_prompt_in(key, filler, position)
+    return f"{prompt} {PASSKEY_PREFIX} {key}."
 
 
 def task_vocabulary_texts(copies: int = 200) -> list[str]:

@@ -10,7 +10,10 @@
   instead with probability ``passkey_rate``), so a resumed run sees exactly the same data.
   Passkey documents are the evaluation's raw passkey prompt followed by ``" The pass key is
   <key>."``, EOS-terminated and right-padded; padding tokens get distinct document ids, so they
-  carry no loss.
+  carry no loss. Their filler (``passkey_haystack``) is the grass/sky ``noise`` of the evaluation
+  (default), a run of consecutive sentences of the training corpus (``corpus``, about as many
+  tokens as the noise filler it replaces), or either with equal probability (``mixed``): a model
+  trained on one filler only may learn a filler-specific copy instead of retrieval.
 """
 from __future__ import annotations
 
@@ -20,11 +23,12 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from posbias.tasks.haystack import essay_dir
+from posbias.tasks.haystack import NOISE, essay_dir, split_sentences
 from posbias.tasks.fitting import fit_units
 from posbias.tasks.kv import random_numbers
 from posbias.tasks.niah import niah_document, random_keys
 from posbias.tasks.passkey import passkey_document
+PASSKEY_HAYSTACKS = ("noise", "corpus", "mixed")
 from posbias.utils.corpus import BUILTIN_CORPORA, load_texts  # noqa: F401  (the one corpus reader)
 
 def paul_graham_dir() -> Path:
@@ -62,13 +66,16 @@ class PackedDataset:
     """
 
     def __init__(self, texts: Iterable[str], tokenizer, context: int, *, seed: int = 0, passkey_rate: float = 0.0,
-                 niah_rate: float = 0.0):
+                 niah_rate: float = 0.0, passkey_haystack: str = "noise"):
         if int(context) <= 0:
             raise ValueError(f"context length must be positive, got {context}")
         if not 0.0 <= passkey_rate <= 1.0:
             raise ValueError(f"passkey_rate must be in [0, 1], got {passkey_rate}")
         if not 0.0 <= niah_rate <= 1.0 or passkey_rate + niah_rate > 1.0:
             raise ValueError(f"niah_rate must be in [0, 1 - passkey_rate], got {niah_rate} (passkey_rate {passkey_rate})")
+        if passkey_haystack not in PASSKEY_HAYSTACKS:
+            raise ValueError(f"passkey_haystack must be one of {', '.join(PASSKEY_HAYSTACKS)}, got {passkey_haystack!r}")
+        self.passkey_haystack = passkey_haystack
         self.context = int(context)
         self.seed = int(seed)
         self.passkey_rate = float(passkey_rate)
@@ -101,6 +108,8 @@ class PackedDataset:
         self._niah_units: int | None = None
         if self.passkey_rate > 0:
             _ = self.passkey_units  # a context too short for passkey documents fails here, not mid-training
+            if passkey_haystack != "noise":
+                self._prepare_corpus_filler(texts)
         if self.niah_rate > 0:
             _ = self.niah_units
 
@@ -144,11 +153,45 @@ class PackedDataset:
     def passkey_block(self, rng: np.random.Generator) -> tuple[np.ndarray, int, str]:
         """A synthetic passkey document, EOS-terminated and right-padded to ``context`` tokens.
 
-        Returns ``(tokens Long[context], document length, 5-digit key)`` (see :meth:`passkey_draw`).
+        Returns ``(tokens Long[context], document length, 5-digit key)`` (see :meth:`passkey_draw`;
+        with a corpus filler the key sits at the same fraction of the filler).
         """
         key, units, position = self.passkey_draw(rng)
-        toks, n = self._padded(lambda u, p: self.passkey_text(key, u, p), units, position)
+        filler = self._corpus_filler(rng, units) if self._corpus_filled(rng) else None
+        if filler is None:
+            toks, n = self._padded(lambda u, p: self.passkey_text(key, u, p), units, position)
+        else:
+            toks, n = self._padded(lambda u, p: passkey_document(key, u, p, filler[:u]), len(filler),
+                                   round(position * len(filler) / units))
         return toks, n, key
+
+    def _corpus_filled(self, rng: np.random.Generator) -> bool:
+        """Whether this passkey document takes corpus sentences (``mixed``: one draw; ``noise``: none)."""
+        if self.passkey_haystack == "mixed":
+            return bool(rng.random() < 0.5)
+        return self.passkey_haystack == "corpus"
+
+    def _prepare_corpus_filler(self, texts: list[str]) -> None:
+        """The training texts' sentences, their token counts and the tokens of one noise unit."""
+        self._sentences = [x for t in texts for x in split_sentences(t)]
+        if not self._sentences:
+            raise ValueError("passkey_haystack needs sentences in the training corpus; it has none")
+        ids = self.tokenizer(self._sentences, add_special_tokens=False)["input_ids"]
+        self._sentence_tokens = np.asarray([len(x) for x in ids], dtype=np.int64)
+        self._noise_unit_tokens = len(self.encode(" ".join([NOISE] * 8))) / 8
+
+    def _corpus_filler(self, rng: np.random.Generator, units: int) -> list[str]:
+        """Consecutive corpus sentences from a random one on, as many as fit the tokens of ``units``
+        noise units (at least one)."""
+        budget, start = units * self._noise_unit_tokens, int(rng.integers(len(self._sentences)))
+        filler, used = [], 0
+        for i in range(start, start + len(self._sentences)):
+            k = i % len(self._sentences)
+            if filler and used + self._sentence_tokens[k] > budget:
+                break
+            filler.append(self._sentences[k])
+            used += int(self._sentence_tokens[k])
+        return filler
 
     @property
     def niah_units(self) -> int:

@@ -27,7 +27,7 @@ import torch
 from posbias.utils.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from posbias.utils.run_folder import prepare_run_dir
 
-from .data import PackedDataset, load_texts, load_tokenizer
+from .data import PASSKEY_HAYSTACKS, PackedDataset, load_texts, load_tokenizer
 from .probe import passkey_probe, passkey_probe_docs
 from .tokenizer import resolve_tokenizer_spec
 from .distributed import DistInfo, barrier, cleanup, init_distributed, mean_across
@@ -38,7 +38,7 @@ CHECKPOINT = "checkpoint.pt"
 # settings that must match when resuming a run folder
 RESUME_KEYS = ("pe", "ssmax", "preset", "model_overrides", "context", "batch_size", "grad_accum", "lr", "prior_lr",
                "min_lr_ratio", "warmup_steps", "weight_decay", "betas", "grad_clip", "optimizer", "seed", "corpus",
-               "tokenizer", "passkey_rate", "niah_rate", "steps")
+               "tokenizer", "passkey_rate", "niah_rate", "passkey_haystack", "steps")
 
 
 @dataclass
@@ -67,6 +67,7 @@ class TrainConfig:
     tokenizer: str | None = None  # HF folder or name, "bpe:<N>" (trained on the corpus); None = SmolLM2's
     passkey_rate: float = 0.0
     niah_rate: float = 0.0  # fraction of blocks that are single-needle RULER documents (noise haystack)
+    passkey_haystack: str = "noise"  # passkey filler: noise (the evaluation's) | corpus (training sentences) | mixed
     checkpoint_every: int = 200
     probe_every: int = 0  # every N steps log passkey retrieval at the training length (0 = never)
     probe_n: int = 8  # passkey documents per probe
@@ -102,6 +103,9 @@ class TrainConfig:
             raise ValueError(f"passkey_rate must be in [0, 1], got {self.passkey_rate}")
         if not 0.0 <= self.niah_rate <= 1.0 - self.passkey_rate:
             raise ValueError(f"niah_rate must be in [0, 1 - passkey_rate], got {self.niah_rate}")
+        if self.passkey_haystack not in PASSKEY_HAYSTACKS:
+            raise ValueError(f"passkey_haystack must be one of {', '.join(PASSKEY_HAYSTACKS)}, "
+                             f"got {self.passkey_haystack!r}")
         if self.warmup_steps < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError("warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
 
@@ -329,7 +333,7 @@ def _setup(cfg: TrainConfig, info: DistInfo, tokenizer):
         tokenizer = load_tokenizer(resolve_tokenizer_spec(cfg.tokenizer, texts, out / "tokenizer"))
     bam_cfg = build_bam_config(cfg, tokenizer)
     ds = PackedDataset(texts, tokenizer, cfg.context, seed=cfg.seed, passkey_rate=cfg.passkey_rate,
-                       niah_rate=cfg.niah_rate)
+                       niah_rate=cfg.niah_rate, passkey_haystack=cfg.passkey_haystack)
     probe_docs = passkey_probe_docs(ds, cfg.probe_n) if cfg.probe_every > 0 and info.is_main else None
     if ds.max_token_id >= bam_cfg.vocab_size:
         raise ValueError(f"token id {ds.max_token_id} does not fit the model vocabulary ({bam_cfg.vocab_size})")
