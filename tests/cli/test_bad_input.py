@@ -414,6 +414,15 @@ def test_train_with_a_missing_corpus_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+def test_an_unknown_passkey_filler_is_refused_before_anything_is_written(tmp_path):
+    out = tmp_path / "train"
+    refused(cli("train", "--passkey-haystack", "essay", "--out", out), "passkey_haystack must be one of",
+            "noise, corpus, mixed")
+    refused(cli("study", "--train-opt", "passkey_haystack=essay", "--out", tmp_path / "study"),
+            "passkey_haystack must be one of")
+    assert not out.exists() and not (tmp_path / "study").exists()
+
+
 def test_study_with_a_too_small_tokenizer_writes_nothing(tmp_path):
     out = tmp_path / "study"
     refused(cli("study", "--tokenizer", "bpe:10", "--out", out), "needs at least 300 tokens")

@@ -71,7 +71,7 @@ from posbias.study.config import (CHECK_KEYS, DATA_DIR, METRICS_FILE, MODELS_FIL
                                   StudyConfig)
 from posbias.study.data import prepare_data, split_heldout  # noqa: F401
 from posbias.study.report import write_report  # noqa: F401
-from posbias.study.training import (default_train_fn, ensure_models, load_trained, model_dir_name,  # noqa: F401
+from posbias.study.training import (check_training_options, default_train_fn, ensure_models, load_trained, model_dir_name,  # noqa: F401
                                     prepare_tokenizer, train_config)
 
 
@@ -98,6 +98,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         raise ValueError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
     config = cfg.to_dict()
     _check_n_grows(out, cfg.n)
+    check_training_options(cfg)
     discard_unfinished(out, config)
     folder = open_run(out, "study", config, check_keys=CHECK_KEYS)
     train_corpus, heldout = prepare_data(cfg, log=log, before_write=folder.commit)

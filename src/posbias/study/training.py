@@ -68,6 +68,15 @@ def train_config(cfg: StudyConfig, scheme: str, out_dir: Path, corpus: str | Non
     return cls(**{k: v for k, v in values.items() if k in names})
 
 
+def check_training_options(cfg: StudyConfig) -> None:
+    """Build and validate every scheme's training config now, so a bad ``--train-opt`` (an unknown
+    key, a value the trainer refuses) stops the study before it writes anything."""
+    for scheme in cfg.schemes:
+        config = train_config(cfg, scheme, Path(cfg.out) / "models" / model_dir_name(scheme))
+        if hasattr(config, "validate"):
+            config.validate()
+
+
 def _train_config_class():
     try:
         import posbias.training as training
