@@ -4,7 +4,8 @@ SSMax multiplies a query's logits by ``s_h log n_i``. At the training context ``
 never exceeds ``s_h log T``; at 64x it is ``log(64 T) / log T`` times larger (1.75x for T = 256), a
 range the model never saw. This script evaluates a study's SSMax model with the multiplier *held*
 at its training-length value (``SSMax.max_keys = T``: counts above ``T`` count as ``T``) on the
-study's own instances (same seed, lengths, depths, n), and pairs it with the study's records::
+study's own instances (same seed, lengths, depths, n; passkey, and with ``--niah`` the NIAH view), and
+pairs it with the study's records::
 
     python benchmarks/ssmax_hold.py --study runs/study --scheme ggd+ssmax --multipliers 4,8,16,32 \
         --out runs/ssmax-hold
@@ -19,7 +20,7 @@ import argparse
 from pathlib import Path
 
 from posbias.evaluation.stats import wilson_interval
-from posbias.study.grid import PASSKEY_FILE, evaluate_model
+from posbias.study.grid import NIAH_FILE, PASSKEY_FILE, evaluate_model
 from posbias.study.seeds import load_study
 from posbias.study.training import load_trained
 from posbias.utils.io import atomic_write_text, read_json, read_jsonl
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--study", required=True, help="a study folder holding the scheme's model and passkey records")
     ap.add_argument("--scheme", default="ggd+ssmax")
     ap.add_argument("--multipliers", default="4,8,16,32", help="lengths as multiples of the training context")
+    ap.add_argument("--niah", action="store_true", help="also the study's NIAH view (RULER single_1, noise haystack)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     study = load_study(args.study)
@@ -74,12 +76,15 @@ def main(argv: list[str] | None = None) -> str:
     lengths = [int(float(x) * context) for x in args.multipliers.split(",")]
     name = f"{args.scheme}@max_keys={context}"
     evaluate_model(model, tok, name=name, out=out, lengths=lengths, depths=cfg["depths"], n=cfg["n"],
-                   seed=cfg["seed"], modes=("teacher-forced",), extra={"scheme": args.scheme, "max_keys": context})
-    study_recs = [r for r in read_jsonl(study.path / PASSKEY_FILE) if r.get("model") == args.scheme]
-    held = [r for r in read_jsonl(out / PASSKEY_FILE) if r.get("model") == name]
+                   seed=cfg["seed"], modes=("teacher-forced",), niah=args.niah, niah_options=cfg.get("niah_options"),
+                   extra={"scheme": args.scheme, "max_keys": context})
     text = (f"# {args.scheme}: SSMax multiplier held at the training length ({context} keys)\n\n"
-            f"Study `{args.study}` (seed {cfg['seed']}), passkey teacher-forced exact match, the study's own "
-            f"instances, paired.\n\n" + paired_table(study_recs, held, lengths, context))
+            f"Study `{args.study}` (seed {cfg['seed']}), teacher-forced exact match, the study's own "
+            f"instances, paired.\n")
+    for view, fname in (("passkey", PASSKEY_FILE), ("niah", NIAH_FILE))[: 2 if args.niah else 1]:
+        study_recs = [r for r in read_jsonl(study.path / fname) if r.get("model") == args.scheme]
+        held = [r for r in read_jsonl(out / fname) if r.get("model") == name]
+        text += f"\n## {view}\n\n" + paired_table(study_recs, held, lengths, context)
     atomic_write_text(out / "summary.md", text)
     print(text)
     return text

@@ -26,15 +26,16 @@ def _study(tmp_path, normaliser="ssmax"):
     tok.save_pretrained(out / "models" / "m" / "final")
     (out / "models.json").write_text(json.dumps({"ggd+ssmax": "models/m/final"}))
     evaluate_model(model, tok, name="ggd+ssmax", out=out, lengths=[192, 384], depths=[0.5], n=2, seed=0,
-                   modes=("teacher-forced",), progress=False, log=lambda *a: None)
+                   modes=("teacher-forced",), niah=True, progress=False, log=lambda *a: None)
     return out
 
 
 def test_held_at_the_training_length_nothing_changes_there_and_rows_are_paired(tmp_path):
     mod = load_benchmark("ssmax_hold")
     study = _study(tmp_path)
-    text = mod.main(["--study", str(study), "--multipliers", "1,2", "--out", str(tmp_path / "held")])
+    text = mod.main(["--study", str(study), "--multipliers", "1,2", "--out", str(tmp_path / "held"), "--niah"])
     rows = [line for line in text.splitlines() if "x) |" in line]
+    assert "## passkey" in text and "## niah" in text and len(rows) == 4  # 2 lengths x 2 views
     assert rows[0].startswith("| 192 (1x) |") and rows[0].endswith("(n = 2) |") and rows[1].startswith("| 384 (2x) |")
     logprob = {}
     for folder in ("study", "held"):
