@@ -1,7 +1,7 @@
 """The study report's training table: the 1x probe and whether a probe target was reached."""
 import json
 
-from posbias.study.report import _training_table
+from posbias.study.report import training_table
 
 
 def _model(out, name, metrics, probe_target=0.0, finished=True):
@@ -21,7 +21,7 @@ def test_training_table_says_where_each_scheme_reached_its_probe_target(tmp_path
     _model(tmp_path, "rope", loss + [{"step": 3, "passkey_em": 0.25, "passkey_logprob": -8.0}], 0.95)
     _model(tmp_path, "alibi", loss + [{"step": 3, "passkey_em": 0.5, "passkey_logprob": -4.0}])
     _model(tmp_path, "nope", loss + [{"step": 3, "passkey_em": 0.0, "passkey_logprob": -9.0}], 0.95, finished=False)
-    table = _training_table(tmp_path, ["ggd", "rope", "alibi", "nope"]).splitlines()
+    table = training_table(tmp_path, ["ggd", "rope", "alibi", "nope"]).splitlines()
     row = {line.split("|")[1].strip(): line for line in table if line.startswith("| ") and "scheme" not in line}
     assert "100% (-0.1), target 95% reached at step 3 (0.00M tokens)" in row["ggd"]
     assert "25% (-8.0), target 95% not reached" in row["rope"]

@@ -20,7 +20,7 @@ def write_report(cfg: StudyConfig) -> list[dict]:
                      | set(cfg.lengths))
     metrics: list[dict] = []
     sections = [_header(cfg)]
-    training = _training_table(out, schemes)
+    training = training_table(out, schemes)
     if training:
         sections.append(training)
     for view, _task, fname in VIEW_FILES:  # the view: passkey, passkey-essay, niah
@@ -81,7 +81,7 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
         plot_accuracy_vs_length(curves, plots / f"{view}_{mode}_accuracy_vs_length.png",
                                 title=f"{view} accuracy ({label})", train_context=cfg.train_context)
         sizes_by = instances_by_length(recs, mode=mode)
-        sections.append(_accuracy_table(f"{view}, {label} accuracy (%), mean over depths [95% Wilson interval]",
+        sections.append(accuracy_table(f"{view}, {label} accuracy (%), mean over depths [95% Wilson interval]",
                                         curves, schemes, lengths, cfg.train_context, sizes_by))
     cost = _cost_table(f"{view}, seconds per instance (median) / peak memory (MB)", recs, schemes, lengths,
                        cfg.train_context)
@@ -135,7 +135,7 @@ def _target_note(model_dir: Path, logged: list[dict]) -> str:
     return f", target {100 * target:.0f}% not reached" if target else ""
 
 
-def _training_table(out: Path, schemes: Sequence[str]) -> str:
+def training_table(out: Path, schemes: Sequence[str]) -> str:
     """Final training loss (mean of the last 10% of logged steps), tokens and time per scheme,
     read from each model's ``metrics.jsonl`` (trainer runs inside the study folder only; a resumed
     run counts the minutes of its last invocation only), plus the last passkey probe when the
@@ -170,7 +170,7 @@ def _fmt_len(L: int, train_context: int) -> str:
     return f"{L} ({x:g}x)"
 
 
-def _accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: Sequence[int], train_context: int,
+def accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: Sequence[int], train_context: int,
                     sizes: dict[str, dict[int, int]] | None = None) -> str:
     """Accuracy (%) per scheme and length; with ``sizes`` (instances per cell) also its Wilson interval."""
     from posbias.evaluation.stats import wilson_interval

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from posbias.study.config import CHECK_KEYS, MODELS_FILE
 from posbias.study.grid import VIEW_FILES
-from posbias.study.report import _accuracy_table, _training_table
+from posbias.study.report import accuracy_table, training_table
 from posbias.utils.io import atomic_write_text, read_json, read_jsonl
 from posbias.utils.run_folder import CONFIG, folder_kind, settings_diff
 
@@ -82,7 +82,7 @@ def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str
     schemes, context = _schemes(studies), int(studies[0].config.get("train_context"))
     sections = [_header(studies)]
     for s in studies:
-        table = _training_table(s.path, s.schemes)
+        table = training_table(s.path, s.schemes)
         if table:
             sections.append(table.replace("## Training", f"## Training, {s.label}", 1))
     for view, _task, fname in VIEW_FILES:
@@ -96,7 +96,7 @@ def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str
             continue
         rows = [f"{m} ({s.label})" for m in schemes for s in studies if f"{m} ({s.label})" in curves]
         lengths = sorted({L for by in curves.values() for L in by})
-        sections.append(_accuracy_table(f"{view}, accuracy (%), mean over depths [95% Wilson interval]",
+        sections.append(accuracy_table(f"{view}, accuracy (%), mean over depths [95% Wilson interval]",
                                         curves, rows, lengths, context, sizes))
         plot = plot_accuracy_vs_length(curves, out.with_name(f"{out.stem}_{view}.png"),
                                        title=f"{view} accuracy, one line per scheme and seed", train_context=context)
