@@ -361,13 +361,40 @@ def test_passkey_probe_spans_and_logging(tmp_path, tiny_tokenizer, corpus):
         _cfg(tmp_path, probe_every=-1).validate()
 
 
+def test_a_niah_probe_beside_the_passkey_one_and_a_target_that_needs_both(tmp_path, tiny_tokenizer, corpus,
+                                                                          monkeypatch):
+    import posbias.training.trainer as trainer
+    from posbias.training.probe import niah_probe_docs, probe_docs
+
+    ds = PackedDataset(load_texts([corpus]), tiny_tokenizer, 320)
+    docs = niah_probe_docs(ds, 3)
+    assert len(docs) == 3 and [d.ids.tolist() for d in niah_probe_docs(ds, 3)] == [d.ids.tolist() for d in docs]
+    for d in docs:
+        answer = tiny_tokenizer.decode(d.ids[d.start:d.end]).strip()
+        assert answer.isdigit() and len(answer) == 7 and d.end == len(d.ids)
+    assert set(probe_docs(ds, 2, ("passkey", "niah"))) == {"passkey", "niah"}
+    scripted = iter([{"passkey_em": 1.0, "niah_em": 0.5}, {"passkey_em": 1.0, "niah_em": 1.0},
+                     {"passkey_em": 1.0, "niah_em": 1.0}] + [{"passkey_em": 1.0, "niah_em": 1.0}] * 5)
+    seen = []
+    monkeypatch.setattr(trainer, "run_probes", lambda model, docs: seen.append(sorted(docs)) or next(scripted))
+    cfg = _cfg(tmp_path, context=320, steps=8, probe_every=1, probe_n=2, probe_target=0.95, probe_patience=2,
+               probe_tasks="passkey,niah", checkpoint_every=4, log_every=1)
+    train(cfg, tokenizer=tiny_tokenizer)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert seen[0] == ["niah", "passkey"]
+    assert [r["step"] for r in rows if r.get("stopped_by")] == [3]  # passkey alone would have stopped at 2
+    assert trainer.probe_streak(rows, 0.95, ("passkey", "niah")) == 2 and trainer.probe_streak(rows, 0.95) == 3
+    with pytest.raises(ValueError, match="probe_tasks must name"):
+        _cfg(tmp_path, probe_tasks="passkey,kv").validate()
+
+
 def test_training_stops_once_the_probe_holds_its_target_and_stays_stopped(tmp_path, tiny_tokenizer, corpus,
                                                                         monkeypatch):
     import posbias.training.trainer as trainer
 
     scripted = iter([0.5, 1.0, 0.9, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
-    monkeypatch.setattr(trainer, "passkey_probe", lambda model, docs: {"passkey_em": next(scripted),
-                                                                       "passkey_logprob": -1.0})
+    monkeypatch.setattr(trainer, "run_probes", lambda model, docs: {"passkey_em": next(scripted),
+                                                                    "passkey_logprob": -1.0})
     cfg = _cfg(tmp_path, context=320, steps=10, probe_every=1, probe_n=2, probe_target=0.95, probe_patience=2,
                checkpoint_every=4, log_every=1)
     final = train(cfg, tokenizer=tiny_tokenizer)
@@ -386,7 +413,7 @@ def test_training_stops_once_the_probe_holds_its_target_and_stays_stopped(tmp_pa
 def test_a_probe_target_that_is_never_reached_trains_to_the_cap(tmp_path, tiny_tokenizer, corpus, monkeypatch):
     import posbias.training.trainer as trainer
 
-    monkeypatch.setattr(trainer, "passkey_probe", lambda model, docs: {"passkey_em": 0.5, "passkey_logprob": -9.0})
+    monkeypatch.setattr(trainer, "run_probes", lambda model, docs: {"passkey_em": 0.5, "passkey_logprob": -9.0})
     cfg = _cfg(tmp_path, context=320, steps=4, probe_every=2, probe_n=2, probe_target=0.95)
     train(cfg, tokenizer=tiny_tokenizer)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -42,7 +42,9 @@ def train_command(
     checkpoint_every: int = Count(200, help="checkpoint every N steps"),
     probe_every: int = Count(0, minimum=0, help="every N steps log passkey retrieval at the training length to "
                                                 "metrics.jsonl (passkey_em, passkey_logprob; 0 = never)"),
-    probe_n: int = Count(8, help="passkey documents per probe"),
+    probe_n: int = Count(8, help="documents per probe task"),
+    probe_tasks: str = typer.Option("passkey", help="what the probe scores: passkey, niah or passkey,niah "
+                                    "(--probe-target then needs every one)"),
     probe_target: float = typer.Option(0.0, min=0.0, max=1.0,
                                        help="stop once the probe's exact match holds this for --probe-patience "
                                             "probes in a row (--steps is then the cap; 0 = train all steps)"),
@@ -69,7 +71,7 @@ def train_command(
         optimizer=optimizer, seed=seed, corpus=list(corpus) if corpus else None, tokenizer=tokenizer,
         passkey_rate=passkey_rate, niah_rate=niah_rate, passkey_haystack=passkey_haystack,
         checkpoint_every=checkpoint_every, probe_every=probe_every,
-        probe_n=probe_n, probe_target=probe_target, probe_patience=probe_patience, log_every=log_every,
+        probe_n=probe_n, probe_tasks=probe_tasks, probe_target=probe_target, probe_patience=probe_patience, log_every=log_every,
         resume=resume, precision=precision, device=device)
     check_training_run(cfg, "train", cfg.to_json(), resume_check_keys(out_path(out)))
     cfg.resume = resume or (Path(out) / CHECKPOINT).exists()  # re-running resumes from the checkpoint

@@ -135,6 +135,14 @@ def _target_note(model_dir: Path, logged: list[dict]) -> str:
     return f", target {100 * target:.0f}% not reached" if target else ""
 
 
+def _probe_scores(record: dict) -> str:
+    """``"100% (-0.1)"`` for a passkey probe; ``"100% (-0.1), NIAH 90% (-0.4)"`` when NIAH was probed too."""
+    text = f"{100 * record['passkey_em']:.0f}% ({record['passkey_logprob']:.1f})"
+    if record.get("niah_em") is not None:
+        text += f", NIAH {100 * record['niah_em']:.0f}% ({record['niah_logprob']:.1f})"
+    return text
+
+
 def training_table(out: Path, schemes: Sequence[str]) -> str:
     """Final training loss (mean of the last 10% of logged steps), tokens and time per scheme,
     read from each model's ``metrics.jsonl`` (trainer runs inside the study folder only; a resumed
@@ -151,8 +159,8 @@ def training_table(out: Path, schemes: Sequence[str]) -> str:
         last = recs[-1]
         probe = [r for r in logged if r.get("passkey_em") is not None]
         probes = probes or bool(probe)
-        probe_cell = (f" {100 * probe[-1]['passkey_em']:.0f}% ({probe[-1]['passkey_logprob']:.1f})"
-                      f"{_target_note(out / 'models' / model_dir_name(m), logged)} |") if probe else " |"
+        probe_cell = (f" {_probe_scores(probe[-1])}{_target_note(out / 'models' / model_dir_name(m), logged)} |"
+                      if probe else " |")
         rows.append((f"| {m} | {last['step']} | {last.get('tokens', 0) / 1e6:.2f}M | {loss:.3f} | "
                      f"{last.get('elapsed_s', 0) / 60:.1f} |", probe_cell))
     if not rows:

@@ -204,13 +204,17 @@ class PackedDataset:
             self._niah_units = units
         return self._niah_units
 
-    def niah_block(self, rng: np.random.Generator) -> tuple[np.ndarray, int]:
-        """A single-needle RULER document (word-word key, 7-digit value, between half and all of the
-        noise units that fit, the needle after a uniformly drawn unit), EOS-terminated and padded."""
+    def niah_draw(self, rng: np.random.Generator) -> tuple[str, str, int, int]:
+        """``(word-word key, 7-digit value, noise units, needle position)``: between half and all of
+        the units that fit, the needle after a uniformly drawn unit."""
         key, value = random_keys(rng, 1)[0], random_numbers(rng, 1, 7)[0]
         most = self.niah_units
         units = int(rng.integers(max(1, most // 2), most + 1))
-        position = int(rng.integers(0, units + 1))
+        return key, value, units, int(rng.integers(0, units + 1))
+
+    def niah_block(self, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+        """A single-needle RULER document (:meth:`niah_draw`), EOS-terminated and padded."""
+        key, value, units, position = self.niah_draw(rng)
         return self._padded(lambda u, p: niah_document(key, value, u, p), units, position)
 
     def _padded(self, text_of, units: int, position: int) -> tuple[np.ndarray, int]:

@@ -5,6 +5,8 @@ every scheme is at chance on the key digits, so a length-extrapolation study is 
 for models that passed it. :func:`passkey_probe` scores ``n`` fixed passkey documents (the
 trainer's format, at the training context) teacher-forced: exact match of the final key and the
 summed log-probability of its tokens (chance for a 5-digit key: 5 x log(1/10) = -11.5).
+:func:`run_probes` does the same for each probe task: ``passkey`` and ``niah`` (single-needle RULER
+documents of the training mix, the 7-digit value scored), so "solves 1x" can cover both.
 """
 from __future__ import annotations
 
@@ -23,21 +25,57 @@ class ProbeDoc:
     end: int
 
 
+PROBE_TASKS = ("passkey", "niah")
+
+
+def _probe_doc(ds, text: str, answer: str) -> ProbeDoc | None:
+    """``text`` (a training document ending in ``" <answer>."``) cut after the answer's tokens, with
+    the answer's span; ``None`` when a merge crosses the prompt / answer boundary."""
+    ids, prompt = ds.encode(text), ds.encode(text[: text.rindex(" " + answer)])
+    if ids[: len(prompt)] != prompt:
+        return None
+    end = len(prompt) + 1
+    while end < len(ids) and answer not in ds.tokenizer.decode(ids[len(prompt):end]):
+        end += 1
+    return ProbeDoc(torch.tensor(ids[:end]), len(prompt), end)
+
+
 def passkey_probe_docs(ds, n: int, *, seed: int = 1234) -> list[ProbeDoc]:
     """``n`` passkey documents of the dataset's format and length (fixed by ``seed``)."""
     rng = np.random.default_rng([seed, 99])
     docs = []
     for _ in range(n):
         key, units, position = ds.passkey_draw(rng)
-        text = ds.passkey_text(key, units, position)
-        ids, prompt = ds.encode(text), ds.encode(text[: text.rindex(" " + key)])
-        if ids[: len(prompt)] != prompt:  # a merge across the prompt / answer boundary: skip
-            continue
-        end = len(prompt) + 1
-        while end < len(ids) and key not in ds.tokenizer.decode(ids[len(prompt):end]):
-            end += 1
-        docs.append(ProbeDoc(torch.tensor(ids[:end]), len(prompt), end))
-    return docs
+        docs.append(_probe_doc(ds, ds.passkey_text(key, units, position), key))
+    return [d for d in docs if d is not None]
+
+
+def niah_probe_docs(ds, n: int, *, seed: int = 1234) -> list[ProbeDoc]:
+    """``n`` single-needle NIAH documents of the dataset's format and length (fixed by ``seed``);
+    the span is the needle's 7-digit value."""
+    from posbias.tasks.niah import niah_document
+
+    rng = np.random.default_rng([seed, 98])
+    docs = []
+    for _ in range(n):
+        key, value, units, position = ds.niah_draw(rng)
+        docs.append(_probe_doc(ds, niah_document(key, value, units, position), value))
+    return [d for d in docs if d is not None]
+
+
+def probe_docs(ds, n: int, tasks: tuple[str, ...]) -> dict[str, list[ProbeDoc]]:
+    """``{task: n probe documents}`` for each of ``tasks`` (a subset of :data:`PROBE_TASKS`)."""
+    makers = {"passkey": passkey_probe_docs, "niah": niah_probe_docs}
+    return {t: makers[t](ds, n) for t in tasks}
+
+
+def run_probes(model, docs_by_task: dict[str, list[ProbeDoc]]) -> dict:
+    """``{"<task>_em": fraction exact, "<task>_logprob": mean summed log-prob}`` for each task."""
+    out = {}
+    for task, docs in docs_by_task.items():
+        res = passkey_probe(model, docs)
+        out[f"{task}_em"], out[f"{task}_logprob"] = res["passkey_em"], res["passkey_logprob"]
+    return out
 
 
 @torch.no_grad()

@@ -28,7 +28,7 @@ from posbias.utils.io import append_jsonl, atomic_write_bytes, atomic_write_text
 from posbias.utils.run_folder import prepare_run_dir
 
 from .data import PASSKEY_HAYSTACKS, PackedDataset, load_texts, load_tokenizer
-from .probe import passkey_probe, passkey_probe_docs
+from .probe import PROBE_TASKS, probe_docs, run_probes
 from .tokenizer import resolve_tokenizer_spec
 from .distributed import DistInfo, barrier, cleanup, init_distributed, mean_across
 
@@ -70,7 +70,8 @@ class TrainConfig:
     passkey_haystack: str = "noise"  # passkey filler: noise (the evaluation's) | corpus (training sentences) | mixed
     checkpoint_every: int = 200
     probe_every: int = 0  # every N steps log passkey retrieval at the training length (0 = never)
-    probe_n: int = 8  # passkey documents per probe
+    probe_n: int = 8  # documents per probe task
+    probe_tasks: str = "passkey"  # what the probe scores: passkey, niah or both ("passkey,niah"); the target needs all
     probe_target: float = 0.0  # stop once the probe's exact match >= this for probe_patience probes in a row (0 = off)
     probe_patience: int = 3  # consecutive probes at probe_target that end training (steps is then the cap)
     log_every: int = 10
@@ -90,6 +91,9 @@ class TrainConfig:
             raise ValueError("probe_target must be in [0, 1] and probe_patience >= 1")
         if self.probe_target > 0 and self.probe_every <= 0:
             raise ValueError("probe_target needs probe_every > 0 (the probe it waits for)")
+        tasks = self.probe_task_names
+        if not tasks or any(t not in PROBE_TASKS for t in tasks):
+            raise ValueError(f"probe_tasks must name some of {', '.join(PROBE_TASKS)}, got {self.probe_tasks!r}")
         for name in ("steps", "context", "batch_size", "grad_accum", "checkpoint_every", "log_every"):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -108,6 +112,10 @@ class TrainConfig:
                              f"got {self.passkey_haystack!r}")
         if self.warmup_steps < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError("warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
+
+    @property
+    def probe_task_names(self) -> tuple[str, ...]:
+        return tuple(t.strip() for t in str(self.probe_tasks).split(",") if t.strip())
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -265,13 +273,14 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
     """Setup, resume, the step loop (log, probe, checkpoint), the final model."""
     from tqdm.auto import tqdm
 
-    out, tokenizer, ds, probe_docs, bam_cfg = _setup(cfg, info, tokenizer)
+    out, tokenizer, ds, probes, bam_cfg = _setup(cfg, info, tokenizer)
     model, optimizer, scheduler = _build(cfg, info, bam_cfg)
     start = _resume(cfg, info, out, model, optimizer, scheduler, bam_cfg.to_dict())
     ddp = _wrap_ddp(model, info)
     end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     log = _StepLog(cfg, info, out)
-    streak = probe_streak(read_jsonl(out / "metrics.jsonl"), cfg.probe_target) if cfg.probe_target else 0
+    streak = probe_streak(read_jsonl(out / "metrics.jsonl"), cfg.probe_target, cfg.probe_task_names) \
+        if cfg.probe_target else 0
     # a run that already stopped at its target stays stopped (main reads the log; every rank agrees)
     reached = bool(cfg.probe_target) and mean_across(float(streak >= cfg.probe_patience), info) > 0
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.pe}{'+ssmax' if cfg.ssmax else ''}",
@@ -288,10 +297,10 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
             rec = log.write(done, optimizer, gnorm, model)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}")
         if cfg.probe_every and (done % cfg.probe_every == 0 or done == end):
-            if probe_docs:
-                probe = passkey_probe(model, probe_docs)
+            if probes:
+                probe = run_probes(model, probes)
                 append_jsonl(out / "metrics.jsonl", {"step": done, **probe})
-                streak = streak + 1 if cfg.probe_target and (probe["passkey_em"] or 0) >= cfg.probe_target else 0
+                streak = streak + 1 if cfg.probe_target and _probe_reached(probe, cfg.probe_target) else 0
             reached = bool(cfg.probe_target) and mean_across(float(streak >= cfg.probe_patience), info) > 0
             if reached and info.is_main:
                 append_jsonl(out / "metrics.jsonl", {"step": done, "stopped_by": "probe_target",
@@ -306,12 +315,19 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
     return _save_final(out, model, tokenizer, info) if reached or end >= cfg.steps else out
 
 
-def probe_streak(records: list[dict], target: float) -> int:
-    """How many of the last passkey probes in ``records`` (``metrics.jsonl``) reached ``target`` in a row."""
+def _probe_reached(probe: dict, target: float, tasks: tuple[str, ...] | None = None) -> bool:
+    """Every probed task's exact match (``<task>_em``; ``tasks`` default: those in ``probe``) >= ``target``."""
+    tasks = tasks or tuple(k[:-3] for k in probe if k.endswith("_em"))
+    return bool(tasks) and all((probe.get(f"{t}_em") or 0) >= target for t in tasks)
+
+
+def probe_streak(records: list[dict], target: float, tasks: tuple[str, ...] = ("passkey",)) -> int:
+    """How many of the last probes in ``records`` (``metrics.jsonl``) reached ``target`` on every one
+    of ``tasks`` in a row."""
     streak = 0
     for r in records:
-        if r.get("passkey_em") is not None:
-            streak = streak + 1 if r["passkey_em"] >= target else 0
+        if r.get(f"{tasks[0]}_em") is not None:
+            streak = streak + 1 if _probe_reached(r, target, tasks) else 0
     return streak
 
 
@@ -334,10 +350,10 @@ def _setup(cfg: TrainConfig, info: DistInfo, tokenizer):
     bam_cfg = build_bam_config(cfg, tokenizer)
     ds = PackedDataset(texts, tokenizer, cfg.context, seed=cfg.seed, passkey_rate=cfg.passkey_rate,
                        niah_rate=cfg.niah_rate, passkey_haystack=cfg.passkey_haystack)
-    probe_docs = passkey_probe_docs(ds, cfg.probe_n) if cfg.probe_every > 0 and info.is_main else None
+    probes = probe_docs(ds, cfg.probe_n, cfg.probe_task_names) if cfg.probe_every > 0 and info.is_main else None
     if ds.max_token_id >= bam_cfg.vocab_size:
         raise ValueError(f"token id {ds.max_token_id} does not fit the model vocabulary ({bam_cfg.vocab_size})")
-    return out, tokenizer, ds, probe_docs, bam_cfg
+    return out, tokenizer, ds, probes, bam_cfg
 
 
 def _build(cfg: TrainConfig, info: DistInfo, bam_cfg):
