@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posbias.evaluation.stats import wilson_interval
+from posbias.evaluation.stats import percent_cell, wilson_interval
 from posbias.study.grid import NIAH_FILE, PASSKEY_FILE, evaluate_model
 from posbias.study.seeds import load_study
 from posbias.study.training import load_trained
-from posbias.utils.io import atomic_write_text, read_json, read_jsonl
+from posbias.utils.io import atomic_write_text, read_jsonl
 
 
 def hold_multiplier(model, max_keys: int) -> int:
@@ -49,7 +49,7 @@ def paired_table(study_recs: list[dict], held_recs: list[dict], lengths: list[in
         for col in (0, 1):
             k = sum(p[col] for p in pairs)
             lo, hi = wilson_interval(k, len(pairs))
-            cells.append(f"{100 * k / len(pairs):.0f} [{100 * lo:.0f}, {100 * hi:.0f}]")
+            cells.append(percent_cell(k / len(pairs), lo, hi))
         gained = sum(1 for a, b in pairs if b and not a)
         lost = sum(1 for a, b in pairs if a and not b)
         lines.append(f"| {L} ({L / context:g}x) | {cells[0]} | {cells[1]} | +{gained} / -{lost} (n = {len(pairs)}) |")
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> str:
     study = load_study(args.study)
     cfg, out = study.config, Path(args.out)
     context = int(cfg["train_context"])
-    models = read_json(study.path / "models.json") if (study.path / "models.json").exists() else {}
+    models = study.models
     if args.scheme not in models:
         raise SystemExit(f"{args.study} has no trained model for {args.scheme!r} (it has: {', '.join(models)})")
     model, tok = load_trained(study.path / models[args.scheme], "cpu")

@@ -8,7 +8,7 @@ from typing import Any
 
 from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.session import plan_eval, run_planned
-from posbias.evaluation.stats import paired_difference
+from posbias.evaluation.stats import paired_difference, percent_cell
 from posbias.methods.registry import variant_options
 from posbias.utils.io import append_jsonl, atomic_write_text, read_jsonl
 from posbias.utils.run_folder import open_run
@@ -122,7 +122,7 @@ def comparison_table(summaries: dict[str, dict]) -> str:
     lines = [head, "|---|" + "---:|" * (len(depths) + 1)]
     for name, s in summaries.items():
         cells = {r["depth"]: r for r in s["by_depth"]}
-        row = [f"{100 * cells[d]['accuracy']:.0f} [{100 * cells[d]['ci_low']:.0f}, {100 * cells[d]['ci_high']:.0f}]"
+        row = [percent_cell(cells[d]["accuracy"], cells[d]["ci_low"], cells[d]["ci_high"])
                if d in cells else "-" for d in depths]
         lines.append(f"| {name} | " + " | ".join(row) + f" | {100 * s['overall']:.1f} |")
     ns = sorted({r["n"] for s in summaries.values() for r in s["by_depth"]})

@@ -20,6 +20,11 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+def percent_cell(accuracy: float, low: float, high: float) -> str:
+    """``"81 [60, 92]"``: an accuracy and its interval (fractions) as whole percents, for tables."""
+    return f"{100 * accuracy:.0f} [{100 * low:.0f}, {100 * high:.0f}]"
+
+
 def accuracy_by_depth(records: Iterable[dict], key: str = "correct") -> list[dict]:
     """Group per-instance records by ``depth`` and return rows
     ``{depth, n, accuracy, ci_low, ci_high}`` sorted by depth."""

@@ -181,7 +181,7 @@ def _fmt_len(L: int, train_context: int) -> str:
 def accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: Sequence[int], train_context: int,
                     sizes: dict[str, dict[int, int]] | None = None) -> str:
     """Accuracy (%) per scheme and length; with ``sizes`` (instances per cell) also its Wilson interval."""
-    from posbias.evaluation.stats import wilson_interval
+    from posbias.evaluation.stats import percent_cell, wilson_interval
 
     def cell(m, L):
         a = curves.get(m, {}).get(L)
@@ -191,7 +191,7 @@ def accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: Se
         if not n:
             return f"{100 * a:.0f}"
         lo, hi = wilson_interval(a * n, n)
-        return f"{100 * a:.0f} [{100 * lo:.0f}, {100 * hi:.0f}]"
+        return percent_cell(a, lo, hi)
 
     return _length_table(title, lengths, train_context, [(m, [cell(m, L) for L in lengths]) for m in schemes])
 

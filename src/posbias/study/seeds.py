@@ -29,9 +29,14 @@ class Study:
     label: str = ""
 
     @property
-    def schemes(self) -> list[str]:
+    def models(self) -> dict[str, str]:
+        """``{scheme: model folder relative to the study}`` (``models.json``; empty before any training)."""
         models = self.path / MODELS_FILE
-        return list(read_json(models)) if models.exists() else []
+        return read_json(models) if models.exists() else {}
+
+    @property
+    def schemes(self) -> list[str]:
+        return list(self.models)
 
 
 def load_study(folder: str | Path) -> Study:

