@@ -14,6 +14,7 @@ class OneLineErrors(TyperGroup):
     like every other bad input, instead of a usage block and a boxed message."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
+        line_buffered_stdout()
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
@@ -30,6 +31,15 @@ class OneLineErrors(TyperGroup):
             typer.secho(f"error: {e.format_message()}{hint}", fg="red", err=True)
             sys.exit(getattr(e, "exit_code", 2))
         sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)  # --help: Exit(0)
+
+
+def line_buffered_stdout() -> None:
+    """Flush stdout at every line, also when it is a file or a pipe (``nohup posbias search ... > log``):
+    the per-setting and per-generation lines of a long run then reach the log as they are printed,
+    not in 8 KB blocks at the end."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(line_buffering=True)
 
 
 app = typer.Typer(

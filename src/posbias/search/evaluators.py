@@ -21,9 +21,10 @@ class SerialEvaluator:
     def evaluate(self, jobs: list[tuple[list[float], float | None, FitnessResult | None]]) -> list[FitnessResult]:
         from tqdm.auto import tqdm
 
-        # a progress bar over the generation's individuals (hidden when stderr is not a terminal)
+        # a progress bar over the generation's individuals, also when stderr is a log file (a
+        # nohup'd search would otherwise print nothing for a whole generation)
         return [self.fitness.score(f, threshold=t, partial=p)
-                for f, t, p in tqdm(jobs, desc="individuals", unit="ind", leave=False, disable=None)]
+                for f, t, p in tqdm(jobs, desc="individuals", unit="ind", leave=False, disable=False)]
 
     def close(self) -> None:
         pass
