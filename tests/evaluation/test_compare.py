@@ -69,3 +69,17 @@ def test_a_bad_variant_is_one_clear_line_before_anything_is_written(tiny_folder,
     r = _compare(tiny_folder, out, methods, *extra)
     assert r.exit_code != 0 and message in r.output and "Traceback" not in r.output
     assert not out.exists()
+
+
+def test_the_joint_table_holds_every_method_the_folder_has_finished(tiny_folder, tmp_path):
+    out = tmp_path / "cmp"
+    assert _compare(tiny_folder, out, "none,pi@factor=1.0").exit_code == 0
+    alone = (out / "comparison.md").read_text()
+    r = _compare(tiny_folder, out, "pi@factor=3.0")  # a later invocation with one new method
+    assert r.exit_code == 0, r.output
+    table = (out / "comparison.md").read_text()
+    rows = [line.split(" |")[0] for line in table.splitlines() if line.startswith("| ") and "depth" not in line]
+    assert rows[:3] == ["| none", "| pi@factor=1.0", "| pi@factor=3.0"]  # first-asked order, from the earlier run
+    assert "Paired against `none`" in table  # still paired against the first method of the folder
+    assert table.startswith(alone.split("\n\naccuracy")[0])  # the earlier rows unchanged, read from their summaries
+    assert (out / "comparison.png").exists()

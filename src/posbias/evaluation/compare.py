@@ -10,8 +10,8 @@ from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.session import plan_eval, run_planned
 from posbias.evaluation.stats import paired_difference, percent_cell
 from posbias.methods.registry import variant_options
-from posbias.utils.io import append_jsonl, atomic_write_text, read_jsonl
-from posbias.utils.run_folder import open_run
+from posbias.utils.io import append_jsonl, atomic_write_text, read_json, read_jsonl
+from posbias.utils.run_folder import INVOCATIONS, open_run
 
 # Settings every method's results in a comparison folder share (each method's folder checks its
 # own method options; the method list may change between invocations).
@@ -54,11 +54,32 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
         append_jsonl(top.path / "metrics.jsonl", {"method": name, "overall": summaries[name]["overall"],
                                                   "by_depth": summaries[name]["by_depth"],
                                                   "seconds": round(time.time() - start, 1)})
-    folders = {label: top.path / method_folder(label) for label in plans}
-    atomic_write_text(top.path / "comparison.md", comparison_table(summaries) + "\n\n" + paired_table(folders) + "\n")
-    plot_accuracy_by_depth({m: s["by_depth"] for m, s in summaries.items()}, top.path / "comparison.png",
+    joint = {**earlier_summaries(top.path, exclude=list(plans)), **summaries}
+    joint = {label: joint[label] for label in folder_methods(top.path, list(plans)) if label in joint}
+    folders = {label: top.path / method_folder(label) for label in joint}
+    atomic_write_text(top.path / "comparison.md", comparison_table(joint) + "\n\n" + paired_table(folders) + "\n")
+    plot_accuracy_by_depth({m: s["by_depth"] for m, s in joint.items()}, top.path / "comparison.png",
                            title=f"{model} / {task}")
     return summaries
+
+
+def folder_methods(top: Path, current: list[str]) -> list[str]:
+    """Every method label a comparison folder has been asked for, in first-asked order: the labels of
+    its earlier invocations (``invocations.jsonl``), then those of ``current`` not among them."""
+    asked = [m for inv in read_jsonl(top / INVOCATIONS) for m in inv.get("config", {}).get("methods", [])]
+    return list(dict.fromkeys(asked + current))
+
+
+def earlier_summaries(top: Path, exclude: list[str]) -> dict[str, dict]:
+    """``{label: summary}`` of the methods that earlier invocations finished in this comparison folder
+    (their ``summary.json``), so that ``comparison.md`` shows every method the folder holds, however many
+    invocations (or concurrent processes) filled it; ``exclude``: the labels this invocation scores."""
+    found = {}
+    for label in folder_methods(top, []):
+        summary = top / method_folder(label) / "summary.json"
+        if label not in exclude and summary.exists():
+            found[label] = read_json(summary)
+    return found
 
 
 def check_method_list(methods: list[str]) -> None:
