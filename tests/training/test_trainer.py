@@ -428,3 +428,20 @@ def dataclasses_replace(cfg, **kw):
     import dataclasses
 
     return dataclasses.replace(cfg, **kw)
+
+
+def test_a_corpus_sentence_longer_than_the_filler_never_starts_one(tiny_tokenizer, tmp_path):
+    """A corpus whose sentences are mostly longer than a whole passkey document (it broke a study at
+    its first batches: a negative padding length deep inside torch): every corpus-filled passkey
+    document still fits the context, from a sentence that fits its budget."""
+    long = " ".join(["alpha beta gamma delta"] * 200) + "."
+    short = [f"Short sentence number {i} is here." for i in range(30)]
+    text = "\n".join(x for i, s in enumerate(short) for x in ([long, s] if i % 3 == 0 else [s]))
+    ds = PackedDataset([text] * 4, tiny_tokenizer, 320, passkey_rate=1.0, seed=1, passkey_haystack="corpus")
+    for k in range(30):
+        ids, docs = ds.block(k)
+        n = int((docs == docs[0]).sum())
+        assert ids.shape == (320,) and n <= 320 and "alpha beta" not in tiny_tokenizer.decode(ids[:n])
+    only_long = PackedDataset([long] * 4, tiny_tokenizer, 320, passkey_rate=1.0, seed=1, passkey_haystack="corpus")
+    with pytest.raises(ValueError, match="no training-corpus sentence fits"):
+        only_long.block(0)

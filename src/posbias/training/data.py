@@ -189,8 +189,16 @@ class PackedDataset:
 
     def _corpus_filler(self, rng: np.random.Generator, units: int) -> list[str]:
         """Consecutive corpus sentences from a random one on, as many as fit the tokens of ``units``
-        noise units (at least one)."""
-        budget, start = units * self._noise_unit_tokens, int(rng.integers(len(self._sentences)))
+        noise units: from the first sentence at or after a uniformly drawn one that fits alone (a
+        corpus sentence longer than the whole budget never starts a filler)."""
+        budget = units * self._noise_unit_tokens
+        fits = np.flatnonzero(self._sentence_tokens <= budget)
+        if not len(fits):
+            raise ValueError(f"passkey_haystack: no training-corpus sentence fits a passkey document's "
+                             f"filler of ~{budget:.0f} tokens (context {self.context}); use a longer context "
+                             "or a corpus with shorter sentences")
+        drawn = int(rng.integers(len(self._sentences)))
+        start = int(fits[np.searchsorted(fits, drawn) % len(fits)])
         filler, used = [], 0
         for i in range(start, start + len(self._sentences)):
             k = i % len(self._sentences)
@@ -234,6 +242,8 @@ class PackedDataset:
             units -= 1
             position = min(position, units)
             seq = self.encode(text_of(units, position)) + end
+        if len(seq) > self.context:
+            raise ValueError(f"a training document of {len(seq)} tokens does not fit the context of {self.context}")
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos or 0)
         return np.asarray(seq + [pad] * (self.context - len(seq)), dtype=np.int64), len(seq)
 
