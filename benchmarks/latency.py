@@ -6,7 +6,8 @@ All methods run on the same model and the same prompt (filler text cut to each l
 interleaved: for every repetition and length the methods run round-robin, so machine load affects
 all alike. Reported per method and length: median prefill seconds, median seconds per decoded token
 (manual greedy loop with past_key_values, batch 1), and both as ratios to ``none``. The JSON file
-holds the raw timings too.
+holds the raw timings too; it is rewritten after every repetition, so a run stopped early keeps
+its finished repetitions (``reps_done``) and their medians.
 
 Methods and options: ``--methods none,pi,ms-poe,attention-buckets,moice`` (``lpes`` needs a factors
 file: ``--lpes-factors PATH``). MoICE uses untrained routers (same cost as trained ones); PI uses
@@ -109,6 +110,51 @@ def method_spec(spec: str) -> tuple[str, dict]:
     return name, {**DEFAULT_OPTIONS.get(name, {}), **options}
 
 
+
+def summarise(raw: dict) -> dict:
+    """``{method: {length: {prefill_s, decode_s_per_token, prefill_ratio, decode_ratio}}}``: medians over
+    the repetitions in ``raw`` (``{method: {length: {"prefill": [s], "decode": [s/token]}}}``), ratios
+    to ``none``'s medians."""
+    summary = {}
+    for m, by_length in raw.items():
+        summary[m] = {}
+        for n, runs in by_length.items():
+            pre, dec = statistics.median(runs["prefill"]), statistics.median(runs["decode"])
+            base = raw["none"][n]
+            summary[m][n] = {"prefill_s": pre, "decode_s_per_token": dec,
+                             "prefill_ratio": pre / statistics.median(base["prefill"]),
+                             "decode_ratio": dec / statistics.median(base["decode"])}
+    return summary
+
+
+def write_result(out: str, info: dict, raw: dict, reps_done: int) -> dict:
+    """Write (atomically) the settings, the medians of the ``reps_done`` finished repetitions and every
+    measurement to ``out``; return what was written."""
+    from posbias.utils.io import atomic_write_text
+
+    summary = summarise(raw)
+    result = {**info, "reps_done": reps_done,
+              "summary": {m: {str(n): v for n, v in s.items()} for m, s in summary.items()},
+              "raw": {m: {str(n): v for n, v in s.items()} for m, s in raw.items()}}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(out), json.dumps(result, indent=2))
+    return result
+
+
+def print_table(summary: dict, methods: list[str], lengths: list[int]) -> None:
+    header = f"{'method':26s}" + "".join(f" | {f'{n} tok prefill':>14s} {'decode/token':>16s}" for n in lengths)
+    print("\n" + header)
+    print("-" * len(header))
+    for m in methods:
+        row = f"{m:26s}"
+        for n in lengths:
+            s = summary[m][str(n)]
+            pre = f"{s['prefill_s']:.2f}s x{s['prefill_ratio']:.2f}"
+            dec = f"{s['decode_s_per_token'] * 1000:.1f}ms x{s['decode_ratio']:.2f}"
+            row += f" | {pre:>14s} {dec:>16s}"
+        print(row)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -125,6 +171,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--out", default="latency.json")
     args = ap.parse_args(argv)
+    if args.reps < 1:
+        raise SystemExit(f"--reps must be >= 1, got {args.reps}")
 
     from posbias.methods import apply_method
     from posbias.models import load_model
@@ -172,43 +220,19 @@ def main(argv: list[str] | None = None) -> dict:
     for _ in range(args.warmup):
         for m in methods:
             run(m, min(lengths), record=False)
+    info = {"model": args.random_config or args.model, "random_weights": bool(args.random_config),
+            "device": args.device, "dtype": args.dtype,
+            "gpu": torch.cuda.get_device_name() if str(args.device).startswith("cuda") else None,
+            "lengths": lengths, "methods": methods, "options": options, "reps": args.reps,
+            "decode_steps": args.decode, "threads": torch.get_num_threads()}
+    result = {}
     for rep in range(args.reps):
         print(f"rep {rep + 1}/{args.reps}", flush=True)
         for n in lengths:
             for m in methods:  # round-robin over methods
                 run(m, n, record=True)
-
-    summary = {}
-    for m in methods:
-        summary[m] = {}
-        for n in lengths:
-            pre = statistics.median(raw[m][n]["prefill"])
-            dec = statistics.median(raw[m][n]["decode"])
-            base_pre = statistics.median(raw["none"][n]["prefill"])
-            base_dec = statistics.median(raw["none"][n]["decode"])
-            summary[m][n] = {"prefill_s": pre, "decode_s_per_token": dec, "prefill_ratio": pre / base_pre,
-                             "decode_ratio": dec / base_dec}
-
-    header = f"{'method':26s}" + "".join(f" | {f'{n} tok prefill':>14s} {'decode/token':>16s}" for n in lengths)
-    print("\n" + header)
-    print("-" * len(header))
-    for m in methods:
-        row = f"{m:26s}"
-        for n in lengths:
-            s = summary[m][n]
-            pre = f"{s['prefill_s']:.2f}s x{s['prefill_ratio']:.2f}"
-            dec = f"{s['decode_s_per_token'] * 1000:.1f}ms x{s['decode_ratio']:.2f}"
-            row += f" | {pre:>14s} {dec:>16s}"
-        print(row)
-    result = {"model": args.random_config or args.model, "random_weights": bool(args.random_config),
-              "device": args.device, "dtype": args.dtype,
-              "gpu": torch.cuda.get_device_name() if str(args.device).startswith("cuda") else None,
-              "lengths": lengths, "methods": methods, "options": options, "reps": args.reps,
-              "decode_steps": args.decode, "threads": torch.get_num_threads(),
-              "summary": {m: {str(n): v for n, v in s.items()} for m, s in summary.items()},
-              "raw": {m: {str(n): v for n, v in s.items()} for m, s in raw.items()}}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+        result = write_result(args.out, info, raw, reps_done=rep + 1)  # a stopped run keeps its finished repetitions
+    print_table(result["summary"], methods, lengths)
     print(f"\nwrote {args.out}")
     return result
 

@@ -25,3 +25,28 @@ def test_latency_on_a_random_config_with_every_method(tmp_path):
                                    "attention-buckets", "moice"}
     assert res["summary"]["none"]["32"]["decode_ratio"] == pytest.approx(1.0)
     assert Path(doc["options"]["lpes"]["factors"]).exists()  # a factors file of the model's layer count
+
+
+def test_a_stopped_run_keeps_its_finished_repetitions(tmp_path, monkeypatch):
+    """The json is written after every repetition: a run stopped in its second repetition leaves the
+    first one's measurements and medians on disk (a 4K run here takes ~15 min per repetition)."""
+    latency = _load()
+    out = tmp_path / "lat.json"
+    calls, real = [], latency.time_method
+
+    def stop_in_the_second_repetition(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2:  # 2 methods per repetition
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(latency, "time_method", stop_in_the_second_repetition)
+    with pytest.raises(KeyboardInterrupt):
+        latency.main(["--random-config", "tiny", "--lengths", "32", "--reps", "3", "--decode", "1", "--warmup", "0",
+                      "--methods", "none,pi", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["reps_done"] == 1 and doc["reps"] == 3
+    assert [len(doc["raw"][m]["32"]["prefill"]) for m in ("none", "pi")] == [1, 1]
+    assert doc["summary"]["pi"]["32"]["prefill_s"] == doc["raw"]["pi"]["32"]["prefill"][0]
+    with pytest.raises(SystemExit, match="--reps must be >= 1"):
+        latency.main(["--random-config", "tiny", "--reps", "0", "--out", str(out)])
