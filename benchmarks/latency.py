@@ -110,7 +110,6 @@ def method_spec(spec: str) -> tuple[str, dict]:
     return name, {**DEFAULT_OPTIONS.get(name, {}), **options}
 
 
-
 def summarise(raw: dict) -> dict:
     """``{method: {length: {prefill_s, decode_s_per_token, prefill_ratio, decode_ratio}}}``: medians over
     the repetitions in ``raw`` (``{method: {length: {"prefill": [s], "decode": [s/token]}}}``), ratios
@@ -142,6 +141,7 @@ def write_result(out: str, info: dict, raw: dict, reps_done: int) -> dict:
 
 
 def print_table(summary: dict, methods: list[str], lengths: list[int]) -> None:
+    """The medians and ratios of :func:`write_result`'s summary, one row per method."""
     header = f"{'method':26s}" + "".join(f" | {f'{n} tok prefill':>14s} {'decode/token':>16s}" for n in lengths)
     print("\n" + header)
     print("-" * len(header))

@@ -54,8 +54,7 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
         append_jsonl(top.path / "metrics.jsonl", {"method": name, "overall": summaries[name]["overall"],
                                                   "by_depth": summaries[name]["by_depth"],
                                                   "seconds": round(time.time() - start, 1)})
-    joint = {**earlier_summaries(top.path, exclude=list(plans)), **summaries}
-    joint = {label: joint[label] for label in folder_methods(top.path, list(plans)) if label in joint}
+    joint = finished_summaries(top.path, summaries)
     folders = {label: top.path / method_folder(label) for label in joint}
     atomic_write_text(top.path / "comparison.md", comparison_table(joint) + "\n\n" + paired_table(folders) + "\n")
     plot_accuracy_by_depth({m: s["by_depth"] for m, s in joint.items()}, top.path / "comparison.png",
@@ -70,16 +69,18 @@ def folder_methods(top: Path, current: list[str]) -> list[str]:
     return list(dict.fromkeys(asked + current))
 
 
-def earlier_summaries(top: Path, exclude: list[str]) -> dict[str, dict]:
-    """``{label: summary}`` of the methods that earlier invocations finished in this comparison folder
-    (their ``summary.json``), so that ``comparison.md`` shows every method the folder holds, however many
-    invocations (or concurrent processes) filled it; ``exclude``: the labels this invocation scores."""
-    found = {}
-    for label in folder_methods(top, []):
-        summary = top / method_folder(label) / "summary.json"
-        if label not in exclude and summary.exists():
-            found[label] = read_json(summary)
-    return found
+def finished_summaries(top: Path, summaries: dict[str, dict]) -> dict[str, dict]:
+    """``{label: summary}`` of every method this comparison folder has finished, in first-asked order
+    (:func:`folder_methods`): this invocation's ``summaries``, and the ``summary.json`` of the methods
+    earlier invocations (or a concurrent process) scored, so ``comparison.md`` shows them all."""
+    joint = {}
+    for label in folder_methods(top, list(summaries)):
+        found = top / method_folder(label) / "summary.json"
+        if label in summaries:
+            joint[label] = summaries[label]
+        elif found.exists():
+            joint[label] = read_json(found)
+    return joint
 
 
 def check_method_list(methods: list[str]) -> None:
