@@ -420,6 +420,9 @@ def test_an_unknown_passkey_filler_is_refused_before_anything_is_written(tmp_pat
             "noise, corpus, mixed")
     refused(cli("study", "--train-opt", "passkey_haystack=essay", "--out", tmp_path / "study"),
             "passkey_haystack must be one of")
+    refused(cli("train", "--niah-haystack", "grass", "--out", out), "niah_haystack must be one of")
+    refused(cli("study", "--train-opt", "niah_haystack=essay", "--out", tmp_path / "study"),
+            "niah_haystack must be one of")
     assert not out.exists() and not (tmp_path / "study").exists()
 
 
@@ -479,3 +482,10 @@ def test_train_moice_refuses_a_foreign_folder_before_loading(tiny, tmp_path):
     res = cli("train-moice", "--model", tiny, "--steps", "1", "--out", foreign)
     refused(res, "not empty (notes.txt)")
     assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+
+
+def test_passkey_in_heldout_text_without_heldout_text_is_refused(tmp_path):
+    out = tmp_path / "study"
+    refused(cli("study", "--passkey-heldout", "--ppl-multipliers", "", "--out", out), "passkey_heldout",
+            "--heldout or keep --ppl-multipliers")
+    assert not out.exists()

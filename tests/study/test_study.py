@@ -563,3 +563,66 @@ def test_two_study_invocations_training_at_once_keep_each_others_models(tmp_path
     ensure_models(StudyConfig(out=str(out), schemes="alibi", train_steps=2, train_context=160),
                   train_fn=train_rope_meanwhile, log=lambda *a: None)
     assert set(json.loads((out / "models.json").read_text())) == {"rope", "alibi"}
+
+
+def test_study_passkey_in_the_heldout_text_added_on_resume(tmp_path, fake_train, tiny_tokenizer):
+    """--passkey-heldout, added to a finished study: a third passkey view whose filler is the held-out
+    split's sentences (text no scheme trained on), the same keys; nothing retrained. Without held-out
+    text it is refused before anything runs."""
+    from posbias.study.runner import StudyConfig, run_study
+    from posbias.tasks.haystack import split_sentences
+
+    train, calls = fake_train
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"Document {i} is about topic {i}. It has a second line {i}. " * 6})
+                              + "\n" for i in range(40)))
+    kw = dict(out=str(tmp_path / "study"), preset="tiny", schemes="alibi", train_steps=3, train_context=160,
+              multipliers=[1], depths=[0.5], n=2, seed=0, corpus=str(corpus), ppl_multipliers=[1], ppl_tokens=400)
+    run_study(StudyConfig(**kw), train_fn=train, progress=False, log=lambda *a: None)
+    run_study(StudyConfig(**kw, passkey_heldout=True, resume=True), train_fn=train, progress=False,
+              log=lambda *a: None)
+    assert len(calls) == 1
+    out = tmp_path / "study"
+    held = {s for x in (out / "data" / "heldout.jsonl").read_text().splitlines()
+            for s in split_sentences(json.loads(x)["text"])}
+    trained = {s for x in (out / "data" / "train.jsonl").read_text().splitlines()
+               for s in split_sentences(json.loads(x)["text"])}
+    pk = [json.loads(x) for x in (out / "passkey.jsonl").read_text().splitlines()]
+    mine = [json.loads(x) for x in (out / "passkey-heldout.jsonl").read_text().splitlines()]
+    assert [r["answers"] for r in mine] == [r["answers"] for r in pk] and len(mine) == 2
+    from posbias.tasks import make_instances
+
+    inst = make_instances("passkey", tokenizer=tiny_tokenizer, n=1, depths=[0.5], seed=0, length=160,
+                          haystack=str(out / "data" / "heldout.jsonl"))[0]
+    filler = [s for s in split_sentences(inst.prompt.split("\n")[1]) if "pass key" not in s and "Remember" not in s]
+    assert filler and set(filler) <= held and not set(filler) & trained
+    assert "passkey-heldout" in (out / "summary.md").read_text()
+    with pytest.raises(ValueError, match="passkey_heldout.*--heldout or keep --ppl-multipliers"):
+        StudyConfig(**{**kw, "ppl_multipliers": []}, passkey_heldout=True)
+
+
+def test_resume_may_add_perplexity_contexts_on_the_same_tokens(tmp_path, fake_train):
+    """--ppl-multipliers may grow on resume (only the new contexts are measured) while perplexity stays
+    on the same held-out tokens; a change of those tokens is refused, naming the --ppl-tokens to pass."""
+    from posbias.study.runner import StudyConfig, run_study
+
+    train, calls = fake_train
+    out = tmp_path / "study"
+    kw = dict(out=str(out), preset="tiny", schemes="alibi", train_steps=3, train_context=160, multipliers=[1],
+              depths=[0.5], n=1, seed=0, corpus=_corpus(tmp_path), ppl_multipliers=[1], ppl_tokens=400)
+    run = lambda **o: run_study(StudyConfig(**{**kw, **o}, resume=True), train_fn=train, progress=False,  # noqa: E731
+                                log=lambda *a: None)
+    run()
+    first = (out / "perplexity.jsonl").read_text().splitlines()
+    run(ppl_multipliers=[1, 2])
+    ppl = [json.loads(x) for x in (out / "perplexity.jsonl").read_text().splitlines()]
+    assert (out / "perplexity.jsonl").read_text().splitlines()[:len(first)] == first and len(calls) == 1
+    assert {(r["context"], r["eval_tokens"]) for r in ppl} == {(160, 400), (320, 400)}
+    with pytest.raises(ValueError, match="measured perplexity on 400 held-out tokens.*--ppl-tokens 400"):
+        run(ppl_tokens=None, ppl_multipliers=[1, 2])  # 4 x 320 = 1280 tokens
+    with pytest.raises(ValueError, match="measured perplexity on 400 held-out tokens.*--ppl-tokens 400"):
+        run(ppl_tokens=800)
+    other = tmp_path / "no-ppl"
+    run(out=str(other), ppl_multipliers=[])
+    with pytest.raises(ValueError, match="measured perplexity on None .*trained on the whole corpus"):
+        run(out=str(other), ppl_multipliers=[1])

@@ -131,7 +131,7 @@ def test_niah_multi_value_and_query(tiny_tokenizer):
 
 def test_niah_errors(tiny_tokenizer):
     tok = tiny_tokenizer
-    with pytest.raises(ValueError, match="haystack 'grass' is not one of"):
+    with pytest.raises(ValueError, match="haystack 'grass' is not a known haystack name nor a corpus path"):
         make_instances("niah", tokenizer=tok, n=1, depths=[0.0], haystack="grass")
     with pytest.raises(ValueError, match="num_queries=3 is more than num_needles=2"):
         make_instances("niah", tokenizer=tok, n=1, depths=[0.0], num_needles=2, num_queries=3)
@@ -171,3 +171,26 @@ def test_passkey_in_an_essay_haystack(tiny_tokenizer):
         assert inst.meta["prompt_tokens"] <= 300
     with pytest.raises(ValueError, match="haystack 'grass'"):
         make_instances("passkey", tokenizer=tiny_tokenizer, n=1, depths=[0.0], seed=0, haystack="grass")
+
+
+def test_a_corpus_file_as_haystack(tiny_tokenizer, tmp_path):
+    """Passkey and NIAH filled with the sentences of a user's corpus file, in order: the needle,
+    question and keys unchanged; a missing corpus is one clear error before any fitting."""
+    sentences = [f"Sentence number {w} talks about {w} things." for w in ("one", "two", "three", "four", "five")]
+    corpus = tmp_path / "filler.jsonl"
+    corpus.write_text('{"text": "%s"}\n{"text": "%s"}\n' % (" ".join(sentences[:2]), " ".join(sentences[2:])))
+    noise = make_instances("passkey", tokenizer=tiny_tokenizer, n=2, depths=[0.0, 1.0], seed=0, length=200)
+    mine = make_instances("passkey", tokenizer=tiny_tokenizer, n=2, depths=[0.0, 1.0], seed=0, length=200,
+                          haystack=str(corpus))
+    assert [i.answers for i in mine] == [i.answers for i in noise]
+    for inst in mine:
+        assert NOISE not in inst.prompt and inst.meta["prompt_tokens"] <= 200
+        hay = inst.prompt.split("\n")[1].replace(f"The pass key is {inst.answers[0]}. Remember it. "
+                                                 f"{inst.answers[0]} is the pass key.", "").split()
+        units = inst.meta["filler_units"]
+        assert units >= 2 and " ".join(hay) == " ".join((sentences * units)[:units])  # in order, cycling
+    niah = make_instances("niah", tokenizer=tiny_tokenizer, n=1, depths=[0.5], seed=0, length=400, haystack=str(corpus))
+    assert niah[0].meta["haystack_units"] >= 1 and sentences[0] in niah[0].prompt and NOISE not in niah[0].prompt
+    for task in ("passkey", "niah"):
+        with pytest.raises(ValueError, match="is not a known haystack name nor a corpus path"):
+            make_instances(task, tokenizer=tiny_tokenizer, n=1, depths=[0.0], haystack=str(tmp_path / "none.txt"))

@@ -175,6 +175,41 @@ def test_niah_documents_in_the_training_mix(tiny_tokenizer, corpus):
         PackedDataset(texts, tiny_tokenizer, 320, passkey_rate=0.7, niah_rate=0.5)
 
 
+def test_niah_filler_from_the_corpus(tiny_tokenizer, corpus):
+    """niah_haystack: NIAH training documents filled with corpus sentences (corpus) or either filler
+    (mixed), the needle and question unchanged; the passkey blocks and the noise default unchanged."""
+    from posbias.tasks.haystack import NOISE, split_sentences
+    from posbias.tasks.niah import NIAH_INTRO
+
+    texts = load_texts([corpus])
+    sentences = {x for t in texts for x in split_sentences(t)}
+    plain = PackedDataset(texts, tiny_tokenizer, 320, passkey_rate=0.3, niah_rate=0.3, seed=2)
+    fillers = {}
+    for haystack in ("noise", "corpus", "mixed"):
+        ds = PackedDataset(texts, tiny_tokenizer, 320, passkey_rate=0.3, niah_rate=0.3, seed=2, niah_haystack=haystack)
+        kinds = []
+        for k in range(60):
+            ids, docs = ds.block(k)
+            n = int((docs == docs[0]).sum())
+            text = tiny_tokenizer.decode(ids[: n - 1])
+            if docs[0] >= 0 or not text.startswith(NIAH_INTRO):
+                assert torch.equal(ids, plain.block(k)[0])  # text and passkey blocks as before
+                continue
+            value = text.rsplit(" ", 1)[1].rstrip(".")
+            needle = [x for x in split_sentences(text) if x.endswith(f"is: {value}.")]
+            assert value.isdigit() and len(needle) == 1 and "What is the special magic number for" in text
+            hay = text.split("\n")[1].replace(needle[0], " ")
+            kinds.append("noise" if not hay.replace(NOISE, " ").strip() else "corpus")
+            if kinds[-1] == "corpus":
+                assert any(x in hay for x in sentences) and NOISE not in hay
+            if haystack == "noise":
+                assert torch.equal(ids, plain.block(k)[0])
+        fillers[haystack] = set(kinds)
+    assert fillers == {"noise": {"noise"}, "corpus": {"corpus"}, "mixed": {"noise", "corpus"}}
+    with pytest.raises(ValueError, match="niah_haystack must be one of"):
+        TrainConfig(pe="rope", niah_haystack="essay").validate()
+
+
 def test_lr_schedule():
     f = lambda s: lr_lambda(s, steps=100, warmup=10, min_ratio=0.1)  # noqa: E731
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)

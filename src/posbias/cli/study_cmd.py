@@ -45,6 +45,9 @@ def study_command(
                                             "grass/sky (retrieval that does not depend on the training filler)"),
     niah_essay: bool = typer.Option(False, "--niah-essay/--no-niah-essay",
                                     help="also NIAH with the essays as haystack (RULER single_2; --niah is single_1)"),
+    passkey_heldout: bool = typer.Option(False, "--passkey-heldout/--no-passkey-heldout",
+                                         help="also passkey filled with the sentences of the held-out text (the "
+                                              "perplexity split or --heldout): natural text no model trained on"),
     dead_after: int = typer.Option(0, min=0, help="stop a scheme's passkey / NIAH grid after this many lengths in a "
                                    "row (shortest first) with no instance right; 0 = score every length"),
     modes: str = typer.Option("teacher-forced,generate", help="passkey scoring: teacher-forced, generate or both"),
@@ -72,7 +75,7 @@ def study_command(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
         multipliers=parse_numbers(multipliers, "multipliers"), depths=parse_numbers(depths, "depths"), n=n,
         seed=seed, corpus=corpus, heldout=heldout, passkey_rate=passkey_rate, niah_rate=niah_rate, niah=niah, niah_options=parse_key_values(niah_opt, "niah-opt"),
-        passkey_essay=passkey_essay, niah_essay=niah_essay, dead_after=dead_after,
+        passkey_essay=passkey_essay, niah_essay=niah_essay, passkey_heldout=passkey_heldout, dead_after=dead_after,
         modes=parse_names(modes),
         ppl_multipliers=parse_numbers(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,
         batch_size=batch_size, token_budget=token_budget, device=device,

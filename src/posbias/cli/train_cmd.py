@@ -39,6 +39,7 @@ def train_command(
                                     help="fraction of blocks replaced by single-needle RULER documents"),
     passkey_haystack: str = typer.Option("noise", help="filler of the passkey documents: noise (grass/sky), "
                                          "corpus (runs of training sentences) or mixed (either, half each)"),
+    niah_haystack: str = typer.Option("noise", help="filler of the NIAH documents: noise, corpus or mixed"),
     checkpoint_every: int = Count(200, help="checkpoint every N steps"),
     probe_every: int = Count(0, minimum=0, help="every N steps log passkey retrieval at the training length to "
                                                 "metrics.jsonl (passkey_em, passkey_logprob; 0 = never)"),
@@ -69,7 +70,7 @@ def train_command(
         steps=steps, context=context, batch_size=batch_size, grad_accum=grad_accum, lr=lr, prior_lr=prior_lr,
         warmup_steps=warmup, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, grad_clip=grad_clip,
         optimizer=optimizer, seed=seed, corpus=list(corpus) if corpus else None, tokenizer=tokenizer,
-        passkey_rate=passkey_rate, niah_rate=niah_rate, passkey_haystack=passkey_haystack,
+        passkey_rate=passkey_rate, niah_rate=niah_rate, passkey_haystack=passkey_haystack, niah_haystack=niah_haystack,
         checkpoint_every=checkpoint_every, probe_every=probe_every,
         probe_n=probe_n, probe_tasks=probe_tasks, probe_target=probe_target, probe_patience=probe_patience, log_every=log_every,
         resume=resume, precision=precision, device=device)

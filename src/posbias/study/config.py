@@ -16,10 +16,20 @@ SUMMARY_FILE = "summary.md"
 CHECK_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "passkey_rate", "niah_rate",
               "depths",
               "train_options", "tokenizer",
-              "ppl_multipliers", "ppl_tokens")
+              "ppl_eval_tokens")  # not ppl_multipliers: a resume may add perplexity contexts (same eval tokens)
 DATA_DIR = "data"
 HELDOUT_CHARS_PER_TOKEN = 6  # generous: English BPE averages ~4-5 characters per token
 MAX_HELDOUT_FRACTION = 0.3
+
+
+def ppl_eval_tokens(config: dict) -> int | None:
+    """The held-out tokens a study's perplexity is measured on (a study ``config`` dict): ``ppl_tokens``,
+    else 4x its longest perplexity context; None without perplexity. Contexts may change between
+    invocations of one study; these tokens may not (every perplexity row is on the same text)."""
+    multipliers = config.get("ppl_multipliers") or []
+    if not multipliers:
+        return None
+    return int(config.get("ppl_tokens") or 4 * max(grid_lengths(int(config["train_context"]), multipliers)))
 
 
 def study_modes(modes) -> list[str]:
@@ -60,6 +70,7 @@ class StudyConfig:
     niah_options: dict = field(default_factory=dict)
     passkey_essay: bool = False  # also passkey in the essay haystack (a filler never trained on)
     niah_essay: bool = False  # also NIAH in the essay haystack (RULER single_2)
+    passkey_heldout: bool = False  # also passkey filled with the held-out text's sentences (never trained on)
     dead_after: int = 0  # a view stops for a scheme after this many lengths in a row with 0 correct (0 = never)
     modes: list[str] = field(default_factory=lambda: ["teacher-forced", "generate"])
     ppl_multipliers: list[float] = field(default_factory=lambda: list(DEFAULT_PPL_MULTIPLIERS))
@@ -86,6 +97,9 @@ class StudyConfig:
         if self.train_steps is not None and self.train_steps < 1:
             raise ValueError(f"train_steps must be >= 1, got {self.train_steps}")
         grid_lengths(self.train_context, self.multipliers)  # validates
+        if self.passkey_heldout and not self.heldout and not self.ppl_multipliers:
+            raise ValueError("passkey_heldout fills the passkey with the held-out text, which a study sets aside "
+                             "for perplexity: give --heldout or keep --ppl-multipliers")
 
     @property
     def lengths(self) -> list[int]:
@@ -95,5 +109,10 @@ class StudyConfig:
     def ppl_contexts(self) -> list[int]:
         return grid_lengths(self.train_context, self.ppl_multipliers) if self.ppl_multipliers else []
 
+    @property
+    def ppl_eval_tokens(self) -> int | None:
+        return ppl_eval_tokens(dataclasses.asdict(self))
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The settings, plus the derived ``ppl_eval_tokens`` (checked on resume instead of the contexts)."""
+        return {**dataclasses.asdict(self), "ppl_eval_tokens": self.ppl_eval_tokens}

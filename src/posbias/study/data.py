@@ -49,7 +49,7 @@ def split_heldout(cfg: StudyConfig, log: Callable = print) -> tuple[list[str], l
     """``(training documents, held-out documents, held-out characters)`` (see :func:`prepare_data`)."""
     texts = _load_texts(cfg.corpus)
     total = sum(len(t) for t in texts)
-    want = (cfg.ppl_tokens or 4 * max(cfg.ppl_contexts)) * HELDOUT_CHARS_PER_TOKEN
+    want = cfg.ppl_eval_tokens * HELDOUT_CHARS_PER_TOKEN
     if want > MAX_HELDOUT_FRACTION * total:
         log(f"[study] corpus has {total} characters: holding out {MAX_HELDOUT_FRACTION:.0%} of it for perplexity "
             f"instead of ~{want}; the longest perplexity contexts may get few windows")

@@ -27,20 +27,26 @@ PASSKEY_FILE = "passkey.jsonl"
 NIAH_FILE = "niah.jsonl"
 PASSKEY_ESSAY_FILE = "passkey-essay.jsonl"
 NIAH_ESSAY_FILE = "niah-essay.jsonl"
+PASSKEY_HELDOUT_FILE = "passkey-heldout.jsonl"
 # (view name, task, file) of every grid a study can run; the options come from grid_views
 VIEW_FILES = (("passkey", "passkey", PASSKEY_FILE), ("passkey-essay", "passkey", PASSKEY_ESSAY_FILE),
+              ("passkey-heldout", "passkey", PASSKEY_HELDOUT_FILE),
               ("niah", "niah", NIAH_FILE), ("niah-essay", "niah", NIAH_ESSAY_FILE))
 
 
 def grid_views(*, niah: bool = False, niah_options: dict | None = None, passkey_essay: bool = False,
-               niah_essay: bool = False) -> list[tuple[str, str, dict, str]]:
+               niah_essay: bool = False, passkey_heldout: str | None = None) -> list[tuple[str, str, dict, str]]:
     """``(view, task, task options, file)`` of the grids to run: passkey in its grass/sky filler, the
-    same passkey in the essay haystack (``passkey_essay``: a filler the models never trained on), NIAH
+    same passkey in the essay haystack (``passkey_essay``: the first essay sentences, a filler the
+    noise-trained models never saw, but text that may lie in the training corpus), the same passkey in
+    the sentences of the held-out text (``passkey_heldout``: its path; text no model trained on), NIAH
     (RULER single_1, noise haystack, the one in the training mix) and NIAH in the essays (``niah_essay``:
     RULER single_2)."""
     views = [("passkey", "passkey", {}, PASSKEY_FILE)]
     if passkey_essay:
         views.append(("passkey-essay", "passkey", {"haystack": "essay"}, PASSKEY_ESSAY_FILE))
+    if passkey_heldout:
+        views.append(("passkey-heldout", "passkey", {"haystack": str(passkey_heldout)}, PASSKEY_HELDOUT_FILE))
     if niah:
         views.append(("niah", "niah", dict(niah_options or {}), NIAH_FILE))
     if niah_essay:
@@ -146,6 +152,7 @@ def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Seq
                    depths: Sequence[float] = DEFAULT_DEPTHS, n: int = 5, seed: int = 0,
                    modes: Sequence[str] = ("teacher-forced", "generate"), niah: bool = False,
                    niah_options: dict | None = None, passkey_essay: bool = False, niah_essay: bool = False,
+                   passkey_heldout: str | None = None,
                    ppl_tokens: Sequence[int] | None = None, ppl_contexts: Sequence[int] = (), batch_size: int = 4,
                    token_budget: int = 8192,
                    extra: dict | None = None, make_instances: Callable | None = None, dead_after: int = 0,
@@ -163,7 +170,7 @@ def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Seq
                   batch_size=batch_size, token_budget=token_budget, extra=extra,
                   make_instances=make_instances, progress=progress)
     for view, task, options, fname in grid_views(niah=niah, niah_options=niah_options, passkey_essay=passkey_essay,
-                                                 niah_essay=niah_essay):
+                                                 niah_essay=niah_essay, passkey_heldout=passkey_heldout):
         res[view] = _run_view(model, tokenizer, out_jsonl=out / fname, task=task, options=options, lengths=lengths,
                               dead_after=dead_after, common=common, log=lambda msg: log(f"[study] {name} {view}: {msg}"))
     if ppl_tokens is not None and len(ppl_contexts):

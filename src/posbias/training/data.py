@@ -13,7 +13,8 @@
   carry no loss. Their filler (``passkey_haystack``) is the grass/sky ``noise`` of the evaluation
   (default), a run of consecutive sentences of the training corpus (``corpus``, about as many
   tokens as the noise filler it replaces), or either with equal probability (``mixed``): a model
-  trained on one filler only may learn a filler-specific copy instead of retrieval.
+  trained on one filler only may learn a filler-specific copy instead of retrieval. Single-needle
+  RULER documents (``niah_rate``) take their filler the same way (``niah_haystack``).
 """
 from __future__ import annotations
 
@@ -30,13 +31,14 @@ from posbias.tasks.niah import niah_document, random_keys
 from posbias.tasks.passkey import passkey_document
 from posbias.utils.corpus import BUILTIN_CORPORA, load_texts  # noqa: F401  (the one corpus reader)
 
-PASSKEY_HAYSTACKS = ("noise", "corpus", "mixed")
+PASSKEY_HAYSTACKS = ("noise", "corpus", "mixed")  # the fillers of the synthetic training documents
 
 
-def check_passkey_haystack(value: str) -> None:
-    """Refuse a passkey filler that is not one of :data:`PASSKEY_HAYSTACKS`."""
+def check_passkey_haystack(value: str, option: str = "passkey_haystack") -> None:
+    """Refuse a training-document filler (``option``: passkey_haystack / niah_haystack) that is not
+    one of :data:`PASSKEY_HAYSTACKS`."""
     if value not in PASSKEY_HAYSTACKS:
-        raise ValueError(f"passkey_haystack must be one of {', '.join(PASSKEY_HAYSTACKS)}, got {value!r}")
+        raise ValueError(f"{option} must be one of {', '.join(PASSKEY_HAYSTACKS)}, got {value!r}")
 
 
 def paul_graham_dir() -> Path:
@@ -74,7 +76,7 @@ class PackedDataset:
     """
 
     def __init__(self, texts: Iterable[str], tokenizer, context: int, *, seed: int = 0, passkey_rate: float = 0.0,
-                 niah_rate: float = 0.0, passkey_haystack: str = "noise"):
+                 niah_rate: float = 0.0, passkey_haystack: str = "noise", niah_haystack: str = "noise"):
         if int(context) <= 0:
             raise ValueError(f"context length must be positive, got {context}")
         if not 0.0 <= passkey_rate <= 1.0:
@@ -82,7 +84,8 @@ class PackedDataset:
         if not 0.0 <= niah_rate <= 1.0 or passkey_rate + niah_rate > 1.0:
             raise ValueError(f"niah_rate must be in [0, 1 - passkey_rate], got {niah_rate} (passkey_rate {passkey_rate})")
         check_passkey_haystack(passkey_haystack)
-        self.passkey_haystack = passkey_haystack
+        check_passkey_haystack(niah_haystack, "niah_haystack")
+        self.passkey_haystack, self.niah_haystack = passkey_haystack, niah_haystack
         self.context = int(context)
         self.seed = int(seed)
         self.passkey_rate = float(passkey_rate)
@@ -115,10 +118,10 @@ class PackedDataset:
         self._niah_units: int | None = None
         if self.passkey_rate > 0:
             _ = self.passkey_units  # a context too short for passkey documents fails here, not mid-training
-            if passkey_haystack != "noise":
-                self._prepare_corpus_filler(texts)
         if self.niah_rate > 0:
             _ = self.niah_units
+        if (self.passkey_rate > 0 and passkey_haystack != "noise") or (self.niah_rate > 0 and niah_haystack != "noise"):
+            self._prepare_corpus_filler(texts)
 
     def __len__(self) -> int:
         return self.n_blocks
@@ -164,7 +167,7 @@ class PackedDataset:
         with a corpus filler the key sits at the same fraction of the filler).
         """
         key, units, position = self.passkey_draw(rng)
-        filler = self._corpus_filler(rng, units) if self._corpus_filled(rng) else None
+        filler = self._corpus_filler(rng, units) if self._corpus_filled(rng, self.passkey_haystack) else None
         if filler is None:
             toks, n = self._padded(lambda u, p: self.passkey_text(key, u, p), units, position)
         else:
@@ -172,17 +175,19 @@ class PackedDataset:
                                    round(position * len(filler) / units))
         return toks, n, key
 
-    def _corpus_filled(self, rng: np.random.Generator) -> bool:
-        """Whether this passkey document takes corpus sentences (``mixed``: one draw; ``noise``: none)."""
-        if self.passkey_haystack == "mixed":
+    @staticmethod
+    def _corpus_filled(rng: np.random.Generator, haystack: str) -> bool:
+        """Whether this document takes corpus sentences (``mixed``: one draw; ``noise``: none, no draw)."""
+        if haystack == "mixed":
             return bool(rng.random() < 0.5)
-        return self.passkey_haystack == "corpus"
+        return haystack == "corpus"
 
     def _prepare_corpus_filler(self, texts: list[str]) -> None:
         """The training texts' sentences, their token counts and the tokens of one noise unit."""
         self._sentences = [x for t in texts for x in split_sentences(t)]
         if not self._sentences:
-            raise ValueError("passkey_haystack needs sentences in the training corpus; it has none")
+            raise ValueError("a corpus filler (passkey_haystack / niah_haystack) needs sentences in the training "
+                             "corpus; it has none")
         ids = self.tokenizer(self._sentences, add_special_tokens=False)["input_ids"]
         self._sentence_tokens = np.asarray([len(x) for x in ids], dtype=np.int64)
         self._noise_unit_tokens = len(self.encode(" ".join([NOISE] * 8))) / 8
@@ -194,7 +199,7 @@ class PackedDataset:
         budget = units * self._noise_unit_tokens
         fits = np.flatnonzero(self._sentence_tokens <= budget)
         if not len(fits):
-            raise ValueError(f"passkey_haystack: no training-corpus sentence fits a passkey document's "
+            raise ValueError(f"corpus filler: no training-corpus sentence fits a synthetic document's "
                              f"filler of ~{budget:.0f} tokens (context {self.context}); use a longer context "
                              "or a corpus with shorter sentences")
         drawn = int(rng.integers(len(self._sentences)))
@@ -228,9 +233,14 @@ class PackedDataset:
         return key, value, units, int(rng.integers(0, units + 1))
 
     def niah_block(self, rng: np.random.Generator) -> tuple[np.ndarray, int]:
-        """A single-needle RULER document (:meth:`niah_draw`), EOS-terminated and padded."""
+        """A single-needle RULER document (:meth:`niah_draw`), EOS-terminated and padded; with a corpus
+        filler (``niah_haystack``) the needle sits at the same fraction of the filler."""
         key, value, units, position = self.niah_draw(rng)
-        return self._padded(lambda u, p: niah_document(key, value, u, p), units, position)
+        filler = self._corpus_filler(rng, units) if self._corpus_filled(rng, self.niah_haystack) else None
+        if filler is None:
+            return self._padded(lambda u, p: niah_document(key, value, u, p), units, position)
+        return self._padded(lambda u, p: niah_document(key, value, u, p, filler[:u]), len(filler),
+                            round(position * len(filler) / units))
 
     def _padded(self, text_of, units: int, position: int) -> tuple[np.ndarray, int]:
         """``text_of(units, position)`` tokenised, EOS-terminated (units cut if a rare tokenization is too

@@ -38,7 +38,7 @@ CHECKPOINT = "checkpoint.pt"
 # settings that must match when resuming a run folder
 RESUME_KEYS = ("pe", "ssmax", "preset", "model_overrides", "context", "batch_size", "grad_accum", "lr", "prior_lr",
                "min_lr_ratio", "warmup_steps", "weight_decay", "betas", "grad_clip", "optimizer", "seed", "corpus",
-               "tokenizer", "passkey_rate", "niah_rate", "passkey_haystack", "steps")
+               "tokenizer", "passkey_rate", "niah_rate", "passkey_haystack", "niah_haystack", "steps")
 
 
 @dataclass
@@ -68,6 +68,7 @@ class TrainConfig:
     passkey_rate: float = 0.0
     niah_rate: float = 0.0  # fraction of blocks that are single-needle RULER documents (noise haystack)
     passkey_haystack: str = "noise"  # passkey filler: noise (the evaluation's) | corpus (training sentences) | mixed
+    niah_haystack: str = "noise"  # filler of the single-needle RULER documents, the same choices
     checkpoint_every: int = 200
     probe_every: int = 0  # every N steps log passkey retrieval at the training length (0 = never)
     probe_n: int = 8  # documents per probe task
@@ -108,6 +109,7 @@ class TrainConfig:
         if not 0.0 <= self.niah_rate <= 1.0 - self.passkey_rate:
             raise ValueError(f"niah_rate must be in [0, 1 - passkey_rate], got {self.niah_rate}")
         check_passkey_haystack(self.passkey_haystack)
+        check_passkey_haystack(self.niah_haystack, "niah_haystack")
         if self.warmup_steps < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError("warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
 
@@ -346,7 +348,8 @@ def _setup(cfg: TrainConfig, info: DistInfo, tokenizer):
         tokenizer = load_tokenizer(resolve_tokenizer_spec(cfg.tokenizer, texts, out / "tokenizer"))
     bam_cfg = build_bam_config(cfg, tokenizer)
     ds = PackedDataset(texts, tokenizer, cfg.context, seed=cfg.seed, passkey_rate=cfg.passkey_rate,
-                       niah_rate=cfg.niah_rate, passkey_haystack=cfg.passkey_haystack)
+                       niah_rate=cfg.niah_rate, passkey_haystack=cfg.passkey_haystack,
+                       niah_haystack=cfg.niah_haystack)
     probes = probe_docs(ds, cfg.probe_n, cfg.probe_task_names) if cfg.probe_every > 0 and info.is_main else None
     if ds.max_token_id >= bam_cfg.vocab_size:
         raise ValueError(f"token id {ds.max_token_id} does not fit the model vocabulary ({bam_cfg.vocab_size})")
