@@ -129,3 +129,27 @@ def test_a_killed_run_resumes_at_the_next_task(tmp_path, tiny_tokenizer, offline
     summary = score_ability(model, tiny_tokenizer, tasks=["mmlu", "arc_easy"], out=tmp_path / "o", limit=1, data=root)
     assert calls == ["mmlu_anatomy", "mmlu_virology", "mmlu_virology", "arc_easy"]
     assert summary["groups"]["mmlu"]["n"] == 2 and summary["groups"]["arc_easy"]["n"] == 1
+
+
+def test_mmlu_cloze_scores_answer_texts_and_picks_are_recorded(tmp_path, tiny_tokenizer, offline):
+    """mmlu_cloze: the same questions, choices the answer texts (lm-eval's mmlu_continuation prompt),
+    its own group; every row records the picked and the gold choice, the summary the most-picked one."""
+    root = _fake_tree(tmp_path / "hf_datasets")
+    cloze = mmlu_configs(root, cloze=True)
+    assert [c["task"] for c in cloze] == ["mmlu_cloze_anatomy", "mmlu_cloze_virology"]
+    assert cloze[0]["doc_to_choice"] == "{{choices}}" and cloze[0]["doc_to_text"].startswith("Question: ")
+    assert cloze[0]["description"] == "The following are questions (with answers) about anatomy.\n\n"
+    summary = score_ability(make_tiny_model("qwen2"), tiny_tokenizer, tasks=["mmlu_cloze", "mmlu"],
+                            out=tmp_path / "none", limit=3, data=root)
+    assert summary["groups"]["mmlu_cloze"]["n"] == summary["groups"]["mmlu"]["n"] == 6
+    assert "acc_norm" in summary["groups"]["mmlu_cloze"] and "acc_norm" not in summary["groups"]["mmlu"]
+    rows = [json.loads(x) for x in (tmp_path / "none" / "samples.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "doc_id" in r]
+    assert all(0 <= r["pick"] < 4 and r["target"] == r["doc_id"] % 4 and r["acc"] == float(r["pick"] == r["target"])
+               for r in rows)
+    for group in ("mmlu", "mmlu_cloze"):
+        picks = [r["pick"] for r in rows if r["task"].startswith(group + "_") and
+                 (group == "mmlu_cloze" or not r["task"].startswith("mmlu_cloze_"))]
+        top = summary["groups"][group]["most_picked"]
+        assert summary["groups"][group]["most_picked_share"] == picks.count(top) / len(picks) == \
+            max(picks.count(i) for i in range(4)) / len(picks)

