@@ -175,7 +175,9 @@ def _check_ppl_tokens(out: Path, cfg: StudyConfig) -> None:
     old, new = ppl_eval_tokens(old_cfg), cfg.ppl_eval_tokens
     if old_cfg and old != new:
         hint = (f"pass --ppl-tokens {old}" if old is not None else
-                "this study measured no perplexity, so its models trained on the whole corpus; start another --out")
+                "this study measured no perplexity" + ("" if old_cfg.get("heldout") else
+                                                       ", so its models trained on the whole corpus")
+                + "; start another --out")
         raise ValueError(f"{out} measured perplexity on {old} held-out tokens; these settings would use {new} "
                          f"(--ppl-multipliers {cfg.ppl_multipliers}, --ppl-tokens {cfg.ppl_tokens}): {hint}")
 
