@@ -111,7 +111,8 @@ class StudyConfig:
 
     @property
     def ppl_eval_tokens(self) -> int | None:
-        return ppl_eval_tokens(dataclasses.asdict(self))
+        return ppl_eval_tokens({"ppl_multipliers": self.ppl_multipliers, "ppl_tokens": self.ppl_tokens,
+                                "train_context": self.train_context})
 
     def to_dict(self) -> dict:
         """The settings, plus the derived ``ppl_eval_tokens`` (checked on resume instead of the contexts)."""

@@ -154,12 +154,16 @@ def discard_unfinished(out: Path, config: dict) -> None:
 def _check_n_grows(out: Path, n: int) -> None:
     """A resume may raise ``n`` (instance ``i`` of a cell is the same for every ``n``, so only the
     new instances are scored) but not lower it (the finished cells would hold more than ``n``)."""
+    old = _saved_config(out).get("n")
+    if old is not None and n < old:
+        raise ValueError(f"{out} holds a study with n = {old} per cell; a resume can raise n, not lower it "
+                         f"(got n = {n})")
+
+
+def _saved_config(out: Path) -> dict:
+    """The settings an earlier invocation recorded in ``out/config.json`` (empty when there is none)."""
     path = out / "config.json"
-    if path.exists():
-        old = json.loads(path.read_text()).get("config", {}).get("n")
-        if old is not None and n < old:
-            raise ValueError(f"{out} holds a study with n = {old} per cell; a resume can raise n, not lower it "
-                             f"(got n = {n})")
+    return json.loads(path.read_text()).get("config", {}) if path.exists() else {}
 
 
 def _check_ppl_tokens(out: Path, cfg: StudyConfig) -> None:
@@ -168,10 +172,7 @@ def _check_ppl_tokens(out: Path, cfg: StudyConfig) -> None:
     for folders written before that setting was recorded)."""
     from posbias.study.config import ppl_eval_tokens
 
-    path = out / "config.json"
-    if not path.exists():
-        return
-    old_cfg = json.loads(path.read_text()).get("config", {})
+    old_cfg = _saved_config(out)
     old, new = ppl_eval_tokens(old_cfg), cfg.ppl_eval_tokens
     if old_cfg and old != new:
         hint = (f"pass --ppl-tokens {old}" if old is not None else

@@ -27,11 +27,12 @@ def essay_sentences() -> tuple[str, ...]:
 
 def essay_units(count: int) -> list[str]:
     """The first ``count`` essay sentences (cycling through the essays if more are needed)."""
-    sents = essay_sentences()
-    return [sents[i % len(sents)] for i in range(count)]
+    return cycled(essay_sentences(), count)
 
 
-NAMED_HAYSTACKS = ("noise", "essay")
+def cycled(sentences: tuple[str, ...], count: int) -> list[str]:
+    """The first ``count`` of ``sentences``, starting over at the end when more are needed."""
+    return [sentences[i % len(sentences)] for i in range(count)]
 
 
 @functools.lru_cache(maxsize=4)
@@ -57,4 +58,4 @@ def haystack_units(haystack: str) -> Callable[[int], list[str]]:
     if haystack == "essay":
         return essay_units
     sents = corpus_sentences(str(haystack))
-    return lambda count: [sents[i % len(sents)] for i in range(count)]
+    return lambda count: cycled(sents, count)

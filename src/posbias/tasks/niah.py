@@ -25,7 +25,6 @@ from posbias.tasks.fitting import fit_units
 from posbias.tasks.haystack import NOISE, haystack_units
 from posbias.tasks.kv import WORDS, random_numbers
 
-HAYSTACKS = ("noise", "essay", "needle")  # or the path of a text corpus
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
 NIAH_INTRO = ("Some special magic numbers are hidden within the following text. Make sure to "
               "memorize it. I will quiz you about the numbers afterwards.")
@@ -112,8 +111,6 @@ def make_niah(*, tokenizer=None, n, depths, seed, split, haystack="noise", num_n
     K, V, Q, length = _check_options(haystack, num_needles, num_values, num_queries, length)
     if Q > K:
         raise ValueError(f"num_queries={Q} is more than num_needles={K} (keys to ask among)")
-    if haystack != "needle":
-        haystack_units(haystack)  # clear error early when the essays or the corpus are missing
     samples = [_niah_sample(tokenizer, derive_rng(task, split, seed, i), K, V, Q, haystack, length, depths)
                for i in range(n)]
     out = []
@@ -135,8 +132,8 @@ def make_niah(*, tokenizer=None, n, depths, seed, split, haystack="noise", num_n
 
 def _check_options(haystack: str, num_needles, num_values, num_queries, length, min_needles: int = 1):
     """``(K, V, Q, length)`` checked: needles, values per needle, queried keys, prompt tokens."""
-    if haystack not in HAYSTACKS:
-        haystack_units(haystack)  # a corpus path, or one line naming the bad haystack
+    if haystack != "needle":
+        haystack_units(haystack)  # one line naming a bad haystack, or missing essays / corpus, before any fitting
     return (check_int("num_needles", num_needles, minimum=min_needles), check_int("num_values", num_values),
             check_int("num_queries", num_queries), check_int("length", length))
 
