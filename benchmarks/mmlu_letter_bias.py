@@ -30,14 +30,14 @@ def score(lm, specs, limit: int, chat: bool = False) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from posbias.evaluation.ability import _pick
+    from posbias.evaluation.ability import pick
 
     res = lm_eval.simple_evaluate(model=lm, tasks=specs, task_manager=TaskManager(), limit=limit, num_fewshot=0,
                                   log_samples=True, bootstrap_iters=0, apply_chat_template=chat)
     samples = [s for rows in res["samples"].values() for s in rows]
     out = {"n": len(samples), "acc": sum(s["acc"] for s in samples) / len(samples),
-           "picks": dict(sorted(collections.Counter("ABCD"[_pick(s)["pick"]] for s in samples).items())),
-           "gold": dict(sorted(collections.Counter("ABCD"[_pick(s)["target"]] for s in samples).items()))}
+           "picks": dict(sorted(collections.Counter("ABCD"[pick(s)["pick"]] for s in samples).items())),
+           "gold": dict(sorted(collections.Counter("ABCD"[pick(s)["target"]] for s in samples).items()))}
     if all("acc_norm" in s for s in samples):
         out["acc_norm"] = sum(s["acc_norm"] for s in samples) / len(samples)
     return out

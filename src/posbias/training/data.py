@@ -24,7 +24,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from posbias.tasks.haystack import NOISE, essay_dir, split_sentences
+from posbias.tasks.haystack import NOISE, split_sentences
+from posbias.utils.corpus import essay_dir
 from posbias.tasks.fitting import fit_units
 from posbias.tasks.kv import random_numbers
 from posbias.tasks.niah import niah_document, random_keys
