@@ -389,11 +389,19 @@ def test_study_end_to_end_and_resume(tmp_path, fake_train):
     ppl = [json.loads(x) for x in (out / "perplexity.jsonl").read_text().splitlines()]
     assert {(r["model"], r["context"], r["mode"]) for r in ppl} == {
         (m, c, mode) for m in ("rope", "ggd+ssmax") for c in (160, 320) for mode in ("non-overlapping", "sliding")}
+    # the training text's perplexity at the training context, beside the held-out one (memorisation check)
+    train_ppl = [json.loads(x) for x in (out / "perplexity-train.jsonl").read_text().splitlines()]
+    assert [(r["model"], r["context"], r["mode"], r["text"]) for r in train_ppl] == [
+        (m, 160, "non-overlapping", "training") for m in ("rope", "ggd+ssmax")]
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     kinds = {m["kind"] for m in metrics}
-    assert {"passkey_cell", "passkey_tf_by_length", "passkey_gen_by_length", "perplexity"} <= kinds
+    assert {"passkey_cell", "passkey_tf_by_length", "passkey_gen_by_length", "perplexity", "perplexity_train"} <= kinds
+    gap = {m["model"]: m for m in metrics if m["kind"] == "perplexity_train"}
+    held = {r["model"]: r["ppl"] for r in ppl if r["context"] == 160 and r["mode"] == "non-overlapping"}
+    assert all(gap[m]["ratio"] == pytest.approx(held[m] / gap[m]["ppl_train"]) for m in ("rope", "ggd+ssmax"))
     summary = (out / "summary.md").read_text()
     assert "ggd+ssmax" in summary and "320 (2x)" in summary and "Learned GGD priors" in summary
+    assert "Perplexity on the training text vs the held-out text" in summary
     plots = {p.name for p in (out / "plots").glob("*.png")}
     assert {"passkey_tf_accuracy_vs_length.png", "passkey_gen_accuracy_vs_length.png", "perplexity_vs_length.png",
             "passkey_heatmap_rope_tf.png", "passkey_heatmap_ggd_ssmax_gen.png", "priors_ggd_ssmax.png",

@@ -55,6 +55,7 @@ def grid_views(*, niah: bool = False, niah_options: dict | None = None, passkey_
 
 
 PPL_FILE = "perplexity.jsonl"
+TRAIN_PPL_FILE = "perplexity-train.jsonl"  # the training text at the training context (memorisation check)
 
 
 def parse_scheme(name: str) -> tuple[str, str]:

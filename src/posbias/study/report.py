@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from posbias.study.grid import PPL_FILE, VIEW_FILES
+from posbias.study.grid import PPL_FILE, TRAIN_PPL_FILE, VIEW_FILES
 from posbias.utils.io import atomic_write_text, read_jsonl
 from posbias.study.config import METRICS_FILE, MODELS_FILE, SUMMARY_FILE, StudyConfig
 from posbias.study.training import is_saved_model, model_dir_name
@@ -30,6 +30,9 @@ def write_report(cfg: StudyConfig) -> list[dict]:
     ppl = [r for r in read_jsonl(out / PPL_FILE) if r.get("model") in schemes]
     if ppl:
         sections.append(_perplexity_section(cfg, ppl, schemes, metrics))
+        train_ppl = [r for r in read_jsonl(out / TRAIN_PPL_FILE) if r.get("model") in schemes]
+        if train_ppl:
+            sections.append(_memorisation_section(ppl, train_ppl, schemes, metrics))
     sections += _priors_sections(out, schemes) + _figures_section(out / "plots")
     atomic_write_text(out / METRICS_FILE, "".join(json.dumps(m) + "\n" for m in metrics))
     atomic_write_text(out / SUMMARY_FILE, "\n".join(sections))
@@ -104,6 +107,26 @@ def _perplexity_section(cfg: StudyConfig, ppl: list[dict], schemes: Sequence[str
     plot_perplexity_vs_length(ppl, Path(cfg.out) / "plots" / "perplexity_vs_length.png",
                               train_context=cfg.train_context)
     return _ppl_table(ppl, schemes)
+
+
+def _memorisation_section(ppl: list[dict], train_ppl: list[dict], schemes: Sequence[str], metrics: list[dict]) -> str:
+    """Training-text vs held-out perplexity at the training context (non-overlapping), per scheme."""
+    rows = ["## Perplexity on the training text vs the held-out text (training context, non-overlapping)\n",
+            "A held-out / training ratio far above 1 is memorisation of the training corpus: the longer a "
+            "scheme trained, the lower its training-text and the higher its held-out perplexity, so held-out "
+            "perplexity then ranks schemes by their training length as much as by their attention.\n",
+            "| scheme | training text | held-out text | held-out / training |", "|---|---|---|---|"]
+    for m in schemes:
+        train = next((r for r in train_ppl if r["model"] == m), None)
+        held = next((r for r in ppl if r["model"] == m and r["mode"] == "non-overlapping"
+                     and train and int(r["context"]) == int(train["context"])), None)
+        if train is None or held is None:
+            continue
+        ratio = float(held["ppl"]) / float(train["ppl"])
+        metrics.append({"kind": "perplexity_train", "model": m, "context": int(train["context"]),
+                        "ppl_train": train["ppl"], "ppl_heldout": held["ppl"], "ratio": ratio})
+        rows.append(f"| {m} | {_fmt_ppl(train['ppl'])} | {_fmt_ppl(held['ppl'])} | {ratio:.2f} |")
+    return "\n".join(rows) + "\n"
 
 
 def _priors_sections(out: Path, schemes: Sequence[str]) -> list[str]:

@@ -64,7 +64,7 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from posbias.study.grid import PPL_FILE, VIEW_FILES
+from posbias.study.grid import PPL_FILE, TRAIN_PPL_FILE, VIEW_FILES
 from posbias.utils.io import atomic_write_json, atomic_write_text
 from posbias.utils.run_folder import open_run
 from posbias.study.config import (CHECK_KEYS, DATA_DIR, METRICS_FILE, MODELS_FILE, SUMMARY_FILE,  # noqa: F401
@@ -120,13 +120,27 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
                        ppl_tokens=ppl_tokens, ppl_contexts=cfg.ppl_contexts, batch_size=cfg.batch_size,
                        token_budget=cfg.token_budget, extra={"scheme": scheme}, dead_after=cfg.dead_after,
                        make_instances=make_instances, progress=progress, log=log)
+        if ppl_tokens is not None and train_corpus:
+            _training_text_perplexity(cfg, scheme, model, tok, train_corpus)
         _model_views(cfg, scheme, model, tok, make_instances=make_instances, log=log)
         del model
     metrics = write_report(cfg)
     return {"models": models, "metrics": metrics, "summary": str(out / SUMMARY_FILE)}
 
 
-RESULT_FILES = (MODELS_FILE, METRICS_FILE, PPL_FILE, *(f for _v, _t, f in VIEW_FILES))
+def _training_text_perplexity(cfg: StudyConfig, scheme: str, model, tokenizer, train_corpus: str) -> None:
+    """Perplexity at the training context (non-overlapping) on the last ``ppl_eval_tokens`` tokens of
+    the *training* text, into ``perplexity-train.jsonl``: beside the held-out figure it shows how much
+    of a model's perplexity is memorisation of a small corpus (the trainer permutes its blocks every
+    epoch, so after one epoch the tail has been seen as often as any other part). Skipped when done."""
+    from posbias.study.grid import TRAIN_PPL_FILE, eval_tokens_from_corpus, run_perplexity
+
+    ids = eval_tokens_from_corpus(tokenizer, train_corpus, cfg.ppl_eval_tokens)
+    run_perplexity(model, ids, model_name=scheme, out_jsonl=Path(cfg.out) / TRAIN_PPL_FILE,
+                   contexts=[cfg.train_context], modes=("non-overlapping",), extra={"scheme": scheme, "text": "training"})
+
+
+RESULT_FILES = (MODELS_FILE, METRICS_FILE, PPL_FILE, TRAIN_PPL_FILE, *(f for _v, _t, f in VIEW_FILES))
 DERIVED = (DATA_DIR, "tokenizer", "models")  # what a study derives before its first result
 
 
