@@ -108,3 +108,29 @@ def test_choices_of_one_question_are_scored_from_one_prefill(tiny_tokenizer, met
     alone.close()
     for (ll, greedy), (ll2, greedy2) in zip(got[:3], want):
         assert ll == pytest.approx(ll2, abs=1e-4) and greedy == greedy2
+
+
+def test_loglikelihood_shows_progress_over_every_request(tiny_tokenizer, monkeypatch):
+    """Long ability runs show a progress bar: it counts shared-prefill and row-by-row requests alike."""
+    import tqdm.auto
+
+    seen = []
+
+    class Bar:
+        def __init__(self, total=None, disable=False, **_kw):
+            seen.append(("total", total, disable))
+
+        def update(self, n):
+            seen.append(n)
+
+        def close(self):
+            seen.append("closed")
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    lm = PosbiasLM(make_tiny_model("qwen2"), tiny_tokenizer, batch_size=2)
+    ctx = "Question: what colour is the sky?\nAnswer:"
+    lm.loglikelihood([_Req(ctx, " blue"), _Req(ctx, " green"), _Req("The grass", " is green."),
+                      _Req("The sun", " is yellow.")])
+    lm.close()
+    assert seen[0] == ("total", 4, False) and seen[-1] == "closed"
+    assert sum(u for u in seen if isinstance(u, int)) == 4 and 2 in seen  # the two choices in one step

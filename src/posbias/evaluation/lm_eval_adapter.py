@@ -110,7 +110,10 @@ class PosbiasLM(TemplateLM):
             inp = whole[:-1]
             n_cont = min(len(cont), len(inp))
             items.append((i, key, inp, list(cont)[-n_cont:]))
-        items = self._score_shared_contexts(items, results)
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(items), desc="loglikelihood", unit="request", disable=disable_tqdm, leave=False)
+        items = self._score_shared_contexts(items, results, bar)
         items.sort(key=lambda x: -len(x[2]))  # similar lengths together; results restored by index
         for start in range(0, len(items), self.batch_size):
             chunk = items[start:start + self.batch_size]
@@ -119,12 +122,15 @@ class PosbiasLM(TemplateLM):
             for r, (i, key, _inp, _cont) in zip(rows, chunk):
                 results[i] = (r["logprob"], r["em"])
                 self.cache_hook.add_partial("loglikelihood", key, results[i])
+            bar.update(len(chunk))
+        bar.close()
         return results  # type: ignore[return-value]
 
-    def _score_shared_contexts(self, items: list, results: list) -> list:
+    def _score_shared_contexts(self, items: list, results: list, bar=None) -> list:
         """Score requests that share their whole context (the choices of a multiple-choice question)
         from one prefill of it (:func:`~posbias.evaluation.scoring.score_shared_context`, equal to
-        scoring each row within float tolerance); returns the items left to score row by row. A
+        scoring each row within float tolerance); returns the items left to score row by row (``bar``, a
+        tqdm bar, advances by the requests scored here). A
         :func:`~posbias.evaluation.scoring.prompt_dependent` model scores every row alone."""
         from posbias.evaluation.scoring import Continuation, score_shared_context
         from posbias.evaluation.scoring import prompt_dependent
@@ -147,6 +153,8 @@ class PosbiasLM(TemplateLM):
             for r, (i, key, _inp, _cont) in zip(rows, members):
                 results[i] = (r["logprob"], r["em"])
                 self.cache_hook.add_partial("loglikelihood", key, results[i])
+            if bar is not None:
+                bar.update(len(members))
         return rest
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
