@@ -133,7 +133,7 @@ def _training_text_perplexity(cfg: StudyConfig, scheme: str, model, tokenizer, t
     the *training* text, into ``perplexity-train.jsonl``: beside the held-out figure it shows how much
     of a model's perplexity is memorisation of a small corpus (the trainer permutes its blocks every
     epoch, so after one epoch the tail has been seen as often as any other part). Skipped when done."""
-    from posbias.study.grid import TRAIN_PPL_FILE, eval_tokens_from_corpus, run_perplexity
+    from posbias.study.grid import eval_tokens_from_corpus, run_perplexity
 
     ids = eval_tokens_from_corpus(tokenizer, train_corpus, cfg.ppl_eval_tokens)
     run_perplexity(model, ids, model_name=scheme, out_jsonl=Path(cfg.out) / TRAIN_PPL_FILE,
