@@ -18,7 +18,8 @@ What it does, into ``--out``:
    length, instance), so a killed run resumes.
 3. ``perplexity.jsonl`` - perplexity on held-out corpus text at 1x..Kx the training length, both
    non-overlapping and sliding-window (the sliding figure alone hides a model that only looks
-   locally).
+   locally); ``perplexity-train.jsonl`` - the same on as many tokens of the training text at the
+   training length (a held-out / training ratio far above 1 is memorisation of a small corpus).
 4. ``metrics.jsonl`` (one line per cell / curve point, rewritten at the end), ``summary.md``
    (accuracy by length per scheme, perplexity tables, the learned GGD priors) and PNGs in
    ``plots/``: heatmaps per scheme, accuracy against length, perplexity against length, the
