@@ -25,14 +25,14 @@ import time
 SUBJECTS = "high_school_geography,marketing,us_foreign_policy,high_school_psychology,sociology"
 
 
-def score(lm, specs, limit: int, chat: bool = False) -> dict:
-    """Accuracy (and acc_norm where scored) and the pick counts of one lm-eval run."""
+def score(lm, specs, limit: int, manager, chat: bool = False) -> dict:
+    """Accuracy (and acc_norm where scored) and the pick counts of one lm-eval run (``manager``: an
+    ``lm_eval.tasks.TaskManager``, built once: it reads every lm-eval YAML)."""
     import lm_eval
-    from lm_eval.tasks import TaskManager
 
     from posbias.evaluation.ability import pick
 
-    res = lm_eval.simple_evaluate(model=lm, tasks=specs, task_manager=TaskManager(), limit=limit, num_fewshot=0,
+    res = lm_eval.simple_evaluate(model=lm, tasks=specs, task_manager=manager, limit=limit, num_fewshot=0,
                                   log_samples=True, bootstrap_iters=0, apply_chat_template=chat)
     samples = [s for rows in res["samples"].values() for s in rows]
     out = {"n": len(samples), "acc": sum(s["acc"] for s in samples) / len(samples),
@@ -64,6 +64,7 @@ def main() -> None:
     ap.add_argument("--ppl-models", default="qwen2.5-coder-0.5b,smollm2-135m,gemma-3-270m")
     a = ap.parse_args()
     from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
 
     from posbias.evaluation.ability import data_root, mmlu_configs
     from posbias.evaluation.lm_eval_adapter import PosbiasLM
@@ -72,12 +73,12 @@ def main() -> None:
     model, tok = load_model(a.model)
     subjects = a.subjects.split(",")
     letters, cloze = mmlu_configs(data_root(), subjects), mmlu_configs(data_root(), subjects, cloze=True)
-    hflm = HFLM(pretrained=model, tokenizer=tok, batch_size=8)
+    hflm, manager = HFLM(pretrained=model, tokenizer=tok, batch_size=8), TaskManager()
     for name, lm, specs, chat in (("letters", PosbiasLM(model, tok, batch_size=8), letters, False),
                                   ("letters-hflm", hflm, letters, False), ("letters-chat", hflm, letters, True),
                                   ("cloze", PosbiasLM(model, tok, batch_size=8), cloze, False)):
         t = time.time()
-        print(name, score(lm, specs, a.limit, chat), f"{time.time() - t:.0f} s", flush=True)
+        print(name, score(lm, specs, a.limit, manager, chat), f"{time.time() - t:.0f} s", flush=True)
     del model, hflm
     for spec in filter(None, a.ppl_models.split(",")):
         print("essay perplexity", spec, round(essay_perplexity(spec), 2), flush=True)

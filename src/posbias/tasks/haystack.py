@@ -16,12 +16,6 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in re.split(r"(?<=[.!?])\s+", text) if s]
 
 
-def essay_units(count: int) -> list[str]:
-    """The first ``count`` essay sentences (the built-in ``paul-graham`` corpus, essays sorted by file
-    name; cycling through the essays if more are needed)."""
-    return cycled(corpus_sentences("paul-graham"), count)
-
-
 def cycled(sentences: tuple[str, ...], count: int) -> list[str]:
     """The first ``count`` of ``sentences``, starting over at the end when more are needed."""
     return [sentences[i % len(sentences)] for i in range(count)]
@@ -47,7 +41,5 @@ def haystack_units(haystack: str) -> Callable[[int], list[str]]:
     sentences in order), cycling when more are needed. A bad path fails here, in one line."""
     if haystack == "noise":
         return lambda count: [NOISE] * count
-    if haystack == "essay":
-        return essay_units
-    sents = corpus_sentences(str(haystack))
+    sents = corpus_sentences("paul-graham" if haystack == "essay" else str(haystack))
     return lambda count: cycled(sents, count)
