@@ -102,6 +102,37 @@ def test_run_grid_records_resume_and_summary(tmp_path, monkeypatch, tiny_tokeniz
     assert set(by_len["tiny"]) == {32, 64}
 
 
+@pytest.mark.parametrize("task", ["passkey", "niah"])
+def test_per_depth_needle_draw_asks_fresh_needles_at_every_depth(task, tiny_tokenizer):
+    """shared: the same needles at every depth (the generator's own call); per-depth: each depth its own,
+    the same whichever other depths are asked, and the same in every run."""
+    from posbias.evaluation.long_context import grid_instances
+    from posbias.tasks import make_instances
+
+    kw = dict(task=task, length=400, n=3, seed=0)
+    shared = grid_instances(tiny_tokenizer, depths=[0.0, 0.5, 1.0], **kw)
+    assert [i.to_dict() for i in shared] == [i.to_dict() for i in make_instances(
+        task, tokenizer=tiny_tokenizer, n=3, depths=[0.0, 0.5, 1.0], seed=0, split="eval", length=400)]
+    assert len({tuple(i.answers) for i in shared}) == 3  # 9 answers, 3 needles
+    fresh = grid_instances(tiny_tokenizer, depths=[0.0, 0.5, 1.0], needle_draw="per-depth", **kw)
+    assert [i.depth for i in fresh] == [i.depth for i in shared]
+    assert len({tuple(i.answers) for i in fresh}) == 9 and len({i.id for i in fresh}) == 9
+    alone = grid_instances(tiny_tokenizer, depths=[0.5], needle_draw="per-depth", **kw)
+    assert [i.to_dict() for i in alone] == [i.to_dict() for i in fresh[3:6]]
+    assert [i.to_dict() for i in fresh] == [
+        i.to_dict() for i in grid_instances(tiny_tokenizer, depths=[0.0, 0.5, 1.0], needle_draw="per-depth", **kw)]
+    with pytest.raises(ValueError, match="needle draw 'fresh' is not one of shared, per-depth"):
+        grid_instances(tiny_tokenizer, depths=[0.5], needle_draw="fresh", **kw)
+
+
+def test_depth_seed_is_a_stable_hash_of_seed_and_depth():
+    from posbias.tasks.base import depth_seed
+
+    seeds = {depth_seed(s, d) for s in (0, 1) for d in (0.0, 0.25, 0.5, 0.75, 1.0)}
+    assert len(seeds) == 10 and all(0 <= x < 2 ** 31 for x in seeds)
+    assert depth_seed(0, 0.5) == depth_seed(0, 0.5) == 97009465  # pinned: the instances of earlier runs stay the same
+
+
 def test_run_grid_teacher_forced_matches_perfect_model(tmp_path, tiny_tokenizer):
     """A model that always predicts the gold next token gets tf_em = True everywhere."""
     from posbias.evaluation.long_context import run_grid
@@ -543,6 +574,43 @@ def test_resume_may_raise_n_but_not_lower_it(tmp_path, fake_train):
     assert "Note (passkey)" not in (out / "summary.md").read_text()
     with pytest.raises(ValueError, match="raise n, not lower it"):
         run_study(StudyConfig(**kw, n=2, resume=True), **quiet)
+
+
+def test_study_per_depth_needles_are_kept_on_resume_and_reported(tmp_path, fake_train):
+    from posbias.study.runner import StudyConfig, run_study
+
+    train, calls = fake_train
+    out = tmp_path / "study"
+    kw = dict(out=str(out), schemes="nope", train_steps=2, train_context=160, multipliers=[1], depths=[0.0, 1.0],
+              n=2, ppl_multipliers=[], modes=["teacher_forced"])
+    quiet = dict(train_fn=train, progress=False, log=lambda *a: None)
+    run_study(StudyConfig(**kw, needle_draw="per-depth"), **quiet)
+    recs = [json.loads(x) for x in (out / "passkey.jsonl").read_text().splitlines()]
+    assert len({tuple(r["answers"]) for r in recs}) == 4
+    summary = (out / "summary.md").read_text()
+    assert "a length's 4 answers hold 4 independent needles" in summary
+    assert json.loads((out / "config.json").read_text())["config"]["needle_draw"] == "per-depth"
+    with pytest.raises(ValueError, match="--needle-draw per-depth; these settings ask --needle-draw shared"):
+        run_study(StudyConfig(**kw, resume=True), **quiet)
+    # a folder from before the setting was recorded drew shared needles
+    doc = json.loads((out / "config.json").read_text())
+    del doc["config"]["needle_draw"]
+    (out / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="asks its needles with --needle-draw shared"):
+        run_study(StudyConfig(**kw, needle_draw="per-depth", resume=True), **quiet)
+
+
+def test_study_shared_needles_say_how_many_are_independent(tmp_path, fake_train):
+    from posbias.study.runner import StudyConfig, run_study
+
+    train, _ = fake_train
+    run_study(StudyConfig(out=str(tmp_path / "s"), schemes="nope", train_steps=2, train_context=160, multipliers=[1],
+                          depths=[0.0, 0.5, 1.0], n=2, ppl_multipliers=[], modes=["teacher_forced"]),
+              train_fn=train, progress=False, log=lambda *a: None)
+    assert ("The same 2 needles are asked at every depth (`--needle-draw shared`, a paired design): a length's 6 "
+            "answers hold 2 independent needles") in (tmp_path / "s" / "summary.md").read_text()
+    with pytest.raises(ValueError, match="needle draw 'x' is not one of"):
+        StudyConfig(out=str(tmp_path / "t"), needle_draw="x")
 
 
 def test_one_mode_spelling_with_the_old_one_accepted():

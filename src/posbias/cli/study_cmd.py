@@ -28,6 +28,8 @@ def study_command(
     multipliers: str = typer.Option("1,2,4,8,16,32,64", help="evaluation lengths as multiples of the training context"),
     depths: str = typer.Option("0,0.25,0.5,0.75,1", help="needle depths in [0, 1]"),
     n: int = Count(5, help="instances per (length, depth) cell"),
+    needle_draw: str = typer.Option("shared", help="shared: the same n needles at every depth (paired across depths; "
+                                    "n independent needles per length); per-depth: n fresh needles at every depth"),
     seed: int = Seed,
     corpus: Optional[str] = typer.Option(None, help="training text: .txt/.md, .jsonl with a 'text' field, or a folder of them (default: the trainer's)"),
     heldout: Optional[str] = typer.Option(None, help="held-out text for perplexity (default: the tail of --corpus, "
@@ -74,6 +76,7 @@ def study_command(
     cfg = StudyConfig(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
         multipliers=parse_numbers(multipliers, "multipliers"), depths=parse_numbers(depths, "depths"), n=n,
+        needle_draw=needle_draw,
         seed=seed, corpus=corpus, heldout=heldout, passkey_rate=passkey_rate, niah_rate=niah_rate, niah=niah, niah_options=parse_key_values(niah_opt, "niah-opt"),
         passkey_essay=passkey_essay, niah_essay=niah_essay, passkey_heldout=passkey_heldout, dead_after=dead_after,
         modes=parse_names(modes),

@@ -74,13 +74,36 @@ def _default_make_instances():
     return make_instances
 
 
+NEEDLE_DRAWS = ("shared", "per-depth")
+
+
 def grid_instances(tokenizer, *, task: str, length: int, depths: Sequence[float], n: int, seed: int,
-                   make_instances: Callable | None = None, task_kwargs: dict | None = None) -> list:
-    """The ``n`` seeded instances of every depth at one length (one generator call per length,
-    so the haystack is fitted once and the same keys are used at every depth)."""
+                   make_instances: Callable | None = None, task_kwargs: dict | None = None,
+                   needle_draw: str = "shared") -> list:
+    """The ``n`` seeded instances of every depth at one length.
+
+    ``needle_draw="shared"``: one generator call per length; the same ``n`` needles (keys, values,
+    filler) are asked at every depth (a paired design across depths: a cell's ``n x len(depths)``
+    answers hold only ``n`` independent needles). ``"per-depth"``: every depth draws its own ``n``
+    needles from :func:`posbias.tasks.base.depth_seed` (``n x len(depths)`` independent ones;
+    a depth's instances do not depend on which other depths are asked).
+    """
+    check_needle_draw(needle_draw)
     make = make_instances or _default_make_instances()
-    return list(make(task, tokenizer=tokenizer, n=n, depths=[float(d) for d in depths], seed=seed,
-                     split="eval", length=int(length), **(task_kwargs or {})))
+    if needle_draw == "shared":
+        calls = [([float(d) for d in depths], seed)]
+    else:
+        from posbias.tasks.base import depth_seed
+
+        calls = [([float(d)], depth_seed(seed, d)) for d in depths]
+    return [inst for ds, s in calls
+            for inst in make(task, tokenizer=tokenizer, n=n, depths=ds, seed=s, split="eval", length=int(length),
+                             **(task_kwargs or {}))]
+
+
+def check_needle_draw(needle_draw: str) -> None:
+    if needle_draw not in NEEDLE_DRAWS:
+        raise ValueError(f"needle draw {needle_draw!r} is not one of {', '.join(NEEDLE_DRAWS)}")
 
 
 def _answer_tokens(tokenizer, inst) -> int:
@@ -98,7 +121,7 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
              max_new_tokens: int | None = None, task_kwargs: dict | None = None,
              allow_extrapolation: bool | None = None, make_instances: Callable | None = None,
              progress: bool = True, extra: dict | None = None, chat: bool = False,
-             shared_prefill: bool = True) -> list[dict]:
+             shared_prefill: bool = True, needle_draw: str = "shared") -> list[dict]:
     """Evaluate ``model`` on the ``lengths x depths`` grid; returns all records of this model/task.
 
     Args:
@@ -121,11 +144,14 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
         shared_prefill: with both modes, score each instance (batch size 1) for both from one
             prefill (:func:`score_shared_prefill`, half the cost of the two-pass scorers, which
             ``shared_prefill=False`` uses, batched).
+        needle_draw: ``"shared"`` (the same ``n`` needles at every depth) or ``"per-depth"``
+            (``n`` fresh needles per depth); see :func:`grid_instances`.
 
     Each record: ``model, task, length, depth, id, prompt_tokens, answers`` plus
     ``tf_em, tf_logprob, n_tokens`` (teacher-forced) and ``prediction, gen_score`` (generation).
     """
     modes = [canonical_mode(m) for m in modes]
+    check_needle_draw(needle_draw)
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown grid modes {sorted(unknown)}; known: {', '.join(MODES)}")
@@ -146,7 +172,7 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
         for length in lengths:
             bs = 1 if shared else max(1, min(batch_size, token_budget // max(1, length)))
             insts = grid_instances(tokenizer, task=task, length=length, depths=depths, n=n, seed=seed,
-                                   make_instances=make_instances, task_kwargs=task_kwargs)
+                                   make_instances=make_instances, task_kwargs=task_kwargs, needle_draw=needle_draw)
             todo = [i for i in insts if (model_name, task, length, i.id) not in done]
             for start in range(0, len(todo), bs):
                 chunk = todo[start:start + bs]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from posbias.study.grid import (DEFAULT_DEPTHS, DEFAULT_MULTIPLIERS, DEFAULT_PPL_MULTIPLIERS, DEFAULT_SCHEMES,
                                 grid_lengths, parse_schemes)
+from posbias.evaluation.long_context import check_needle_draw
 from posbias.evaluation.modes import canonical_mode
 from posbias.utils.options import check_int
 
@@ -14,7 +15,7 @@ MODELS_FILE = "models.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.md"
 CHECK_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "passkey_rate", "niah_rate",
-              "depths",
+              "depths", "needle_draw",
               "train_options", "tokenizer",
               "ppl_eval_tokens")  # not ppl_multipliers: a resume may add perplexity contexts (same eval tokens)
 DATA_DIR = "data"
@@ -61,6 +62,7 @@ class StudyConfig:
     multipliers: list[float] = field(default_factory=lambda: list(DEFAULT_MULTIPLIERS))
     depths: list[float] = field(default_factory=lambda: list(DEFAULT_DEPTHS))
     n: int = 5
+    needle_draw: str = "shared"  # "per-depth": n fresh needles at every depth (n x depths independent per length)
     seed: int = 0
     corpus: str | None = None
     heldout: str | None = None
@@ -91,6 +93,7 @@ class StudyConfig:
         self.ppl_multipliers = [float(m) for m in self.ppl_multipliers]
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        check_needle_draw(self.needle_draw)
         self.dead_after = check_int("dead_after", self.dead_after, minimum=0)
         if self.train_workers < 1:
             raise ValueError(f"train_workers must be >= 1, got {self.train_workers}")

@@ -155,7 +155,7 @@ def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Seq
                    niah_options: dict | None = None, passkey_essay: bool = False, niah_essay: bool = False,
                    passkey_heldout: str | None = None,
                    ppl_tokens: Sequence[int] | None = None, ppl_contexts: Sequence[int] = (), batch_size: int = 4,
-                   token_budget: int = 8192,
+                   token_budget: int = 8192, needle_draw: str = "shared",
                    extra: dict | None = None, make_instances: Callable | None = None, dead_after: int = 0,
                    progress: bool = True, log: Callable = print) -> dict[str, list[dict]]:
     """Passkey grid (+ NIAH) and perplexity of one model into ``out``; returns the records.
@@ -163,11 +163,13 @@ def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Seq
     ``dead_after`` > 0: a view stops for this model once that many consecutive lengths (shortest
     first) had no instance right in any mode; its longer lengths are left unscored (a collapsed
     scheme costs nothing at 64x+). Lengths the model cannot reach (``LengthBeyondModelError``) are
-    never silently dropped: a study model is a BAM model, which runs at any length.
+    never silently dropped: a study model is a BAM model, which runs at any length. ``needle_draw``:
+    the same ``n`` needles at every depth (``"shared"``) or ``n`` fresh ones per depth (``"per-depth"``,
+    see :func:`posbias.evaluation.long_context.grid_instances`).
     """
     out = Path(out)
     res: dict[str, list[dict]] = {}
-    common = dict(model_name=name, depths=depths, n=n, seed=seed, modes=modes,
+    common = dict(model_name=name, depths=depths, n=n, seed=seed, modes=modes, needle_draw=needle_draw,
                   batch_size=batch_size, token_budget=token_budget, extra=extra,
                   make_instances=make_instances, progress=progress)
     for view, task, options, fname in grid_views(niah=niah, niah_options=niah_options, passkey_essay=passkey_essay,

@@ -55,6 +55,7 @@ def _header(cfg: StudyConfig) -> str:
             f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus `{cfg.corpus or 'trainer default'}`, "
             f"tokenizer `{cfg.tokenizer or 'trainer default'}`, passkey rate {cfg.passkey_rate}, "
             f"NIAH rate {cfg.niah_rate}, training options: {options}; n = {cfg.n} per cell, depths {cfg.depths}.\n")
+    text += "\n" + _needles_note(cfg) + "\n"
     if cfg.dead_after:
         text += (f"\nBlank cells after a scheme's last scored length were not scored: `--dead-after {cfg.dead_after}` "
                  f"stops a scheme's grid after {cfg.dead_after} lengths in a row with no instance right.\n")
@@ -199,6 +200,17 @@ def training_table(out: Path, schemes: Sequence[str]) -> str:
 def _fmt_len(L: int, train_context: int) -> str:
     x = L / train_context
     return f"{L} ({x:g}x)"
+
+
+def _needles_note(cfg: StudyConfig) -> str:
+    """How many independent needles a length's accuracy holds (``needle_draw``)."""
+    k = len(cfg.depths)
+    if cfg.needle_draw == "per-depth":
+        return (f"Needles drawn afresh at every depth: a length's {cfg.n * k} answers hold {cfg.n * k} "
+                f"independent needles (`--needle-draw per-depth`).")
+    return (f"The same {cfg.n} needles are asked at every depth (`--needle-draw shared`, a paired design): a "
+            f"length's {cfg.n * k} answers hold {cfg.n} independent needles, so its Wilson interval (over "
+            f"{cfg.n * k}) is too narrow when failures follow the needle rather than its depth.")
 
 
 def accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: Sequence[int], train_context: int,

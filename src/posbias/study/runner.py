@@ -99,6 +99,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         raise ValueError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
     config = cfg.to_dict()
     _check_n_grows(out, cfg.n)
+    _check_needle_draw(out, cfg.needle_draw)
     check_training_options(cfg)
     discard_unfinished(out, config)
     _check_ppl_tokens(out, cfg)
@@ -119,7 +120,8 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
                        passkey_essay=cfg.passkey_essay, niah_essay=cfg.niah_essay,
                        passkey_heldout=heldout if cfg.passkey_heldout else None,
                        ppl_tokens=ppl_tokens, ppl_contexts=cfg.ppl_contexts, batch_size=cfg.batch_size,
-                       token_budget=cfg.token_budget, extra={"scheme": scheme}, dead_after=cfg.dead_after,
+                       token_budget=cfg.token_budget, needle_draw=cfg.needle_draw, extra={"scheme": scheme},
+                       dead_after=cfg.dead_after,
                        make_instances=make_instances, progress=progress, log=log)
         if ppl_tokens is not None and train_corpus:
             _training_text_perplexity(cfg, scheme, model, tok, train_corpus)
@@ -173,6 +175,15 @@ def _check_n_grows(out: Path, n: int) -> None:
     if old is not None and n < old:
         raise ValueError(f"{out} holds a study with n = {old} per cell; a resume can raise n, not lower it "
                          f"(got n = {n})")
+
+
+def _check_needle_draw(out: Path, needle_draw: str) -> None:
+    """A study keeps its needle draw (folders written before it was recorded drew ``shared``): the
+    two draws' instances would otherwise be pooled in one cell."""
+    old = _saved_config(out)
+    if old and old.get("needle_draw", "shared") != needle_draw:
+        raise ValueError(f"{out} asks its needles with --needle-draw {old.get('needle_draw', 'shared')}; these "
+                         f"settings ask --needle-draw {needle_draw}: keep it, or start another --out")
 
 
 def _saved_config(out: Path) -> dict:

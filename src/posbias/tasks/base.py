@@ -81,6 +81,15 @@ def derive_rng(task: str, split: str, seed: int, *extra: int):
     return np.random.default_rng(np.random.SeedSequence(entropy))
 
 
+def depth_seed(seed: int, depth: float) -> int:
+    """The seed of the instances drawn for one depth alone (a grid's ``per-depth`` needle draw): a
+    deterministic 31-bit hash of ``(seed, depth)``, so every depth gets its own needles, the same in
+    every run, whichever other depths are asked. Its instance ids carry it (``s<depth seed>``)."""
+    import zlib
+
+    return zlib.crc32(f"{int(seed)}@{float(depth)!r}".encode("ascii")) & 0x7FFFFFFF
+
+
 def instance_id(task: str, split: str, seed: int, depth: float, index: int) -> str:
     """Stable, unique id, e.g. ``kv_eval_s0_d0.5_i3``."""
     return f"{task}_{split}_s{int(seed)}_d{float(depth)!r}_i{int(index)}"
