@@ -48,6 +48,8 @@ def test_other_differences_are_listed_and_unequal_contexts_refused(tmp_path):
     text = compare_studies([a, b, c], tmp_path / "x.md")
     assert "ggd (s0)" in text and "ggd (cap)" in text and "ggd (seed 1)" in text  # a shared seed: folder names
     assert "seed 1 vs s0: train_steps: 4000 -> 8000" in text
+    e = _study(tmp_path / "fresh", 3, {"ggd": {256: [1]}}, needle_draw="per-depth")  # a (s0) has no needle_draw: shared
+    assert "seed 3 vs seed 0: needle_draw: 'shared' -> 'per-depth'" in compare_studies([a, e], tmp_path / "w.md")
     d = tmp_path / "ctx"
     open_run(d, "study", {"seed": 2, "train_context": 128}).commit()
     with pytest.raises(ValueError, match="different contexts"):

@@ -44,7 +44,8 @@ def load_study(folder: str | Path) -> Study:
     path = Path(folder).expanduser()
     if not path.is_dir() or folder_kind(path) != "study":
         raise ValueError(f"{path} is not a study folder (no config.json of a posbias study)")
-    return Study(path, read_json(path / CONFIG).get("config", {}))
+    config = read_json(path / CONFIG).get("config", {})
+    return Study(path, {"needle_draw": "shared", **config})  # folders from before the setting drew shared
 
 
 def load_studies(folders: Sequence[str | Path]) -> list[Study]:
