@@ -30,3 +30,19 @@ def test_training_table_says_where_each_scheme_reached_its_probe_target(tmp_path
     assert row["alibi"].endswith("50% (-4.0) |")
     assert "0% (-9.0), still training |" in row["nope"]  # a report written mid-training says so
     assert row["ggd+ssmax"].endswith("100% (-0.2), NIAH 50% (-3.0) |")  # NIAH probed too
+
+
+def test_failing_needles_name_the_needles_that_fail_where_a_scheme_mostly_succeeds():
+    from posbias.study.report import failing_needles
+
+    def rec(model, length, answer, right):
+        return {"model": model, "length": length, "depth": 0.5, "answers": [answer], "tf_em": right}
+
+    recs = ([rec("ggd", 256, a, a != "44") for a in ("11", "22", "33", "44")] * 3  # 44 always wrong at 1x
+            + [rec("ggd", 512, a, a in ("11", "22")) for a in ("11", "22", "33", "44")]  # 50%: counted
+            + [rec("ggd", 1024, a, False) for a in ("11", "22", "33", "44")]  # 0%: a length effect, left out
+            + [rec("rope", 256, a, True) for a in ("11", "22")])
+    assert failing_needles(recs, ["ggd", "rope"]) == ["ggd: 1 of 4 needles hold 4 of 5 failures: 44 (0/4 right)"]
+    recs += [rec("ggd", 256, "33", False)] * 5  # a second needle, wrong in 6 of its 9 cells
+    assert failing_needles(recs, ["ggd"], shown=1) == [
+        "ggd: 2 of 4 needles hold 10 of 10 failures: 33 (3/9 right), and 1 more"]

@@ -87,6 +87,10 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
         sizes_by = instances_by_length(recs, mode=mode)
         sections.append(accuracy_table(f"{view}, {label} accuracy (%), mean over depths [95% Wilson interval]",
                                         curves, schemes, lengths, cfg.train_context, sizes_by))
+    needles = failing_needles(recs, schemes)
+    if needles:
+        sections.append(f"Needles that fail ({view}, teacher-forced, at the lengths a scheme mostly solves):\n\n"
+                        + "".join(f"- {line}\n" for line in needles))
     cost = _cost_table(f"{view}, seconds per instance (median) / peak memory (MB)", recs, schemes, lengths,
                        cfg.train_context)
     if cost:
@@ -98,6 +102,33 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
                 plot_heatmap(rows, plots / f"{view}_heatmap_{model_dir_name(m)}_{value.split('_')[0]}.png",
                              title=f"{m}: {view} ({label})", value=value, train_context=cfg.train_context)
     return sections
+
+
+def failing_needles(recs: list[dict], schemes: Sequence[str], *, shown: int = 5) -> list[str]:
+    """Whether failures follow the needle rather than its position: per scheme, over the lengths where
+    its teacher-forced accuracy is >= 50%, the needles (answers) wrong in more than half of their cells
+    and the share of all failures they hold. One line per scheme with such needles, e.g.
+    ``ggd: 2 of 7 needles hold 28 of 31 failures: 4421141 (0/15 right), 4475955 (2/15 right)``."""
+    from collections import defaultdict
+
+    from posbias.evaluation.long_context import accuracy_by_length
+
+    curves = accuracy_by_length(recs, mode="tf")
+    lines = []
+    for m in schemes:
+        solved = {L for L, a in curves.get(m, {}).items() if a >= 0.5}
+        by_needle: dict[str, list[bool]] = defaultdict(list)
+        for r in recs:
+            if r.get("model") == m and int(r["length"]) in solved and "tf_em" in r:
+                by_needle[", ".join(map(str, r["answers"]))].append(bool(r["tf_em"]))
+        wrong = {k: v.count(False) for k, v in by_needle.items()}
+        bad = sorted((k for k, v in by_needle.items() if wrong[k] > len(v) / 2), key=lambda k: (-wrong[k], k))
+        if bad:
+            listed = ", ".join(f"{k} ({by_needle[k].count(True)}/{len(by_needle[k])} right)" for k in bad[:shown])
+            more = f", and {len(bad) - shown} more" if len(bad) > shown else ""
+            lines.append(f"{m}: {len(bad)} of {len(by_needle)} needles hold {sum(wrong[k] for k in bad)} of "
+                         f"{sum(wrong.values())} failures: {listed}{more}")
+    return lines
 
 
 def _perplexity_section(cfg: StudyConfig, ppl: list[dict], schemes: Sequence[str], metrics: list[dict]) -> str:
