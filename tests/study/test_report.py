@@ -43,6 +43,7 @@ def test_failing_needles_name_the_needles_that_fail_where_a_scheme_mostly_succee
             + [rec("ggd", 1024, a, False) for a in ("11", "22", "33", "44")]  # 0%: a length effect, left out
             + [rec("rope", 256, a, True) for a in ("11", "22")])
     assert failing_needles(recs, ["ggd", "rope"]) == ["ggd: 1 of 4 needles hold 4 of 5 failures: 44 (0/4 right)"]
+    assert failing_needles([rec("ggd", 256, "55", False)] + [rec("ggd", 256, "66", True)] * 2, ["ggd"]) == []  # 1 cell
     recs += [rec("ggd", 256, "33", False)] * 5  # a second needle, wrong in 6 of its 9 cells
     assert failing_needles(recs, ["ggd"], shown=1) == [
         "ggd: 2 of 4 needles hold 10 of 10 failures: 33 (3/9 right), and 1 more"]

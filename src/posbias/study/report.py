@@ -106,8 +106,8 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
 
 def failing_needles(recs: list[dict], schemes: Sequence[str], *, shown: int = 5) -> list[str]:
     """Whether failures follow the needle rather than its position: per scheme, over the lengths where
-    its teacher-forced accuracy is >= 50%, the needles (answers) wrong in more than half of their cells
-    and the share of all failures they hold. One line per scheme with such needles, e.g.
+    its teacher-forced accuracy is >= 50%, the needles (answers) asked in two cells or more and wrong in
+    more than half of them, and the share of all failures they hold. One line per scheme with such needles, e.g.
     ``ggd: 2 of 7 needles hold 28 of 31 failures: 4421141 (0/15 right), 4475955 (2/15 right)``."""
     from collections import defaultdict
 
@@ -122,7 +122,8 @@ def failing_needles(recs: list[dict], schemes: Sequence[str], *, shown: int = 5)
             if r.get("model") == m and int(r["length"]) in solved and "tf_em" in r:
                 by_needle[", ".join(map(str, r["answers"]))].append(bool(r["tf_em"]))
         wrong = {k: v.count(False) for k, v in by_needle.items()}
-        bad = sorted((k for k, v in by_needle.items() if wrong[k] > len(v) / 2), key=lambda k: (-wrong[k], k))
+        bad = sorted((k for k, v in by_needle.items() if len(v) >= 2 and wrong[k] > len(v) / 2),
+                     key=lambda k: (-wrong[k], k))
         if bad:
             listed = ", ".join(f"{k} ({by_needle[k].count(True)}/{len(by_needle[k])} right)" for k in bad[:shown])
             more = f", and {len(bad) - shown} more" if len(bad) > shown else ""
