@@ -33,6 +33,12 @@ def ppl_eval_tokens(config: dict) -> int | None:
     return int(config.get("ppl_tokens") or 4 * max(grid_lengths(int(config["train_context"]), multipliers)))
 
 
+def needle_draw_of(config: dict) -> str:
+    """A study ``config`` dict's needle draw; folders written before the setting was recorded drew
+    ``shared`` (the same needles at every depth)."""
+    return config.get("needle_draw", "shared")
+
+
 def study_modes(modes) -> list[str]:
     """The grid's scoring modes: ``teacher-forced`` / ``generate`` in any accepted spelling, ``both``
     for the two; anything else is refused here, before any scheme is trained."""

@@ -178,11 +178,13 @@ def _check_n_grows(out: Path, n: int) -> None:
 
 
 def _check_needle_draw(out: Path, needle_draw: str) -> None:
-    """A study keeps its needle draw (folders written before it was recorded drew ``shared``): the
-    two draws' instances would otherwise be pooled in one cell."""
+    """A study keeps its needle draw (:func:`posbias.study.config.needle_draw_of`): the two draws'
+    instances would otherwise be pooled in one cell."""
+    from posbias.study.config import needle_draw_of
+
     old = _saved_config(out)
-    if old and old.get("needle_draw", "shared") != needle_draw:
-        raise ValueError(f"{out} asks its needles with --needle-draw {old.get('needle_draw', 'shared')}; these "
+    if old and needle_draw_of(old) != needle_draw:
+        raise ValueError(f"{out} asks its needles with --needle-draw {needle_draw_of(old)}; these "
                          f"settings ask --needle-draw {needle_draw}: keep it, or start another --out")
 
 

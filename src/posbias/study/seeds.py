@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from posbias.study.config import CHECK_KEYS, MODELS_FILE
+from posbias.study.config import CHECK_KEYS, MODELS_FILE, needle_draw_of
 from posbias.study.grid import VIEW_FILES
 from posbias.study.report import accuracy_table, training_table
 from posbias.utils.io import atomic_write_text, read_json, read_jsonl
@@ -45,7 +45,7 @@ def load_study(folder: str | Path) -> Study:
     if not path.is_dir() or folder_kind(path) != "study":
         raise ValueError(f"{path} is not a study folder (no config.json of a posbias study)")
     config = read_json(path / CONFIG).get("config", {})
-    return Study(path, {"needle_draw": "shared", **config})  # folders from before the setting drew shared
+    return Study(path, {**config, "needle_draw": needle_draw_of(config)})
 
 
 def load_studies(folders: Sequence[str | Path]) -> list[Study]:
