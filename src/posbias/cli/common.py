@@ -36,6 +36,15 @@ def friendly_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+DEFAULT_MODEL = "smollm2-135m"  # the packaged model a command uses without --model
+
+
+def ModelOption(default: str = DEFAULT_MODEL):
+    """The ``--model`` option of every command that loads a model: a Hugging Face folder, a .gguf
+    file or a packaged alias (``posbias.models.loader``: smollm2-135m, qwen2.5-coder-0.5b, gemma-3-270m)."""
+    return typer.Option(default, help="HF folder, .gguf file or alias")
+
+
 def Count(default, *decls: str, minimum: int = 1, help: str | None = None):
     """A count option (instances, batch size, workers, steps, ...): a value below ``minimum`` is
     refused while the command line is parsed, with the option's name, before anything runs."""

@@ -9,13 +9,13 @@ import time
 
 import typer
 
-from posbias.cli.common import Count, Seed, friendly_errors
+from posbias.cli.common import Count, ModelOption, Seed, friendly_errors
 from posbias.cli.lpes_cmd import generation_line
 
 
 def demo_command(
     out: str = typer.Option("runs/demo", help="run folder (re-running resumes)"),
-    model: str = typer.Option("smollm2-135m"),
+    model: str = ModelOption(),
     preset: str = typer.Option("quick", help="search preset: quick | standard | paper"),
     n: int = Count(10, help="held-out instances per depth"),
     seed: int = Seed,

@@ -12,6 +12,7 @@ from posbias.cli.common import (
     ExtraOpts,
     Haystack,
     Length,
+    ModelOption,
     NumDocs,
     NumKeys,
     NumNeedles,
@@ -24,11 +25,9 @@ from posbias.cli.common import (
 )
 from posbias.utils.options import parse_names
 
-DEFAULT_MODEL = "smollm2-135m"
-
 
 def eval_command(
-    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    model: str = ModelOption(),
     task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
     depths: str = typer.Option("0,0.25,0.5,0.75,1", help="gold depths in [0, 1], comma-separated"),
     n: int = Count(50, help="instances per depth"),
@@ -63,7 +62,7 @@ def eval_command(
 
 
 def compare_command(
-    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    model: str = ModelOption(),
     task: str = typer.Option("kv"),
     methods: str = typer.Option("none,pi,ms-poe,attention-buckets,moice,lpes", help="comma-separated methods"),
     factors: Optional[str] = typer.Option(None, help="factors file for lpes"),

@@ -12,6 +12,7 @@ from posbias.cli.common import (
     ExtraOpts,
     Haystack,
     Length,
+    ModelOption,
     NumDocs,
     NumKeys,
     NumNeedles,
@@ -21,11 +22,9 @@ from posbias.cli.common import (
     task_options,
 )
 
-DEFAULT_MODEL = "smollm2-135m"
-
 
 def search_command(
-    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    model: str = ModelOption(),
     task: Optional[str] = typer.Option(None, help="kv | kv-uuid | mdqa | passkey | niah (default: the model's "
                                                   "lost-in-the-middle target, e.g. kv with 100 keys on "
                                                   "qwen2.5-coder-0.5b; kv with 30 keys otherwise)"),
@@ -109,7 +108,7 @@ def generation_line(m: dict) -> str:
 
 
 def apply_command(
-    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    model: str = ModelOption(),
     factors: str = typer.Option(..., help="factors file (best_factors.json of a search)"),
     out: str = typer.Option(..., help="output model folder"),
 ):
@@ -127,7 +126,7 @@ def apply_command(
 
 
 def analyze_command(
-    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    model: str = ModelOption(),
     factors: str = typer.Option(..., help="factors file"),
     task: str = typer.Option("kv", help="task whose prompts are fed to the model"),
     out: str = typer.Option(..., help="output folder"),

@@ -14,6 +14,7 @@ from posbias.cli.common import (
     ExtraOpts,
     Haystack,
     Length,
+    ModelOption,
     NumDocs,
     NumKeys,
     NumNeedles,
@@ -24,11 +25,9 @@ from posbias.cli.common import (
 )
 from posbias.utils.options import parse_names
 
-DEFAULT_MODEL = "smollm2-135m"
-
 
 def train_moice_command(
-    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    model: str = ModelOption(),
     out: str = typer.Option(..., help="run folder: routers.safetensors + moice_config.json, metrics.jsonl, "
                                       "checkpoint.pt (re-running resumes)"),
     corpus: str = typer.Option("paul-graham", "--corpus", "--data",
@@ -78,7 +77,7 @@ def train_moice_command(
 
 
 def tune_command(
-    model: str = typer.Option(DEFAULT_MODEL, help="HF folder, .gguf file or alias"),
+    model: str = ModelOption(),
     task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
     methods: str = typer.Option("pi,ms-poe,attention-buckets", help="comma-separated methods to tune "
                                                                     "(pi, ms-poe, attention-buckets, moice)"),
