@@ -47,3 +47,24 @@ def test_failing_needles_name_the_needles_that_fail_where_a_scheme_mostly_succee
     recs += [rec("ggd", 256, "33", False)] * 5  # a second needle, wrong in 6 of its 9 cells
     assert failing_needles(recs, ["ggd"], shown=1) == [
         "ggd: 2 of 4 needles hold 10 of 10 failures: 33 (3/9 right), and 1 more"]
+
+
+def test_paired_schemes_table_counts_gains_and_losses_against_ggd_on_the_same_instances():
+    from posbias.study.report import paired_schemes_table
+
+    def rec(model, length, i, right, logprob):
+        return {"model": model, "length": length, "id": f"q{i}", "depth": 0.5, "answers": ["1"],
+                "tf_em": right, "tf_logprob": logprob, "n_tokens": 2}
+
+    recs = ([rec("ggd", 256, i, i < 3, -1.0) for i in range(4)]  # ggd: q0-q2 right
+            + [rec("alibi", 256, i, i in (1, 2, 3), -0.5) for i in range(4)]  # alibi: gains q3, loses q0
+            + [rec("ggd", 512, i, True, -1.0) for i in range(4)]
+            + [rec("alibi", 512, i, False, -3.0) for i in range(2)])  # scored on 2 of the 4 only
+    table = paired_schemes_table("passkey, paired against", recs, ["alibi", "ggd"], [256, 512, 1024], 256)
+    row = next(line for line in table.splitlines() if line.startswith("| alibi"))
+    cells = [c.strip() for c in row.split("|")[2:-1]]
+    assert table.startswith("## passkey, paired against ggd (the same instances)")
+    assert cells[0] == "+1/-1, +0 [-80, +80], +0.250 +- 0.000"  # d = (-1, 0, 0, +1): sd 0.816, 1.96 sd / 2
+    assert cells[1].startswith("+0/-2, -100 [-100, -100], -1.000")  # paired on the 2 shared ids only
+    assert cells[2] == ""  # not scored
+    assert paired_schemes_table("x", recs, ["ggd"], [256], 256) == ""  # nothing to pair

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.session import plan_eval, run_planned
@@ -118,9 +118,17 @@ def paired_table(folders: dict[str, Path]) -> str:
 
 def _paired_cell(base: dict, other: dict, depth: float | None) -> str:
     ids = [i for i, r in base.items() if i in other and (depth is None or float(r["depth"]) == depth)]
+    return paired_cell(base, other, ids)
+
+
+def paired_cell(base: dict, other: dict, ids: Sequence[str], *, correct_key: str = "correct") -> str:
+    """One paired comparison of two methods on the instances ``ids`` (records ``{id: record}`` of each):
+    ``"+gained/-lost, points [95% interval]"``, plus ``", log-prob diff +- half-width"`` (per token)
+    when every record carries ``tf_logprob`` and ``n_tokens``; ``"-"`` without instances. ``correct_key``:
+    the record field that says right / wrong (``correct`` in eval records, ``tf_em`` in a study's)."""
     if not ids:
         return "-"
-    a, b = [float(base[i]["correct"]) for i in ids], [float(other[i]["correct"]) for i in ids]
+    a, b = [float(base[i][correct_key]) for i in ids], [float(other[i][correct_key]) for i in ids]
     gained, lost = sum(y > x for x, y in zip(a, b)), sum(y < x for x, y in zip(a, b))
     acc = paired_difference(a, b)
     cell = f"+{gained}/-{lost}, {100 * acc['diff']:+.0f} [{100 * acc['ci95'][0]:+.0f}, {100 * acc['ci95'][1]:+.0f}]"

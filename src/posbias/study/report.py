@@ -87,6 +87,9 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
         sizes_by = instances_by_length(recs, mode=mode)
         sections.append(accuracy_table(f"{view}, {label} accuracy (%), mean over depths [95% Wilson interval]",
                                         curves, schemes, lengths, cfg.train_context, sizes_by))
+    paired = paired_schemes_table(f"{view}, paired against", recs, schemes, lengths, cfg.train_context)
+    if paired:
+        sections.append(paired)
     needles = failing_needles(recs, schemes)
     if needles:
         sections.append(f"Needles that fail ({view}, teacher-forced, at the lengths a scheme mostly solves):\n\n"
@@ -102,6 +105,36 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
                 plot_heatmap(rows, plots / f"{view}_heatmap_{model_dir_name(m)}_{value.split('_')[0]}.png",
                              title=f"{m}: {view} ({label})", value=value, train_context=cfg.train_context)
     return sections
+
+
+def paired_schemes_table(title: str, recs: list[dict], schemes: Sequence[str], lengths: Sequence[int],
+                         train_context: int) -> str:
+    """Every scheme against a reference scheme (``ggd`` when the study has it, else the first) on the very
+    same grid instances (a study asks every scheme the same instance ids at a length), teacher-forced:
+    per length the instances gained / lost, the accuracy difference in points [95% interval] and the
+    per-token gold log-prob difference (:func:`posbias.evaluation.compare.paired_cell`). "" with one scheme."""
+    from posbias.evaluation.compare import paired_cell
+
+    ref = "ggd" if "ggd" in schemes else (schemes[0] if schemes else None)
+    by: dict[tuple[str, int], dict[str, dict]] = {}
+    for r in recs:
+        if "tf_em" in r:
+            by.setdefault((r.get("model"), int(r["length"])), {})[r["id"]] = r
+    rows = []
+    for m in schemes:
+        if m == ref or not any((m, L) in by for L in lengths):
+            continue
+        cells = []
+        for L in lengths:
+            base, other = by.get((ref, L), {}), by.get((m, L), {})
+            ids = [i for i in base if i in other]
+            cells.append(paired_cell(base, other, ids, correct_key="tf_em") if ids else "")
+        rows.append((m, cells))
+    if not rows:
+        return ""
+    note = ("Gained/lost instances, accuracy difference in points [95% interval], per-token gold log-prob "
+            "difference +- 95% half-width; blank: not scored for both.\n")
+    return _length_table(f"{title} {ref} (the same instances)", lengths, train_context, rows) + "\n" + note
 
 
 def failing_needles(recs: list[dict], schemes: Sequence[str], *, shown: int = 5) -> list[str]:
