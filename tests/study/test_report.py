@@ -60,7 +60,7 @@ def test_paired_schemes_table_counts_gains_and_losses_against_ggd_on_the_same_in
             + [rec("alibi", 256, i, i in (1, 2, 3), -0.5) for i in range(4)]  # alibi: gains q3, loses q0
             + [rec("ggd", 512, i, True, -1.0) for i in range(4)]
             + [rec("alibi", 512, i, False, -3.0) for i in range(2)])  # scored on 2 of the 4 only
-    table = paired_schemes_table("passkey, paired against", recs, ["alibi", "ggd"], [256, 512, 1024], 256)
+    table = paired_schemes_table("passkey", recs, ["alibi", "ggd"], [256, 512, 1024], 256)
     row = next(line for line in table.splitlines() if line.startswith("| alibi"))
     cells = [c.strip() for c in row.split("|")[2:-1]]
     assert table.startswith("## passkey, paired against ggd (the same instances)")

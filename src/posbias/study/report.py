@@ -87,7 +87,7 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
         sizes_by = instances_by_length(recs, mode=mode)
         sections.append(accuracy_table(f"{view}, {label} accuracy (%), mean over depths [95% Wilson interval]",
                                         curves, schemes, lengths, cfg.train_context, sizes_by))
-    paired = paired_schemes_table(f"{view}, paired against", recs, schemes, lengths, cfg.train_context)
+    paired = paired_schemes_table(view, recs, schemes, lengths, cfg.train_context)
     if paired:
         sections.append(paired)
     needles = failing_needles(recs, schemes)
@@ -107,7 +107,7 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
     return sections
 
 
-def paired_schemes_table(title: str, recs: list[dict], schemes: Sequence[str], lengths: Sequence[int],
+def paired_schemes_table(view: str, recs: list[dict], schemes: Sequence[str], lengths: Sequence[int],
                          train_context: int) -> str:
     """Every scheme against a reference scheme (``ggd`` when the study has it, else the first) on the very
     same grid instances (a study asks every scheme the same instance ids at a length), teacher-forced:
@@ -134,7 +134,7 @@ def paired_schemes_table(title: str, recs: list[dict], schemes: Sequence[str], l
         return ""
     note = ("Gained/lost instances, accuracy difference in points [95% interval], per-token gold log-prob "
             "difference +- 95% half-width; blank: not scored for both.\n")
-    return _length_table(f"{title} {ref} (the same instances)", lengths, train_context, rows) + "\n" + note
+    return _length_table(f"{view}, paired against {ref} (the same instances)", lengths, train_context, rows) + "\n" + note
 
 
 def failing_needles(recs: list[dict], schemes: Sequence[str], *, shown: int = 5) -> list[str]:

@@ -69,7 +69,7 @@ from posbias.study.grid import PPL_FILE, TRAIN_PPL_FILE, VIEW_FILES
 from posbias.utils.io import atomic_write_json, atomic_write_text
 from posbias.utils.run_folder import open_run
 from posbias.study.config import (CHECK_KEYS, DATA_DIR, METRICS_FILE, MODELS_FILE, SUMMARY_FILE,  # noqa: F401
-                                  StudyConfig)
+                                  StudyConfig, needle_draw_of)
 from posbias.study.data import prepare_data, split_heldout  # noqa: F401
 from posbias.study.report import write_report  # noqa: F401
 from posbias.study.training import (check_training_options, default_train_fn, ensure_models, load_trained, model_dir_name,  # noqa: F401
@@ -180,8 +180,6 @@ def _check_n_grows(out: Path, n: int) -> None:
 def _check_needle_draw(out: Path, needle_draw: str) -> None:
     """A study keeps its needle draw (:func:`posbias.study.config.needle_draw_of`): the two draws'
     instances would otherwise be pooled in one cell."""
-    from posbias.study.config import needle_draw_of
-
     old = _saved_config(out)
     if old and needle_draw_of(old) != needle_draw:
         raise ValueError(f"{out} asks its needles with --needle-draw {needle_draw_of(old)}; these "
