@@ -1,11 +1,4 @@
 #!/usr/bin/env bash
 # #16: both-probes protocol, seed 1, per-depth needles: schemes beside ggd in runs/s12/study-niahprobe-s1.
-# usage: study_s1.sh SCHEME MULTIPLIERS
-set -x
-cd /work/main
-OMP_NUM_THREADS=1 .venv/bin/posbias study --preset tiny --schemes "$1" --tokenizer bpe:1024 --train-steps 4000 --train-context 256 \
-  --train-opt batch_size=8 --train-opt lr=3e-3 --train-opt warmup_steps=50 --train-opt probe_every=100 --train-opt probe_n=20 \
-  --train-opt probe_target=0.95 --train-opt passkey_haystack=mixed --passkey-rate 0.35 --niah-rate 0.15 --depths 0,0.5,1 --n 7 \
-  --modes teacher-forced --passkey-essay --passkey-heldout --dead-after 2 --ppl-multipliers 1,4,16 --ppl-tokens 32768 \
-  --train-opt niah_haystack=mixed --train-opt probe_tasks=passkey,niah --niah --niah-essay --multipliers "$2" \
-  --seed 1 --needle-draw per-depth --out runs/s12/study-niahprobe-s1
+# usage: study_s1.sh SCHEME MULTIPLIERS  (the command is docs/results/runs/s14/study_pd.sh's, seed 1)
+exec bash "$(dirname "$0")/../s14/study_pd.sh" 1 runs/s12/study-niahprobe-s1 "$1" "$2"

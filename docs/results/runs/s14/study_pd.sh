@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# #16: both-probes protocol, per-depth needles, one scheme per call (same command as s13/study_s1.sh, seed and folder as arguments).
+# #16: both-probes protocol, per-depth needles, one scheme per call, the seed and the study folder as arguments
+# (s13/study_s1.sh calls it with seed 1).
 # usage: study_pd.sh SEED OUT SCHEME MULTIPLIERS
 set -x
-cd /work/main
+cd "$(dirname "$0")/../../../.."  # the repository root
 OMP_NUM_THREADS=1 .venv/bin/posbias study --preset tiny --schemes "$3" --tokenizer bpe:1024 --train-steps 4000 --train-context 256 \
   --train-opt batch_size=8 --train-opt lr=3e-3 --train-opt warmup_steps=50 --train-opt probe_every=100 --train-opt probe_n=20 \
   --train-opt probe_target=0.95 --train-opt passkey_haystack=mixed --passkey-rate 0.35 --niah-rate 0.15 --depths 0,0.5,1 --n 7 \
