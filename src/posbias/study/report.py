@@ -57,8 +57,10 @@ def _header(cfg: StudyConfig) -> str:
             f"NIAH rate {cfg.niah_rate}, training options: {options}; n = {cfg.n} per cell, depths {cfg.depths}.\n")
     text += "\n" + _needles_note(cfg) + "\n"
     if cfg.dead_after:
-        text += (f"\nBlank cells after a scheme's last scored length were not scored: `--dead-after {cfg.dead_after}` "
-                 f"stops a scheme's grid after {cfg.dead_after} lengths in a row with no instance right.\n")
+        text += (f"\nBlank cells were not scored: `--dead-after {cfg.dead_after}` stops a scheme's grid after "
+                 f"{cfg.dead_after} lengths in a row with no instance right, and a length that no invocation asked "
+                 "of a scheme, or that an interrupted invocation had not reached, is blank too (`invocations.jsonl` "
+                 "lists what each asked).\n")
     return text
 
 
