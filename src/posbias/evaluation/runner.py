@@ -3,11 +3,13 @@
 A run folder holds ``config.json`` (settings + versions), ``results.jsonl`` (one line per
 instance, appended as soon as its batch is scored), ``summary.json`` / ``summary.md`` (accuracy by
 depth with 95% Wilson intervals) and ``accuracy_by_depth.png``. Re-running into the same folder
-skips instances already in ``results.jsonl``.
+skips instances already in ``results.jsonl``. Instances are scored round-robin over depths, so a
+run stopped part-way has scored every depth about equally.
 """
 from __future__ import annotations
 
 import time
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -61,6 +63,19 @@ def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch
     return records
 
 
+def depth_interleaved(instances: Sequence[Instance]) -> list[Instance]:
+    """The same instances ordered round-robin over depths: each depth's first, then each depth's second, ...
+
+    Task generators emit instances depth by depth; scoring in this order instead means a run cut off
+    after k instances has ~k / len(depths) at every depth, not all of the first depths and none of the
+    last. Within a depth the generators' order is kept.
+    """
+    by_depth: dict[float, list[Instance]] = {}
+    for inst in instances:
+        by_depth.setdefault(inst.depth, []).append(inst)
+    return [inst for row in zip_longest(*by_depth.values()) for inst in row if inst is not None]
+
+
 def check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -83,7 +98,7 @@ def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *
     out = Path(out)
     results_path = out / "results.jsonl"
     done = {r["id"] for r in repair_jsonl(results_path)}
-    todo = [i for i in instances if i.id not in done]
+    todo = depth_interleaved([i for i in instances if i.id not in done])
     if todo:
         check_fits(model, tokenizer, todo, chat, max_new_tokens if mode != "teacher-forced" else 0)
     start = time.time()

@@ -1,0 +1,50 @@
+"""The resumable evaluation loop: a run cut off part-way has scored every depth."""
+from conftest import make_tiny_model, make_tiny_tokenizer
+from posbias.evaluation import runner
+from posbias.evaluation.runner import depth_interleaved, evaluate
+from posbias.tasks.registry import make_instances
+from posbias.utils.io import read_jsonl
+
+
+def _kv(n, depths):
+    return make_instances("kv", n=n, depths=depths, seed=0, num_keys=4)
+
+
+def test_instances_are_taken_round_robin_over_depths():
+    insts = _kv(3, [0.0, 0.5, 1.0])
+    assert [i.depth for i in insts] == [0.0] * 3 + [0.5] * 3 + [1.0] * 3  # the generators' order
+    ordered = depth_interleaved(insts)
+    assert [i.depth for i in ordered] == [0.0, 0.5, 1.0] * 3
+    assert sorted(i.id for i in ordered) == sorted(i.id for i in insts)
+    per_depth = [[i.id for i in ordered if i.depth == d] for d in (0.0, 0.5, 1.0)]
+    assert per_depth == [[i.id for i in insts if i.depth == d] for d in (0.0, 0.5, 1.0)]  # order kept within a depth
+
+
+def test_unequal_depths_keep_every_instance():
+    insts = _kv(3, [0.0, 1.0])[:5]  # depth 1 has only two
+    assert [i.depth for i in depth_interleaved(insts)] == [0.0, 1.0, 0.0, 1.0, 0.0]
+
+
+def test_a_run_cut_off_after_one_batch_has_every_depth_and_resumes(tmp_path, monkeypatch):
+    model, tok = make_tiny_model(), make_tiny_tokenizer()
+    insts = _kv(4, [0.0, 0.5, 1.0])
+    scored = runner.score_chunk
+    calls = []
+
+    def die_on_second_batch(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return scored(*args, **kw)
+
+    monkeypatch.setattr(runner, "score_chunk", die_on_second_batch)
+    try:
+        evaluate(model, tok, insts, tmp_path, batch_size=3, progress=False)
+    except KeyboardInterrupt:
+        pass
+    first = read_jsonl(tmp_path / "results.jsonl")
+    assert sorted(r["depth"] for r in first) == [0.0, 0.5, 1.0]
+    monkeypatch.setattr(runner, "score_chunk", scored)
+    summary = evaluate(model, tok, insts, tmp_path, batch_size=3, progress=False)
+    assert [r["n"] for r in summary["by_depth"]] == [4, 4, 4]
+    assert read_jsonl(tmp_path / "results.jsonl")[:3] == first  # nothing scored twice
