@@ -3,7 +3,7 @@
 # (s13/study_s1.sh calls it with seed 1).
 # usage: study_pd.sh SEED OUT SCHEME MULTIPLIERS
 set -x
-cd "$(dirname "$0")/../../../.."  # the repository root
+cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"  # the repository root, wherever the script is copied
 OMP_NUM_THREADS=1 .venv/bin/posbias study --preset tiny --schemes "$3" --tokenizer bpe:1024 --train-steps 4000 --train-context 256 \
   --train-opt batch_size=8 --train-opt lr=3e-3 --train-opt warmup_steps=50 --train-opt probe_every=100 --train-opt probe_n=20 \
   --train-opt probe_target=0.95 --train-opt passkey_haystack=mixed --passkey-rate 0.35 --niah-rate 0.15 --depths 0,0.5,1 --n 7 \
