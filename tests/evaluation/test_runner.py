@@ -1,4 +1,6 @@
 """The resumable evaluation loop: a run cut off part-way has scored every depth."""
+import pytest
+
 from conftest import make_tiny_model, make_tiny_tokenizer
 from posbias.evaluation import runner
 from posbias.evaluation.runner import depth_interleaved, evaluate
@@ -38,10 +40,8 @@ def test_a_run_cut_off_after_one_batch_has_every_depth_and_resumes(tmp_path, mon
         return scored(*args, **kw)
 
     monkeypatch.setattr(runner, "score_chunk", die_on_second_batch)
-    try:
+    with pytest.raises(KeyboardInterrupt):
         evaluate(model, tok, insts, tmp_path, batch_size=3, progress=False)
-    except KeyboardInterrupt:
-        pass
     first = read_jsonl(tmp_path / "results.jsonl")
     assert sorted(r["depth"] for r in first) == [0.0, 0.5, 1.0]
     monkeypatch.setattr(runner, "score_chunk", scored)
