@@ -1,7 +1,7 @@
 """The study report's training table: the 1x probe and whether a probe target was reached."""
 import json
 
-from posbias.study.report import training_table
+from posbias.study.report import probe_history, training_table
 
 
 def _model(out, name, metrics, probe_target=0.0, finished=True):
@@ -68,3 +68,16 @@ def test_paired_schemes_table_counts_gains_and_losses_against_ggd_on_the_same_in
     assert cells[1].startswith("+0/-2, -100 [-100, -100], -1.000")  # paired on the 2 shared ids only
     assert cells[2] == ""  # not scored
     assert paired_schemes_table("x", recs, ["ggd"], [256], 256) == ""  # nothing to pair
+
+
+def test_probe_history_reads_every_probe_and_skips_schemes_never_probed(tmp_path):
+    from posbias.study.plots import plot_probe_curves
+
+    _model(tmp_path, "ggd", [{"step": 1, "loss": 2.0}, {"step": 1, "passkey_em": 0.0, "passkey_logprob": -9.0},
+                             {"step": 2, "passkey_em": 0.5, "passkey_logprob": -2.0, "niah_em": 0.25, "niah_logprob": -3.0}])
+    _model(tmp_path, "rope", [{"step": 1, "loss": 2.0}])
+    history = probe_history(tmp_path, ["ggd", "rope"])
+    assert history == {"ggd": [{"step": 1, "passkey_em": 0.0, "niah_em": None},
+                               {"step": 2, "passkey_em": 0.5, "niah_em": 0.25}]}
+    png = plot_probe_curves(history, tmp_path / "probes.png", target=0.95)
+    assert png.stat().st_size > 0

@@ -34,6 +34,20 @@ def test_rows_per_scheme_and_seed_with_intervals_and_a_plot(tmp_path):
     assert rows[0].startswith("| ggd (seed 0) | 100 [34, 100] | 50 [9, 91] |")  # Wilson, n = 2
     assert rows[2].endswith("| 0 [0, 66] |  |")  # rope: not scored at 512
     assert "differ only in the seed" in text and (tmp_path / "cmp" / "seeds_passkey.png").stat().st_size > 0
+    assert "seeds_probes.png" not in text  # no trainer probes in these folders: no probe figure
+
+
+def test_probe_curves_of_every_folder_in_one_figure(tmp_path):
+    a = _study(tmp_path / "s0", 0, {"ggd": {256: [1]}})
+    b = _study(tmp_path / "s1", 1, {"ggd": {256: [0]}})
+    for folder, em in ((a, 1.0), (b, 0.0)):
+        (folder / "models" / "ggd").mkdir(parents=True)
+        (folder / "models" / "ggd" / "metrics.jsonl").write_text(
+            json.dumps({"step": 100, "loss": 1.0}) + "\n" + json.dumps({"step": 100, "passkey_em": em, "passkey_logprob": -1.0}) + "\n")
+    text = cli("study-seeds", a, b, "--out", tmp_path / "seeds.md")
+    assert text.exit_code == 0, text.output
+    assert "![probes during training](seeds_probes.png)" in (tmp_path / "seeds.md").read_text()
+    assert (tmp_path / "seeds_probes.png").stat().st_size > 0
 
 
 def test_other_differences_are_listed_and_unequal_contexts_refused(tmp_path):

@@ -4,6 +4,8 @@
 * :func:`plot_accuracy_vs_length` - accuracy against length, one line per model / scheme;
 * :func:`plot_perplexity_vs_length` - perplexity against length, both modes (solid =
   non-overlapping, dashed = sliding window), one colour per model / scheme.
+* :func:`plot_probe_curves` - the trainer's probes at the training length (passkey, NIAH) against
+  the training step, one line per scheme / seed: when, and whether, retrieval was learned.
 
 Every function takes plain Python data (lists / dicts), writes the PNG atomically and returns its
 path. The learned-prior and attention-map views are in :mod:`posbias.study.priors`.
@@ -113,4 +115,29 @@ def plot_perplexity_vs_length(rows: Iterable[Mapping], path: str | Path, *, titl
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, ncol=2)
     ax.set_title(title + "  (solid: non-overlapping, dashed: sliding window)")
+    return save_figure(fig, path)
+
+
+def plot_probe_curves(history: Mapping[str, list[Mapping]], path: str | Path, *, title: str = "",
+                      target: float | None = None) -> Path:
+    """Probe exact match against the training step: one panel per probed task (passkey, and NIAH when
+    any run probed it), one line per key of ``history`` (``{name: [{step, passkey_em, niah_em}]}``,
+    as :func:`posbias.study.report.probe_history` reads it); ``target`` is drawn as a dotted line."""
+    tasks = ["passkey"] + (["niah"] if any(r.get("niah_em") is not None for rs in history.values() for r in rs) else [])
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 3.8), squeeze=False)
+    colors = plt.get_cmap("tab20" if len(history) > 10 else "tab10").colors  # one distinct colour per line
+    for ax, task in zip(axes[0], tasks):
+        for k, (name, records) in enumerate(sorted(history.items())):
+            pts = [(r["step"], r[f"{task}_em"]) for r in records if r.get(f"{task}_em") is not None]
+            if pts:
+                ax.plot([s for s, _ in pts], [e for _, e in pts], marker=".", ms=3, label=name,
+                        color=colors[k % len(colors)])
+        if target:
+            ax.axhline(target, color="k", lw=1, ls=":", label=f"target {target:g}")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(f"{task} probe exact match (1x)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title or "retrieval at the training length during training")
     return save_figure(fig, path)

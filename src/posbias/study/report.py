@@ -33,10 +33,21 @@ def write_report(cfg: StudyConfig) -> list[dict]:
         train_ppl = [r for r in read_jsonl(out / TRAIN_PPL_FILE) if r.get("model") in schemes]
         if train_ppl:
             sections.append(_memorisation_section(ppl, train_ppl, schemes, metrics))
+    _plot_probes(cfg, schemes)
     sections += _priors_sections(out, schemes) + _figures_section(out / "plots")
     atomic_write_text(out / METRICS_FILE, "".join(json.dumps(m) + "\n" for m in metrics))
     atomic_write_text(out / SUMMARY_FILE, "\n".join(sections))
     return metrics
+
+
+def _plot_probes(cfg: StudyConfig, schemes: Sequence[str]) -> None:
+    """plots/training_probes.png: the 1x probes against the training step, when the trainer probed."""
+    from posbias.study.plots import plot_probe_curves
+
+    history = probe_history(Path(cfg.out), schemes)
+    if history:
+        plot_probe_curves(history, Path(cfg.out) / "plots" / "training_probes.png",
+                          target=cfg.train_options.get("probe_target"))
 
 
 def _study_schemes(cfg: StudyConfig) -> list[str]:
@@ -224,6 +235,20 @@ def _target_note(model_dir: Path, logged: list[dict]) -> str:
     cfg_file = model_dir / "config.json"
     target = json.loads(cfg_file.read_text()).get("config", {}).get("probe_target", 0) if cfg_file.exists() else 0
     return f", target {100 * target:.0f}% not reached" if target else ""
+
+
+def probe_history(out: Path, schemes: Sequence[str]) -> dict[str, list[dict]]:
+    """``{scheme: [{step, passkey_em, niah_em}, ...]}``: every probe at the training length that the
+    trainer logged in ``<out>/models/<scheme>/metrics.jsonl`` (``niah_em`` None where NIAH was not
+    probed); schemes trained without ``probe_every`` are left out."""
+    history = {}
+    for m in schemes:
+        logged = read_jsonl(out / "models" / model_dir_name(m) / "metrics.jsonl")
+        probes = [{"step": r["step"], "passkey_em": r["passkey_em"], "niah_em": r.get("niah_em")}
+                  for r in logged if r.get("passkey_em") is not None]
+        if probes:
+            history[m] = probes
+    return history
 
 
 def _probe_scores(record: dict) -> str:

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from posbias.study.config import CHECK_KEYS, MODELS_FILE, needle_draw_of
 from posbias.study.grid import VIEW_FILES
-from posbias.study.report import accuracy_table, training_table
+from posbias.study.report import accuracy_table, probe_history, training_table
 from posbias.utils.io import atomic_write_text, read_json, read_jsonl
 from posbias.utils.run_folder import CONFIG, folder_kind, settings_diff
 
@@ -81,16 +81,23 @@ def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str
     scheme and folder, 95% Wilson intervals) and one accuracy-vs-length PNG per view beside it
     (``<stem>_<view>.png``); returns the markdown."""
     from posbias.evaluation.long_context import accuracy_by_length, instances_by_length
-    from posbias.study.plots import plot_accuracy_vs_length
+    from posbias.study.plots import plot_accuracy_vs_length, plot_probe_curves
 
     studies = load_studies(folders)
     out = Path(out)
     schemes, context = _schemes(studies), int(studies[0].config.get("train_context"))
     sections = [_header(studies)]
+    probes = {}
     for s in studies:
         table = training_table(s.path, s.schemes)
         if table:
             sections.append(table.replace("## Training", f"## Training, {s.label}", 1))
+        probes.update({f"{m} ({s.label})": h for m, h in probe_history(s.path, s.schemes).items()})
+    if probes:
+        plot = plot_probe_curves(probes, out.with_name(f"{out.stem}_probes.png"),
+                                 title="probes at the training length, one line per scheme and seed",
+                                 target=studies[0].config.get("train_options", {}).get("probe_target"))
+        sections.append(f"![probes during training]({plot.name})\n")
     for view, _task, fname in VIEW_FILES:
         curves, sizes = {}, {}
         for s in studies:
