@@ -94,7 +94,8 @@ def study_command(
 
 def study_seeds_command(
     folders: list[str] = typer.Argument(..., help="two or more study folders (e.g. one per training seed)"),
-    out: str = typer.Option(..., help="markdown file to write; one accuracy-vs-length PNG per view beside it"),
+    out: str = typer.Option(..., help="markdown file to write; one accuracy-vs-length PNG per view beside it, "
+                            "and <stem>_probes.png (1x probes against the training step) when the trainers probed"),
     mode: str = typer.Option("tf", help="passkey scoring to tabulate: tf (teacher-forced) or gen (generation)"),
 ):
     """Study folders side by side: one row per scheme and seed for every grid view."""

@@ -23,7 +23,8 @@ What it does, into ``--out``:
 4. ``metrics.jsonl`` (one line per cell / curve point, rewritten at the end), ``summary.md``
    (accuracy by length per scheme, perplexity tables, the learned GGD priors) and PNGs in
    ``plots/``: heatmaps per scheme, accuracy against length, perplexity against length, the
-   learned GGD priors and attention maps on one passkey instance.
+   learned GGD priors, attention maps on one passkey instance and, when the trainer probed, the 1x
+   probes against the training step (``training_probes.png``).
 
 On a 2-core CPU, SmolLM2's 49K-token vocabulary makes training too slow (~200-340 tokens/s for
 the tiny preset), so the CPU study trains a byte-level BPE of 1024 tokens on the training split

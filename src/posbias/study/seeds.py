@@ -79,7 +79,8 @@ def _schemes(studies: list[Study]) -> list[str]:
 def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str = "tf") -> str:
     """Write ``out`` (markdown: training per folder, then per view one accuracy table with a row per
     scheme and folder, 95% Wilson intervals) and one accuracy-vs-length PNG per view beside it
-    (``<stem>_<view>.png``); returns the markdown."""
+    (``<stem>_<view>.png``), plus ``<stem>_probes.png`` with every run's 1x probes against the
+    training step when the trainers probed; returns the markdown."""
     from posbias.evaluation.long_context import accuracy_by_length, instances_by_length
     from posbias.study.plots import plot_accuracy_vs_length, plot_probe_curves
 
