@@ -243,12 +243,16 @@ def probe_history(out: Path, schemes: Sequence[str]) -> dict[str, list[dict]]:
     probed); schemes trained without ``probe_every`` are left out."""
     history = {}
     for m in schemes:
-        logged = read_jsonl(out / "models" / model_dir_name(m) / "metrics.jsonl")
-        probes = [{"step": r["step"], "passkey_em": r["passkey_em"], "niah_em": r.get("niah_em")}
-                  for r in logged if r.get("passkey_em") is not None]
+        probes = _probe_records(read_jsonl(out / "models" / model_dir_name(m) / "metrics.jsonl"))
         if probes:
-            history[m] = probes
+            history[m] = [{"step": r["step"], "passkey_em": r["passkey_em"], "niah_em": r.get("niah_em")}
+                          for r in probes]
     return history
+
+
+def _probe_records(logged: list[dict]) -> list[dict]:
+    """The lines of a trainer's metrics.jsonl that are 1x probes (they carry ``passkey_em``)."""
+    return [r for r in logged if r.get("passkey_em") is not None]
 
 
 def _probe_scores(record: dict) -> str:
@@ -273,7 +277,7 @@ def training_table(out: Path, schemes: Sequence[str]) -> str:
         tail = recs[-max(1, len(recs) // 10):]
         loss = sum(r["loss"] for r in tail) / len(tail)
         last = recs[-1]
-        probe = [r for r in logged if r.get("passkey_em") is not None]
+        probe = _probe_records(logged)
         probes = probes or bool(probe)
         probe_cell = (f" {_probe_scores(probe[-1])}{_target_note(out / 'models' / model_dir_name(m), logged)} |"
                       if probe else " |")
