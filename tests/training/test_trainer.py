@@ -217,6 +217,38 @@ def test_lr_schedule():
     assert f(55) == pytest.approx(0.55)
 
 
+def test_lr_schedules_constant_and_wsd():
+    for steps in (100, 200):
+        const = lambda s: lr_lambda(s, steps=steps, warmup=10, min_ratio=0.1, schedule="constant")  # noqa: E731
+        assert const(0) == pytest.approx(0.1) and all(const(s) == 1.0 for s in range(10, steps + 1))
+    wsd = lambda s: lr_lambda(s, steps=100, warmup=10, min_ratio=0.1, schedule="wsd", decay_fraction=0.2)  # noqa: E731
+    assert wsd(0) == pytest.approx(0.1) and all(wsd(s) == 1.0 for s in range(10, 81))
+    assert wsd(90) == pytest.approx(0.55) and wsd(100) == pytest.approx(0.1)
+    assert [wsd(s) for s in range(81)] == [lr_lambda(s, steps=200, warmup=10, min_ratio=0.1, schedule="wsd")
+                                           for s in range(81)]
+    for bad, match in ((dict(schedule="linear"), "unknown schedule 'linear'"),
+                       (dict(decay_fraction=0.0), "decay_fraction must be in")):
+        with pytest.raises(ValueError, match=match):
+            TrainConfig(pe="rope", **bad).validate()
+
+
+def _logged(run: Path) -> list[tuple]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["lr"], r["loss"]) for r in rows if "loss" in r]
+
+
+@pytest.mark.parametrize("schedule, same", [("constant", True), ("cosine", False)])
+def test_constant_schedule_makes_the_run_independent_of_the_cap(tmp_path, tiny_tokenizer, corpus, schedule, same):
+    """The same run under a cap of 6 and of 12 steps: identical rates and losses under ``constant``
+    (a stop at a probe target then means the same model whatever the cap), not under ``cosine``."""
+    short, long = (tmp_path / "a", tmp_path / "b")
+    train(_cfg(tmp_path, out=str(short), schedule=schedule), tokenizer=tiny_tokenizer)
+    train(_cfg(tmp_path, out=str(long), steps=12, schedule=schedule), tokenizer=tiny_tokenizer)
+    a, b = _logged(short), _logged(long)[:len(_logged(short))]
+    assert [r[0] for r in a] == [r[0] for r in b] == [2, 4, 6]
+    assert (a == b) is same
+
+
 def test_no_weight_decay_on_priors_and_norms(tmp_path, tiny_tokenizer):
     from posbias.bam import build_model
 

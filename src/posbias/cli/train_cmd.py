@@ -24,7 +24,11 @@ def train_command(
     lr: float = typer.Option(1e-3, help="peak learning rate"),
     prior_lr: Optional[float] = typer.Option(None, help="learning rate of GGD priors / SSMax scales (default --lr)"),
     warmup: int = Count(100, minimum=0, help="linear warmup steps"),
-    min_lr_ratio: float = typer.Option(0.1, help="cosine decays to this fraction of --lr"),
+    min_lr_ratio: float = typer.Option(0.1, help="the schedule decays to this fraction of --lr"),
+    schedule: str = typer.Option("cosine", help="cosine (to --min-lr-ratio at --steps), constant (after warmup; "
+                                 "the same run whatever the --steps cap) or wsd (constant, then linear decay over "
+                                 "the last --decay-fraction of --steps)"),
+    decay_fraction: float = typer.Option(0.2, help="wsd: fraction of --steps that decays"),
     weight_decay: float = typer.Option(0.1, help="weight decay on 2-D weights"),
     grad_clip: float = typer.Option(1.0, help="gradient norm clip"),
     optimizer: str = typer.Option("adamw", help="adamw or radam"),
@@ -68,7 +72,8 @@ def train_command(
     cfg = TrainConfig(
         out=out, pe=pe, ssmax=ssmax, preset=preset, model_overrides=parse_key_values(model_opt, "model-opt"),
         steps=steps, context=context, batch_size=batch_size, grad_accum=grad_accum, lr=lr, prior_lr=prior_lr,
-        warmup_steps=warmup, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, grad_clip=grad_clip,
+        warmup_steps=warmup, min_lr_ratio=min_lr_ratio, schedule=schedule, decay_fraction=decay_fraction,
+        weight_decay=weight_decay, grad_clip=grad_clip,
         optimizer=optimizer, seed=seed, corpus=list(corpus) if corpus else None, tokenizer=tokenizer,
         passkey_rate=passkey_rate, niah_rate=niah_rate, passkey_haystack=passkey_haystack, niah_haystack=niah_haystack,
         checkpoint_every=checkpoint_every, probe_every=probe_every,

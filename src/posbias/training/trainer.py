@@ -1,6 +1,7 @@
 """Pre-training loop for BAM decoders: :class:`TrainConfig` and :func:`train`.
 
-Warmup + cosine schedule (to ``min_lr_ratio`` x lr), gradient clipping, weight decay only on 2-D
+Warmup, then a cosine to ``min_lr_ratio`` x lr over the run, a constant rate, or warmup-stable-decay
+(:func:`lr_lambda`), gradient clipping, weight decay only on 2-D
 weights (not on norms, positional priors or SSMax scales), bf16 autocast on CUDA, DDP under
 torchrun, atomic checkpoints (model, optimizer, scheduler, RNG, step = data position) and an
 exact ``resume``: a run killed after a checkpoint and resumed ends with the same weights as an
@@ -33,11 +34,12 @@ from .tokenizer import resolve_tokenizer_spec
 from .distributed import DistInfo, barrier, cleanup, init_distributed, mean_across
 
 OPTIMIZERS = ("adamw", "radam")
+SCHEDULES = ("cosine", "constant", "wsd")
 PRECISIONS = ("auto", "bf16", "fp32")
 CHECKPOINT = "checkpoint.pt"
 # settings that must match when resuming a run folder
 RESUME_KEYS = ("pe", "ssmax", "preset", "model_overrides", "context", "batch_size", "grad_accum", "lr", "prior_lr",
-               "min_lr_ratio", "warmup_steps", "weight_decay", "betas", "grad_clip", "optimizer", "seed", "corpus",
+               "min_lr_ratio", "warmup_steps", "schedule", "decay_fraction", "weight_decay", "betas", "grad_clip", "optimizer", "seed", "corpus",
                "tokenizer", "passkey_rate", "niah_rate", "passkey_haystack", "niah_haystack", "steps")
 
 
@@ -58,6 +60,8 @@ class TrainConfig:
     prior_lr: float | None = None  # own lr for priors / SSMax scales (default: lr)
     min_lr_ratio: float = 0.1
     warmup_steps: int = 100
+    schedule: str = "cosine"  # cosine (to min_lr_ratio at steps) | constant | wsd (see lr_lambda)
+    decay_fraction: float = 0.2  # wsd: the last fraction of steps that decays to min_lr_ratio
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
@@ -112,6 +116,10 @@ class TrainConfig:
         check_passkey_haystack(self.niah_haystack, "niah_haystack")
         if self.warmup_steps < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError("warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ValueError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
 
     @property
     def probe_task_names(self) -> tuple[str, ...]:
@@ -123,11 +131,26 @@ class TrainConfig:
         return d
 
 
-def lr_lambda(step: int, *, steps: int, warmup: int, min_ratio: float) -> float:
-    """Multiplier of the base lr at ``step``: linear warmup, then cosine from 1 to ``min_ratio``."""
+def lr_lambda(step: int, *, steps: int, warmup: int, min_ratio: float, schedule: str = "cosine",
+              decay_fraction: float = 0.2) -> float:
+    """Multiplier of the base lr at ``step``, after a linear warmup of ``warmup`` steps:
+
+    - ``cosine``: from 1 down to ``min_ratio`` at ``steps``. The rate at every step depends on
+      ``steps``, so a run that stops early at a probe target trains differently under another cap.
+    - ``constant``: 1 to the end. Independent of ``steps``: runs with caps 4,000 and 8,000 are the
+      same run until the first one ends, so the cap no longer decides what a stopped run learned.
+    - ``wsd`` (warmup-stable-decay; Hu et al. 2024, MiniCPM): 1 until the last ``decay_fraction``
+      of ``steps``, then linear to ``min_ratio``; independent of ``steps`` until that decay starts.
+    """
     warmup = min(warmup, steps)
     if step < warmup:
         return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    if schedule == "wsd":
+        decay_start = max(warmup, steps - round(decay_fraction * steps))
+        progress = (step - decay_start) / max(1, steps - decay_start)
+        return 1.0 - (1.0 - min_ratio) * min(max(progress, 0.0), 1.0)
     progress = (step - warmup) / max(1, steps - warmup)
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
@@ -357,7 +380,7 @@ def _setup(cfg: TrainConfig, info: DistInfo, tokenizer):
 
 
 def _build(cfg: TrainConfig, info: DistInfo, bam_cfg):
-    """Seeded model, optimizer and warmup-cosine scheduler."""
+    """Seeded model, optimizer and the learning-rate scheduler of ``cfg.schedule``."""
     from posbias.bam import BamForCausalLM
 
     random.seed(cfg.seed)
@@ -366,7 +389,8 @@ def _build(cfg: TrainConfig, info: DistInfo, bam_cfg):
     model = BamForCausalLM(bam_cfg).to(info.device)
     model.train()
     optimizer = make_optimizer(model, cfg)
-    lam = lambda s: lr_lambda(s, steps=cfg.steps, warmup=cfg.warmup_steps, min_ratio=cfg.min_lr_ratio)  # noqa: E731
+    lam = lambda s: lr_lambda(s, steps=cfg.steps, warmup=cfg.warmup_steps, min_ratio=cfg.min_lr_ratio,  # noqa: E731
+                              schedule=cfg.schedule, decay_fraction=cfg.decay_fraction)
     return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lam)
 
 
