@@ -29,7 +29,10 @@ def test_rows_per_scheme_and_seed_with_intervals_and_a_plot(tmp_path):
     res = cli("study-seeds", a, b, "--out", tmp_path / "cmp" / "seeds.md")
     assert res.exit_code == 0, res.output
     text = (tmp_path / "cmp" / "seeds.md").read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| ") and "scheme" not in line]
+    overview, tables = text.split("## passkey, accuracy", 1)
+    assert "| passkey: ggd (s0/s1) | 100/100 | 50/100 |" in overview  # every folder of a scheme in one cell
+    assert "| passkey: rope (s0) | 0 | · |" in overview  # rope: not scored at 512
+    rows = [line for line in tables.splitlines() if line.startswith("| ") and "scheme" not in line]
     assert [r.split("|")[1].strip() for r in rows] == ["ggd (seed 0)", "ggd (seed 1)", "rope (seed 0)"]
     assert rows[0].startswith("| ggd (seed 0) | 100 [34, 100] | 50 [9, 91] |")  # Wilson, n = 2
     assert rows[2].endswith("| 0 [0, 66] |  |")  # rope: not scored at 512

@@ -98,7 +98,8 @@ def study_seeds_command(
                             "and <stem>_probes.png (1x probes against the training step) when the trainers probed"),
     mode: str = typer.Option("tf", help="passkey scoring to tabulate: tf (teacher-forced) or gen (generation)"),
 ):
-    """Study folders side by side: one row per scheme and seed for every grid view."""
+    """Study folders side by side: every view in one overview table (each folder's accuracy per cell), then
+    one row per scheme and seed for every grid view, with intervals."""
     from posbias.study.seeds import compare_studies
 
     if mode not in ("tf", "gen"):

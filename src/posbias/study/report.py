@@ -147,7 +147,7 @@ def paired_schemes_table(view: str, recs: list[dict], schemes: Sequence[str], le
         return ""
     note = ("Gained/lost instances, accuracy difference in points [95% interval], per-token gold log-prob "
             "difference +- 95% half-width; blank: not scored for both.\n")
-    return _length_table(f"{view}, paired against {ref} (the same instances)", lengths, train_context, rows) + "\n" + note
+    return length_table(f"{view}, paired against {ref} (the same instances)", lengths, train_context, rows) + "\n" + note
 
 
 def failing_needles(recs: list[dict], schemes: Sequence[str], *, shown: int = 5) -> list[str]:
@@ -324,10 +324,10 @@ def accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: Se
         lo, hi = wilson_interval(a * n, n)
         return percent_cell(a, lo, hi)
 
-    return _length_table(title, lengths, train_context, [(m, [cell(m, L) for L in lengths]) for m in schemes])
+    return length_table(title, lengths, train_context, [(m, [cell(m, L) for L in lengths]) for m in schemes])
 
 
-def _length_table(title: str, lengths: Sequence[int], train_context: int, rows: list[tuple[str, list[str]]]) -> str:
+def length_table(title: str, lengths: Sequence[int], train_context: int, rows: list[tuple[str, list[str]]]) -> str:
     """A markdown section: one row per ``(scheme, cells)``, one column per length ("256 (1x)")."""
     head = "| scheme | " + " | ".join(_fmt_len(L, train_context) for L in lengths) + " |"
     lines = [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows]
@@ -353,7 +353,7 @@ def _cost_table(title: str, recs: list[dict], schemes: Sequence[str], lengths: S
         by = {L: [r for r in recs if r.get("model") == m and int(r["length"]) == L] for L in lengths}
         if any(by.values()):
             rows.append((m, [cell(v) if v else "" for v in by.values()]))
-    return _length_table(title, lengths, train_context, rows)
+    return length_table(title, lengths, train_context, rows)
 
 
 def _ppl_table(rows: list[dict], schemes: Sequence[str]) -> str:

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from posbias.study.config import CHECK_KEYS, MODELS_FILE, needle_draw_of
 from posbias.study.grid import VIEW_FILES
-from posbias.study.report import accuracy_table, probe_history, training_table
+from posbias.study.report import accuracy_table, length_table, probe_history, training_table
 from posbias.utils.io import atomic_write_text, read_json, read_jsonl
 from posbias.utils.run_folder import CONFIG, folder_kind, settings_diff
 
@@ -77,7 +77,8 @@ def _schemes(studies: list[Study]) -> list[str]:
 
 
 def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str = "tf") -> str:
-    """Write ``out`` (markdown: training per folder, then per view one accuracy table with a row per
+    """Write ``out`` (markdown: an overview with every view in one table, the folders' accuracies
+    ``/``-separated in each cell; training per folder; then per view one accuracy table with a row per
     scheme and folder, 95% Wilson intervals) and one accuracy-vs-length PNG per view beside it
     (``<stem>_<view>.png``), plus ``<stem>_probes.png`` with every run's 1x probes against the
     training step when the trainers probed; returns the markdown."""
@@ -88,6 +89,7 @@ def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str
     out = Path(out)
     schemes, context = _schemes(studies), int(studies[0].config.get("train_context"))
     sections = [_header(studies)]
+    overview_at = len(sections)
     probes = {}
     for s in studies:
         table = training_table(s.path, s.schemes)
@@ -99,6 +101,7 @@ def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str
                                  title="probes at the training length, one line per scheme and seed",
                                  target=studies[0].config.get("train_options", {}).get("probe_target"))
         sections.append(f"![probes during training]({plot.name})\n")
+    per_view = {}
     for view, _task, fname in VIEW_FILES:
         curves, sizes = {}, {}
         for s in studies:
@@ -108,6 +111,7 @@ def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str
             sizes.update({f"{m} ({s.label})": by for m, by in instances_by_length(recs, mode=mode).items()})
         if not curves:
             continue
+        per_view[view] = curves
         rows = [f"{m} ({s.label})" for m in schemes for s in studies if f"{m} ({s.label})" in curves]
         lengths = sorted({L for by in curves.values() for L in by})
         sections.append(accuracy_table(f"{view}, accuracy (%), mean over depths [95% Wilson interval]",
@@ -115,9 +119,31 @@ def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str
         plot = plot_accuracy_vs_length(curves, out.with_name(f"{out.stem}_{view}.png"),
                                        title=f"{view} accuracy, one line per scheme and seed", train_context=context)
         sections.append(f"![{view}]({plot.name})\n")
+    if per_view:
+        sections.insert(overview_at, _overview(studies, schemes, per_view, context))
     text = "\n".join(sections)
     atomic_write_text(out, text)
     return text
+
+
+def _overview(studies: list[Study], schemes: list[str], per_view: dict[str, dict], context: int) -> str:
+    """Every view in one table: a row per view and scheme, a cell per length holding the accuracy (%)
+    of each folder that has the scheme, ``/``-separated in folder order (``·`` = not scored there)."""
+    lengths = sorted({L for curves in per_view.values() for by in curves.values() for L in by})
+    rows = []
+    for view, curves in per_view.items():
+        for m in schemes:
+            runs = [s for s in studies if f"{m} ({s.label})" in curves]
+            if not runs:
+                continue
+            cells = ["/".join(_percent(curves[f"{m} ({s.label})"].get(L)) for s in runs) for L in lengths]
+            rows.append((f"{view}: {m} ({'/'.join(s.label.replace('seed ', 's') for s in runs)})", cells))
+    title = "Overview: accuracy (%) per folder, in the order given (intervals in the tables below)"
+    return length_table(title, lengths, context, rows)
+
+
+def _percent(acc: float | None) -> str:
+    return "·" if acc is None else f"{100 * acc:.0f}"
 
 
 def _header(studies: list[Study]) -> str:
