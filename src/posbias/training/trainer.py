@@ -39,8 +39,9 @@ PRECISIONS = ("auto", "bf16", "fp32")
 CHECKPOINT = "checkpoint.pt"
 # settings that must match when resuming a run folder
 RESUME_KEYS = ("pe", "ssmax", "preset", "model_overrides", "context", "batch_size", "grad_accum", "lr", "prior_lr",
-               "min_lr_ratio", "warmup_steps", "schedule", "decay_fraction", "weight_decay", "betas", "grad_clip", "optimizer", "seed", "corpus",
-               "tokenizer", "passkey_rate", "niah_rate", "passkey_haystack", "niah_haystack", "steps")
+               "min_lr_ratio", "warmup_steps", "schedule", "decay_fraction", "weight_decay", "betas", "grad_clip",
+               "optimizer", "seed", "corpus", "tokenizer", "passkey_rate", "niah_rate", "passkey_haystack",
+               "niah_haystack", "steps")
 
 
 @dataclass
