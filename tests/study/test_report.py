@@ -1,7 +1,7 @@
 """The study report's training table: the 1x probe and whether a probe target was reached."""
 import json
 
-from posbias.study.report import probe_history, training_table
+from posbias.study.report import probe_history, trainer_logs, training_table
 
 
 def _model(out, name, metrics, probe_target=0.0, finished=True):
@@ -23,7 +23,8 @@ def test_training_table_says_where_each_scheme_reached_its_probe_target(tmp_path
     _model(tmp_path, "nope", loss + [{"step": 3, "passkey_em": 0.0, "passkey_logprob": -9.0}], 0.95, finished=False)
     _model(tmp_path, "ggd_ssmax", loss + [{"step": 3, "passkey_em": 1.0, "passkey_logprob": -0.2, "niah_em": 0.5,
                                            "niah_logprob": -3.0}])
-    table = training_table(tmp_path, ["ggd", "rope", "alibi", "nope", "ggd+ssmax"]).splitlines()
+    logs = trainer_logs(tmp_path, ["ggd", "rope", "alibi", "nope", "ggd+ssmax"])
+    table = training_table(tmp_path, logs).splitlines()
     row = {line.split("|")[1].strip(): line for line in table if line.startswith("| ") and "scheme" not in line}
     assert "100% (-0.1), target 95% reached at step 3 (0.00M tokens)" in row["ggd"]
     assert "25% (-8.0), target 95% not reached" in row["rope"]
@@ -76,7 +77,7 @@ def test_probe_history_reads_every_probe_and_skips_schemes_never_probed(tmp_path
     _model(tmp_path, "ggd", [{"step": 1, "loss": 2.0}, {"step": 1, "passkey_em": 0.0, "passkey_logprob": -9.0},
                              {"step": 2, "passkey_em": 0.5, "passkey_logprob": -2.0, "niah_em": 0.25, "niah_logprob": -3.0}])
     _model(tmp_path, "rope", [{"step": 1, "loss": 2.0}])
-    history = probe_history(tmp_path, ["ggd", "rope"])
+    history = probe_history(trainer_logs(tmp_path, ["ggd", "rope"]))
     assert history == {"ggd": [{"step": 1, "passkey_em": 0.0, "niah_em": None},
                                {"step": 2, "passkey_em": 0.5, "niah_em": 0.25}]}
     png = plot_probe_curves(history, tmp_path / "probes.png", target=0.95)

@@ -547,15 +547,15 @@ def test_study_trains_schemes_in_parallel_workers(tmp_path, monkeypatch):
 
 
 def test_training_table_reads_trainer_metrics(tmp_path):
-    from posbias.study.report import training_table
+    from posbias.study.report import trainer_logs, training_table
 
     folder = tmp_path / "models" / "ggd_ssmax"
     folder.mkdir(parents=True)
     recs = [{"step": 10 * i, "loss": 5.0 - 0.1 * i, "tokens": 2048 * 10 * i, "elapsed_s": 6.0 * i} for i in range(1, 21)]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    table = training_table(tmp_path, ["rope", "ggd+ssmax"])
+    table = training_table(tmp_path, trainer_logs(tmp_path, ["rope", "ggd+ssmax"]))
     assert "| ggd+ssmax | 200 | 0.41M | 3.050 | 2.0 |" in table  # mean loss of the last 2 of 20 logs
-    assert "| rope |" not in table and training_table(tmp_path, ["rope"]) == ""
+    assert "| rope |" not in table and training_table(tmp_path, trainer_logs(tmp_path, ["rope"])) == ""
 
 
 def test_resume_may_raise_n_but_not_lower_it(tmp_path, fake_train):

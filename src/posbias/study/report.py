@@ -20,7 +20,8 @@ def write_report(cfg: StudyConfig) -> list[dict]:
                      | set(cfg.lengths))
     metrics: list[dict] = []
     sections = [_header(cfg)]
-    training = training_table(out, schemes)
+    logs = trainer_logs(out, schemes)
+    training = training_table(out, logs)
     if training:
         sections.append(training)
     for view, _task, fname in VIEW_FILES:  # the view: passkey, passkey-essay, niah
@@ -33,18 +34,18 @@ def write_report(cfg: StudyConfig) -> list[dict]:
         train_ppl = [r for r in read_jsonl(out / TRAIN_PPL_FILE) if r.get("model") in schemes]
         if train_ppl:
             sections.append(_memorisation_section(ppl, train_ppl, schemes, metrics))
-    _plot_probes(cfg, schemes)
+    _plot_probes(cfg, logs)
     sections += _priors_sections(out, schemes) + _figures_section(out / "plots")
     atomic_write_text(out / METRICS_FILE, "".join(json.dumps(m) + "\n" for m in metrics))
     atomic_write_text(out / SUMMARY_FILE, "\n".join(sections))
     return metrics
 
 
-def _plot_probes(cfg: StudyConfig, schemes: Sequence[str]) -> None:
+def _plot_probes(cfg: StudyConfig, logs: dict[str, list[dict]]) -> None:
     """plots/training_probes.png: the 1x probes against the training step, when the trainer probed."""
     from posbias.study.plots import plot_probe_curves
 
-    history = probe_history(Path(cfg.out), schemes)
+    history = probe_history(logs)
     if history:
         plot_probe_curves(history, Path(cfg.out) / "plots" / "training_probes.png",
                           target=cfg.train_options.get("probe_target"))
@@ -237,13 +238,19 @@ def _target_note(model_dir: Path, logged: list[dict]) -> str:
     return f", target {100 * target:.0f}% not reached" if target else ""
 
 
-def probe_history(out: Path, schemes: Sequence[str]) -> dict[str, list[dict]]:
-    """``{scheme: [{step, passkey_em, niah_em}, ...]}``: every probe at the training length that the
-    trainer logged in ``<out>/models/<scheme>/metrics.jsonl`` (``niah_em`` None where NIAH was not
-    probed); schemes trained without ``probe_every`` are left out."""
+def trainer_logs(out: Path, schemes: Sequence[str]) -> dict[str, list[dict]]:
+    """``{scheme: lines of <out>/models/<scheme>/metrics.jsonl}`` (empty for a scheme not trained in
+    the study folder): read once, for :func:`training_table` and :func:`probe_history`."""
+    return {m: read_jsonl(out / "models" / model_dir_name(m) / "metrics.jsonl") for m in schemes}
+
+
+def probe_history(logs: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """``{scheme: [{step, passkey_em, niah_em}, ...]}``: every probe at the training length in the
+    trainer logs of :func:`trainer_logs` (``niah_em`` None where NIAH was not probed); schemes
+    trained without ``probe_every`` are left out."""
     history = {}
-    for m in schemes:
-        probes = _probe_records(read_jsonl(out / "models" / model_dir_name(m) / "metrics.jsonl"))
+    for m, logged in logs.items():
+        probes = _probe_records(logged)
         if probes:
             history[m] = [{"step": r["step"], "passkey_em": r["passkey_em"], "niah_em": r.get("niah_em")}
                           for r in probes]
@@ -263,14 +270,13 @@ def _probe_scores(record: dict) -> str:
     return text
 
 
-def training_table(out: Path, schemes: Sequence[str]) -> str:
-    """Final training loss (mean of the last 10% of logged steps), tokens and time per scheme,
-    read from each model's ``metrics.jsonl`` (trainer runs inside the study folder only; a resumed
-    run counts the minutes of its last invocation only), plus the last passkey probe when the
-    trainer ran with ``probe_every`` (retrieval at the training length)."""
+def training_table(out: Path, logs: dict[str, list[dict]]) -> str:
+    """Final training loss (mean of the last 10% of logged steps), tokens and time per scheme, from
+    the trainer logs of :func:`trainer_logs` (trainer runs inside the study folder ``out`` only; a
+    resumed run counts the minutes of its last invocation only), plus the last passkey probe when
+    the trainer ran with ``probe_every`` (retrieval at the training length)."""
     rows, probes = [], False
-    for m in schemes:
-        logged = read_jsonl(out / "models" / model_dir_name(m) / "metrics.jsonl")
+    for m, logged in logs.items():
         recs = [r for r in logged if "loss" in r]
         if not recs:
             continue

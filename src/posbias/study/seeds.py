@@ -15,7 +15,7 @@ from typing import Sequence
 
 from posbias.study.config import CHECK_KEYS, MODELS_FILE, needle_draw_of
 from posbias.study.grid import VIEW_FILES
-from posbias.study.report import accuracy_table, length_table, probe_history, training_table
+from posbias.study.report import accuracy_table, length_table, probe_history, trainer_logs, training_table
 from posbias.utils.io import atomic_write_text, read_json, read_jsonl
 from posbias.utils.run_folder import CONFIG, folder_kind, settings_diff
 
@@ -92,10 +92,11 @@ def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str
     overview_at = len(sections)
     probes = {}
     for s in studies:
-        table = training_table(s.path, s.schemes)
+        logs = trainer_logs(s.path, s.schemes)
+        table = training_table(s.path, logs)
         if table:
             sections.append(table.replace("## Training", f"## Training, {s.label}", 1))
-        probes.update({f"{m} ({s.label})": h for m, h in probe_history(s.path, s.schemes).items()})
+        probes.update({f"{m} ({s.label})": h for m, h in probe_history(logs).items()})
     if probes:
         plot = plot_probe_curves(probes, out.with_name(f"{out.stem}_probes.png"),
                                  title="probes at the training length, one line per scheme and seed",
