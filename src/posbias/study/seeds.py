@@ -82,15 +82,22 @@ def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str
     scheme and folder, 95% Wilson intervals) and one accuracy-vs-length PNG per view beside it
     (``<stem>_<view>.png``), plus ``<stem>_probes.png`` with every run's 1x probes against the
     training step when the trainers probed; returns the markdown."""
-    from posbias.evaluation.long_context import accuracy_by_length, instances_by_length
-    from posbias.study.plots import plot_accuracy_vs_length, plot_probe_curves
-
     studies = load_studies(folders)
     out = Path(out)
     schemes, context = _schemes(studies), int(studies[0].config.get("train_context"))
-    sections = [_header(studies)]
-    overview_at = len(sections)
-    probes = {}
+    views, per_view = _view_sections(studies, schemes, out, mode, context)
+    overview = [_overview(studies, schemes, per_view, context)] if per_view else []
+    text = "\n".join([_header(studies)] + overview + _training_sections(studies, out) + views)
+    atomic_write_text(out, text)
+    return text
+
+
+def _training_sections(studies: list[Study], out: Path) -> list[str]:
+    """A training table per folder, then ``<stem>_probes.png`` (every run's 1x probes against the
+    step) when the trainers probed."""
+    from posbias.study.plots import plot_probe_curves
+
+    sections, probes = [], {}
     for s in studies:
         logs = trainer_logs(s.path, s.schemes)
         table = training_table(s.path, logs)
@@ -102,13 +109,22 @@ def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str
                                  title="probes at the training length, one line per scheme and seed",
                                  target=studies[0].config.get("train_options", {}).get("probe_target"))
         sections.append(f"![probes during training]({plot.name})\n")
-    per_view = {}
+    return sections
+
+
+def _view_sections(studies: list[Study], schemes: list[str], out: Path, mode: str,
+                   context: int) -> tuple[list[str], dict[str, dict]]:
+    """Per view: one accuracy table (a row per scheme and folder, Wilson intervals) and
+    ``<stem>_<view>.png``; also returns ``{view: {"scheme (label)": {length: accuracy}}}``."""
+    from posbias.evaluation.long_context import accuracy_by_length, instances_by_length
+    from posbias.study.plots import plot_accuracy_vs_length
+
+    sections, per_view = [], {}
     for view, _task, fname in VIEW_FILES:
         curves, sizes = {}, {}
         for s in studies:
             recs = read_jsonl(s.path / fname)
-            for m, by in accuracy_by_length(recs, mode=mode).items():
-                curves[f"{m} ({s.label})"] = by
+            curves.update({f"{m} ({s.label})": by for m, by in accuracy_by_length(recs, mode=mode).items()})
             sizes.update({f"{m} ({s.label})": by for m, by in instances_by_length(recs, mode=mode).items()})
         if not curves:
             continue
@@ -120,11 +136,7 @@ def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str
         plot = plot_accuracy_vs_length(curves, out.with_name(f"{out.stem}_{view}.png"),
                                        title=f"{view} accuracy, one line per scheme and seed", train_context=context)
         sections.append(f"![{view}]({plot.name})\n")
-    if per_view:
-        sections.insert(overview_at, _overview(studies, schemes, per_view, context))
-    text = "\n".join(sections)
-    atomic_write_text(out, text)
-    return text
+    return sections, per_view
 
 
 def _overview(studies: list[Study], schemes: list[str], per_view: dict[str, dict], context: int) -> str:
