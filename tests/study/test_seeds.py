@@ -40,6 +40,18 @@ def test_rows_per_scheme_and_seed_with_intervals_and_a_plot(tmp_path):
     assert "seeds_probes.png" not in text  # no trainer probes in these folders: no probe figure
 
 
+def test_schemes_option_keeps_only_those_schemes_and_names_an_unknown_one(tmp_path):
+    a = _study(tmp_path / "s0", 0, {"ggd": {256: [1, 1]}, "rope": {256: [0, 0]}})
+    b = _study(tmp_path / "c0", 0, {"ggd": {256: [1, 0]}})  # the same seed: rows labelled by folder name
+    res = cli("study-seeds", a, b, "--out", tmp_path / "cmp.md", "--schemes", "ggd")
+    assert res.exit_code == 0, res.output
+    text = (tmp_path / "cmp.md").read_text()
+    assert "| passkey: ggd (s0/c0) | 100/50 |" in text and "rope" not in text
+    res = cli("study-seeds", a, b, "--out", tmp_path / "cmp2.md", "--schemes", "ggd,alibi")
+    assert res.exit_code != 0 and "--schemes alibi: in none of the folders (they hold ggd,rope)" in res.output
+    assert not (tmp_path / "cmp2.md").exists()
+
+
 def test_probe_curves_of_every_folder_in_one_figure(tmp_path):
     a = _study(tmp_path / "s0", 0, {"ggd": {256: [1]}})
     b = _study(tmp_path / "s1", 1, {"ggd": {256: [0]}})

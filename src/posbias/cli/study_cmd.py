@@ -97,6 +97,7 @@ def study_seeds_command(
     out: str = typer.Option(..., help="markdown file to write; one accuracy-vs-length PNG per view beside it, "
                             "and <stem>_probes.png (1x probes against the training step) when the trainers probed"),
     mode: str = typer.Option("tf", help="passkey scoring to tabulate: tf (teacher-forced) or gen (generation)"),
+    schemes: str = typer.Option("", help="comma-separated schemes to compare (default: every scheme of the folders)"),
 ):
     """Study folders side by side: every view in one overview table (each folder's accuracy per cell), then
     one row per scheme and seed for every grid view, with intervals."""
@@ -104,7 +105,7 @@ def study_seeds_command(
 
     if mode not in ("tf", "gen"):
         raise ValueError(f"--mode must be tf or gen, not {mode!r}")
-    typer.echo(compare_studies(folders, out, mode=mode))
+    typer.echo(compare_studies(folders, out, mode=mode, schemes=parse_names(schemes) if schemes else ()))
 
 
 def register(app: typer.Typer) -> None:

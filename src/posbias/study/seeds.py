@@ -27,12 +27,14 @@ class Study:
     path: Path
     config: dict
     label: str = ""
+    only: tuple[str, ...] = ()  # the schemes to compare; empty = all
 
     @property
     def models(self) -> dict[str, str]:
-        """``{scheme: model folder relative to the study}`` (``models.json``; empty before any training)."""
-        models = self.path / MODELS_FILE
-        return read_json(models) if models.exists() else {}
+        """``{scheme: model folder relative to the study}`` (``models.json``; empty before any training),
+        restricted to ``only`` when it is set."""
+        models = read_json(self.path / MODELS_FILE) if (self.path / MODELS_FILE).exists() else {}
+        return {m: d for m, d in models.items() if not self.only or m in self.only}
 
     @property
     def schemes(self) -> list[str]:
@@ -48,11 +50,19 @@ def load_study(folder: str | Path) -> Study:
     return Study(path, {**config, "needle_draw": needle_draw_of(config)})
 
 
-def load_studies(folders: Sequence[str | Path]) -> list[Study]:
-    """Read and check the folders (at least two, one training context); rows get their labels."""
+def load_studies(folders: Sequence[str | Path], schemes: Sequence[str] = ()) -> list[Study]:
+    """Read and check the folders (at least two, one training context); rows get their labels.
+    ``schemes`` keeps only those schemes (each must be in at least one folder)."""
     if len(folders) < 2:
         raise ValueError("give at least two study folders to compare")
     studies = [load_study(f) for f in folders]
+    if schemes:
+        found = {m for s in studies for m in s.schemes}
+        missing = [m for m in schemes if m not in found]
+        if missing:
+            raise ValueError(f"--schemes {','.join(missing)}: in none of the folders (they hold {','.join(sorted(found))})")
+        for s in studies:
+            s.only = tuple(schemes)
     contexts = {s.config.get("train_context") for s in studies}
     if len(contexts) > 1:
         raise ValueError(f"the studies were trained at different contexts ({sorted(contexts)}): their lengths "
@@ -76,13 +86,15 @@ def _schemes(studies: list[Study]) -> list[str]:
     return order
 
 
-def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str = "tf") -> str:
+def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str = "tf",
+                    schemes: Sequence[str] = ()) -> str:
     """Write ``out`` (markdown: an overview with every view in one table, the folders' accuracies
     ``/``-separated in each cell; training per folder; then per view one accuracy table with a row per
     scheme and folder, 95% Wilson intervals) and one accuracy-vs-length PNG per view beside it
     (``<stem>_<view>.png``), plus ``<stem>_probes.png`` with every run's 1x probes against the
-    training step when the trainers probed; returns the markdown."""
-    studies = load_studies(folders)
+    training step when the trainers probed; ``schemes`` limits every table to those schemes; returns
+    the markdown."""
+    studies = load_studies(folders, schemes)
     out = Path(out)
     schemes, context = _schemes(studies), int(studies[0].config.get("train_context"))
     views, per_view = _view_sections(studies, schemes, out, mode, context)
@@ -123,7 +135,7 @@ def _view_sections(studies: list[Study], schemes: list[str], out: Path, mode: st
     for view, _task, fname in VIEW_FILES:
         curves, sizes = {}, {}
         for s in studies:
-            recs = read_jsonl(s.path / fname)
+            recs = [r for r in read_jsonl(s.path / fname) if not s.only or r.get("model") in s.only]
             curves.update({f"{m} ({s.label})": by for m, by in accuracy_by_length(recs, mode=mode).items()})
             sizes.update({f"{m} ({s.label})": by for m, by in instances_by_length(recs, mode=mode).items()})
         if not curves:
