@@ -60,7 +60,8 @@ def load_studies(folders: Sequence[str | Path], schemes: Sequence[str] = ()) -> 
         found = {m for s in studies for m in s.schemes}
         missing = [m for m in schemes if m not in found]
         if missing:
-            raise ValueError(f"--schemes {','.join(missing)}: in none of the folders (they hold {','.join(sorted(found))})")
+            raise ValueError(f"--schemes {','.join(missing)}: in none of the folders "
+                             f"(they hold {','.join(sorted(found))})")
         for s in studies:
             s.only = tuple(schemes)
     contexts = {s.config.get("train_context") for s in studies}
@@ -96,9 +97,9 @@ def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str
     the markdown."""
     studies = load_studies(folders, schemes)
     out = Path(out)
-    schemes, context = _schemes(studies), int(studies[0].config.get("train_context"))
-    views, per_view = _view_sections(studies, schemes, out, mode, context)
-    overview = [_overview(studies, schemes, per_view, context)] if per_view else []
+    order, context = _schemes(studies), int(studies[0].config.get("train_context"))
+    views, per_view = _view_sections(studies, order, out, mode, context)
+    overview = [_overview(studies, order, per_view, context)] if per_view else []
     text = "\n".join([_header(studies)] + overview + _training_sections(studies, out) + views)
     atomic_write_text(out, text)
     return text
