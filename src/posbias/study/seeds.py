@@ -34,7 +34,11 @@ class Study:
         """``{scheme: model folder relative to the study}`` (``models.json``; empty before any training),
         restricted to ``only`` when it is set."""
         models = read_json(self.path / MODELS_FILE) if (self.path / MODELS_FILE).exists() else {}
-        return {m: d for m, d in models.items() if not self.only or m in self.only}
+        return {m: d for m, d in models.items() if self.keeps(m)}
+
+    def keeps(self, scheme: str | None) -> bool:
+        """Whether rows of ``scheme`` belong in the comparison (every scheme when ``only`` is empty)."""
+        return not self.only or scheme in self.only
 
     @property
     def schemes(self) -> list[str]:
@@ -136,7 +140,7 @@ def _view_sections(studies: list[Study], schemes: list[str], out: Path, mode: st
     for view, _task, fname in VIEW_FILES:
         curves, sizes = {}, {}
         for s in studies:
-            recs = [r for r in read_jsonl(s.path / fname) if not s.only or r.get("model") in s.only]
+            recs = [r for r in read_jsonl(s.path / fname) if s.keeps(r.get("model"))]
             curves.update({f"{m} ({s.label})": by for m, by in accuracy_by_length(recs, mode=mode).items()})
             sizes.update({f"{m} ({s.label})": by for m, by in instances_by_length(recs, mode=mode).items()})
         if not curves:
