@@ -205,3 +205,23 @@ def test_ssmax_scope_is_saved_with_the_model(tmp_path):
     assert again.model.layers[0].self_attn.ssmax.scope == "content"
     with pytest.raises(ValueError, match="unknown ssmax_scope"):
         BamConfig(ssmax_scope="prior")
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "chunked"])
+def test_rope_model_equals_hugging_face_llama_with_the_same_weights(backend):
+    """The RoPE baseline of the extrapolation study is Llama: same state dict, same logits (GQA too)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    m = _tiny("rope", "softmax", num_key_value_heads=2, rope_theta=500000.0)
+    c = m.config
+    ref = LlamaForCausalLM(LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads, rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps,
+        tie_word_embeddings=True, max_position_embeddings=64, attn_implementation="eager")).eval()
+    missing, unexpected = ref.load_state_dict(m.state_dict(), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    ref.tie_weights()
+    x = torch.randint(0, 97, (2, 23))
+    ours = m(x, attn_backend=backend, chunk_size=5 if backend == "chunked" else None).logits
+    assert torch.allclose(ours, ref(x).logits, atol=2e-5)
