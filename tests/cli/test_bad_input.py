@@ -426,6 +426,14 @@ def test_an_unknown_passkey_filler_is_refused_before_anything_is_written(tmp_pat
     assert not out.exists() and not (tmp_path / "study").exists()
 
 
+def test_a_misspelt_model_option_is_refused_before_anything_is_written(tmp_path):
+    refused(cli("train", "--model-opt", "rope_thet=10000", "--out", tmp_path / "train"),
+            "unknown model option(s) rope_thet", "rope_theta")
+    refused(cli("study", "--model-opt", "rope_thet=10000", "--out", tmp_path / "study"),
+            "unknown model option(s) rope_thet")
+    assert not (tmp_path / "train").exists() and not (tmp_path / "study").exists()
+
+
 def test_study_with_a_too_small_tokenizer_writes_nothing(tmp_path):
     out = tmp_path / "study"
     refused(cli("study", "--tokenizer", "bpe:10", "--out", out), "needs at least 300 tokens")

@@ -37,3 +37,15 @@ def test_the_ssmax_content_ablation_is_a_scheme_of_its_own(tmp_path):
     assert bam.ssmax and ablation.ssmax and bam.pe == ablation.pe == "ggd"
     assert bam.model_overrides == {"num_hidden_layers": 2}
     assert ablation.model_overrides == {"num_hidden_layers": 2, "ssmax_scope": "content"}
+
+
+def test_model_options_reach_every_scheme_and_a_training_option_wins(tmp_path):
+    from posbias.study.training import train_config
+
+    cfg = StudyConfig(out=str(tmp_path), schemes=["rope", "ggd+ssmax-content"], model_options={"rope_theta": 1e4},
+                      train_options={"model_overrides": {"num_hidden_layers": 2, "rope_theta": 5e4}})
+    assert train_config(cfg, "rope", tmp_path / "a").model_overrides == {"rope_theta": 5e4, "num_hidden_layers": 2}
+    cfg.train_options = {}
+    assert train_config(cfg, "rope", tmp_path / "a").model_overrides == {"rope_theta": 1e4}
+    assert train_config(cfg, "ggd+ssmax-content", tmp_path / "b").model_overrides == {
+        "rope_theta": 1e4, "ssmax_scope": "content"}

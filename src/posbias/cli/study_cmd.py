@@ -64,6 +64,8 @@ def study_command(
                                             "byte-level BPE of N tokens trained once on the training split "
                                             "(default: SmolLM2's 49K vocabulary)"),
     train_opt: Optional[list[str]] = typer.Option(None, "--train-opt", help="extra training option key=value (same for all schemes)"),
+    model_opt: Optional[list[str]] = typer.Option(None, "--model-opt", help="model setting key=value for every scheme "
+                                                  "(a BamConfig field, e.g. rope_theta=10000)"),
 ):
     """Train each positional scheme on one budget and evaluate it from 1x to Kx its training length."""
     from posbias.study.runner import (
@@ -82,7 +84,8 @@ def study_command(
         modes=parse_names(modes),
         ppl_multipliers=parse_numbers(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,
         batch_size=batch_size, token_budget=token_budget, device=device,
-        train_options=parse_key_values(train_opt, "train-opt"), tokenizer=tokenizer, train_workers=train_workers, resume=resume,
+        train_options=parse_key_values(train_opt, "train-opt"), model_options=parse_key_values(model_opt, "model-opt"),
+        tokenizer=tokenizer, train_workers=train_workers, resume=resume,
     )
     from posbias.utils.run_folder import out_path
 

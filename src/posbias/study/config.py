@@ -16,7 +16,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.md"
 CHECK_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "passkey_rate", "niah_rate",
               "depths", "needle_draw",
-              "train_options", "tokenizer",
+              "train_options", "model_options", "tokenizer",
               "ppl_eval_tokens")  # not ppl_multipliers: a resume may add perplexity contexts (same eval tokens)
 DATA_DIR = "data"
 HELDOUT_CHARS_PER_TOKEN = 6  # generous: English BPE averages ~4-5 characters per token
@@ -87,6 +87,7 @@ class StudyConfig:
     token_budget: int = 8192
     device: str = "auto"
     train_options: dict = field(default_factory=dict)
+    model_options: dict = field(default_factory=dict)  # BamConfig fields for every scheme, e.g. {"rope_theta": 1e4}
     train_workers: int = 1  # schemes trained at once, in separate processes
     tokenizer: str | None = None  # None = the trainer's (SmolLM2's); "bpe:<N>" = one BPE trained on the training split
     resume: bool = False

@@ -54,6 +54,8 @@ def train_config(cfg: StudyConfig, scheme: str, out_dir: Path, corpus: str | Non
               "niah_rate": cfg.niah_rate or None,
               "device": cfg.device, "out": str(out_dir), "resume": out_dir.exists() and any(out_dir.iterdir()),
               **cfg.train_options}
+    if cfg.model_options:
+        values["model_overrides"] = {**cfg.model_options, **values.get("model_overrides", {})}
     if normaliser == "ssmax-content":
         values["model_overrides"] = {**values.get("model_overrides", {}), "ssmax_scope": "content"}
     values = {k: v for k, v in values.items() if v is not None}

@@ -121,6 +121,7 @@ class TrainConfig:
             raise ValueError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
         if not 0.0 < self.decay_fraction <= 1.0:
             raise ValueError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
+        check_model_overrides(self.model_overrides)
 
     @property
     def probe_task_names(self) -> tuple[str, ...]:
@@ -182,6 +183,19 @@ def make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "radam":
         return torch.optim.RAdam(groups, lr=cfg.lr, betas=tuple(cfg.betas), decoupled_weight_decay=True)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def check_model_overrides(overrides: dict) -> None:
+    """Every key must be a :class:`posbias.bam.BamConfig` argument (a Hugging Face config would keep a
+    misspelt one as an unused attribute, and the run would train the default silently)."""
+    import inspect
+
+    from posbias.bam import BamConfig
+
+    known = set(inspect.signature(BamConfig.__init__).parameters) - {"self", "kwargs"}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown model option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
 
 
 def build_bam_config(cfg: TrainConfig, tokenizer):
