@@ -82,3 +82,12 @@ def test_probe_history_reads_every_probe_and_skips_schemes_never_probed(tmp_path
                                {"step": 2, "passkey_em": 0.5, "niah_em": 0.25}]}
     png = plot_probe_curves(history, tmp_path / "probes.png", target=0.95)
     assert png.stat().st_size > 0
+
+
+def test_the_summary_header_names_model_options_only_when_set(tmp_path):
+    from posbias.study.config import StudyConfig
+    from posbias.study.report import _header
+
+    assert "model options" not in _header(StudyConfig(out=str(tmp_path)))
+    header = _header(StudyConfig(out=str(tmp_path), model_options={"rope_theta": 1e4}))
+    assert "training options: none, model options: rope_theta=10000.0;" in header

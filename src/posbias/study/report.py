@@ -61,12 +61,20 @@ def _study_schemes(cfg: StudyConfig) -> list[str]:
     return schemes
 
 
+def _model_options(cfg: StudyConfig) -> str:
+    """``", model options: rope_theta=10000.0"`` (empty when every model keeps the preset's settings)."""
+    if not cfg.model_options:
+        return ""
+    return ", model options: " + ", ".join(f"{k}={v}" for k, v in sorted(cfg.model_options.items()))
+
+
 def _header(cfg: StudyConfig) -> str:
     options = ", ".join(f"{k}={v}" for k, v in sorted(cfg.train_options.items())) or "none"
     text = (f"# Length-extrapolation study\n\npreset `{cfg.preset}`, training context {cfg.train_context}, "
             f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus `{cfg.corpus or 'trainer default'}`, "
             f"tokenizer `{cfg.tokenizer or 'trainer default'}`, passkey rate {cfg.passkey_rate}, "
-            f"NIAH rate {cfg.niah_rate}, training options: {options}; n = {cfg.n} per cell, depths {cfg.depths}.\n")
+            f"NIAH rate {cfg.niah_rate}, training options: {options}{_model_options(cfg)}; n = {cfg.n} per cell, "
+            f"depths {cfg.depths}.\n")
     text += "\n" + _needles_note(cfg) + "\n"
     if cfg.dead_after:
         text += (f"\nBlank cells were not scored: `--dead-after {cfg.dead_after}` stops a scheme's grid after "
