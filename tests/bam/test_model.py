@@ -164,7 +164,8 @@ def test_scorers_accept_inputs_beyond_the_training_context():
 
 def test_sinusoidal_embeddings_are_scaled_by_sqrt_d_model(tmp_path):
     """Vaswani et al. sec. 3.4: token embeddings x sqrt(d_model) before the (amplitude-1) sinusoidal
-    table is added; configs without the field (saved before it existed) keep the unscaled input."""
+    table is added, initialised at std d^-0.5; configs without the field (saved before it existed)
+    keep the unscaled input."""
     cfg = BamConfig.from_preset("tiny", pe="sinusoidal", vocab_size=300)
     assert cfg.embed_scale == pytest.approx(cfg.hidden_size ** 0.5)
     assert BamConfig.from_preset("tiny", pe="rope", vocab_size=300).embed_scale is None
@@ -184,13 +185,19 @@ def test_sinusoidal_embeddings_are_scaled_by_sqrt_d_model(tmp_path):
     hook.remove()
     emb = model.model.embed_tokens(ids).detach()
     torch.testing.assert_close(scaled - plain, emb * (scale - 1.0), atol=1e-5, rtol=1e-5)
-    # the content now has the scale of the position signal (std ~0.02 * sqrt(d) vs ~0.7)
-    assert 0.1 < float((emb * scale).std()) < 0.5
+    # fairseq's Transformer: embeddings start at std d^-0.5, so x sqrt(d) the content has unit
+    # variance beside the amplitude-1 table (RMS ~0.71); the other schemes keep initializer_range
+    assert cfg.embed_init_std == pytest.approx(cfg.hidden_size ** -0.5)
+    assert 0.9 < float((emb * scale).std()) < 1.1
+    rope = BamForCausalLM(BamConfig.from_preset("tiny", pe="rope", vocab_size=300))
+    assert rope.config.embed_init_std is None and 0.018 < float(rope.model.embed_tokens.weight.detach().std()) < 0.022
     model.config.embed_scale = scale
     model.save_pretrained(tmp_path / "m")
     assert BamForCausalLM.from_pretrained(tmp_path / "m").config.embed_scale == pytest.approx(scale)
     with pytest.raises(ValueError, match="embed_scale"):
         BamConfig(pe="sinusoidal", embed_scale=0)
+    with pytest.raises(ValueError, match="embed_init_std"):
+        BamConfig(pe="sinusoidal", embed_init_std=-1.0)
 
 
 def test_ssmax_scope_is_saved_with_the_model(tmp_path):

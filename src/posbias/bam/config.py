@@ -27,6 +27,8 @@ class BamConfig(PretrainedConfig):
         ssmax_scope: ``"all"`` (BAM's order: ``(q k^T / sqrt(d) + prior) * s_h log n``) or
             ``"content"`` (``q k^T / sqrt(d) * s_h log n + prior``; the ablation of issue #16).
         rope_theta: RoPE base (500000 as the BAM RoPE baseline).
+        embed_scale / embed_init_std: token embeddings x ``embed_scale`` at the input, and their std at
+            initialisation (``None``: 1 and ``initializer_range``; see :meth:`from_preset` for sinusoidal).
         ggd_init / ggd_theta_alpha / ggd_theta_beta / ggd_eps: GGD prior initialisation
             (see :class:`posbias.positional.GGDBias`).
         ggd_share_layers: one GGD prior for all layers instead of one per layer.
@@ -42,7 +44,8 @@ class BamConfig(PretrainedConfig):
     def __init__(self, vocab_size: int = 49152, hidden_size: int = 128, intermediate_size: int | None = None,
                  num_hidden_layers: int = 4, num_attention_heads: int = 4, num_key_value_heads: int | None = None,
                  pe: str = "ggd", normaliser: str = "softmax", rope_theta: float = 500000.0,
-                 sinusoidal_base: float = 10000.0, embed_scale: float | None = None, ggd_init: str = "nope",
+                 sinusoidal_base: float = 10000.0, embed_scale: float | None = None,
+                 embed_init_std: float | None = None, ggd_init: str = "nope",
                  ggd_theta_alpha=None,
                  ggd_theta_beta=None, ggd_eps: float = 1e-5, ggd_share_layers: bool = False,
                  ssmax_init: float = 1.0, ssmax_scope: str = "all", rms_norm_eps: float = 1e-5, initializer_range: float = 0.02,
@@ -86,6 +89,10 @@ class BamConfig(PretrainedConfig):
         if embed_scale is not None and not float(embed_scale) > 0:
             raise ValueError(f"embed_scale must be > 0, got {embed_scale}")
         self.embed_scale = None if embed_scale is None else float(embed_scale)
+        # std of the token embeddings at initialisation (None = initializer_range, as every other weight)
+        if embed_init_std is not None and not float(embed_init_std) > 0:
+            raise ValueError(f"embed_init_std must be > 0, got {embed_init_std}")
+        self.embed_init_std = None if embed_init_std is None else float(embed_init_std)
         self.ggd_init = ggd_init
         self.ggd_theta_alpha = ggd_theta_alpha
         self.ggd_theta_beta = ggd_theta_beta
@@ -110,13 +117,17 @@ class BamConfig(PretrainedConfig):
     def from_preset(cls, preset: str, **overrides) -> "BamConfig":
         """A config of size ``preset`` (one of :data:`PRESETS`), with ``overrides`` applied.
 
-        With ``pe="sinusoidal"`` the token embeddings are scaled by ``sqrt(hidden_size)`` (Vaswani et
-        al. 2017, sec. 3.4): they start at std ``initializer_range`` (0.02) while the sinusoidal table
-        has amplitude 1, so unscaled the position would swamp the content at the input.
+        With ``pe="sinusoidal"`` the token embeddings start at std ``hidden_size ** -0.5`` and are scaled
+        by ``sqrt(hidden_size)`` (Vaswani et al. 2017, sec. 3.4; the initialisation of fairseq's and
+        tensor2tensor's Transformer), so content enters with unit variance beside the amplitude-1
+        sinusoidal table. At the usual std ``initializer_range`` (0.02) the position would swamp the
+        content at the input (x sqrt(d) alone, used up to 2026-12-04, gives 0.23 at d = 128).
         """
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
         kwargs = {**PRESETS[preset], **overrides}
         if kwargs.get("pe") == "sinusoidal" and "embed_scale" not in overrides:
             kwargs["embed_scale"] = float(kwargs.get("hidden_size", 128)) ** 0.5
+        if kwargs.get("pe") == "sinusoidal" and "embed_init_std" not in overrides:
+            kwargs["embed_init_std"] = float(kwargs.get("hidden_size", 128)) ** -0.5
         return cls(**kwargs)

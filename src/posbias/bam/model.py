@@ -120,6 +120,10 @@ class BamPreTrainedModel(PreTrainedModel):
             init.copy_(module.theta_beta, beta)
         elif isinstance(module, SSMax):
             init.constant_(module.s, module.init)
+        elif isinstance(module, nn.Embedding) and getattr(self.config, "embed_init_std", None):
+            init.normal_(module.weight, mean=0.0, std=self.config.embed_init_std)
+            if module.padding_idx is not None:
+                init.zeros_(module.weight[module.padding_idx])
 
 
 class BamModel(BamPreTrainedModel):
