@@ -79,6 +79,8 @@ def test_other_differences_are_listed_and_unequal_contexts_refused(tmp_path):
     assert "seed 1 vs s0: train_steps: 4000 -> 8000" in text
     e = _study(tmp_path / "fresh", 3, {"ggd": {256: [1]}}, needle_draw="per-depth")  # a (s0) has no needle_draw: shared
     assert "seed 3 vs seed 0: needle_draw: 'shared' -> 'per-depth'" in compare_studies([a, e], tmp_path / "w.md")
+    f = _study(tmp_path / "base", 4, {"ggd": {256: [1]}}, model_options={"rope_theta": 1e4})  # a has no such setting
+    assert "seed 4 vs seed 0: model_options.rope_theta: None -> 10000.0" in compare_studies([a, f], tmp_path / "v.md")
     d = tmp_path / "ctx"
     open_run(d, "study", {"seed": 2, "train_context": 128}).commit()
     with pytest.raises(ValueError, match="different contexts"):

@@ -51,7 +51,8 @@ def load_study(folder: str | Path) -> Study:
     if not path.is_dir() or folder_kind(path) != "study":
         raise ValueError(f"{path} is not a study folder (no config.json of a posbias study)")
     config = read_json(path / CONFIG).get("config", {})
-    return Study(path, {**config, "needle_draw": needle_draw_of(config)})
+    # settings recorded only by later versions get their defaults, so a difference from them shows
+    return Study(path, {"model_options": {}, **config, "needle_draw": needle_draw_of(config)})
 
 
 def load_studies(folders: Sequence[str | Path], schemes: Sequence[str] = ()) -> list[Study]:
