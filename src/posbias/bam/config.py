@@ -126,8 +126,8 @@ class BamConfig(PretrainedConfig):
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
         kwargs = {**PRESETS[preset], **overrides}
-        if kwargs.get("pe") == "sinusoidal" and "embed_scale" not in overrides:
-            kwargs["embed_scale"] = float(kwargs.get("hidden_size", 128)) ** 0.5
-        if kwargs.get("pe") == "sinusoidal" and "embed_init_std" not in overrides:
-            kwargs["embed_init_std"] = float(kwargs.get("hidden_size", 128)) ** -0.5
+        if kwargs.get("pe") == "sinusoidal":
+            width = float(kwargs.get("hidden_size", 128))
+            kwargs.setdefault("embed_scale", width ** 0.5)
+            kwargs.setdefault("embed_init_std", width ** -0.5)
         return cls(**kwargs)

@@ -61,15 +61,18 @@ def _study_schemes(cfg: StudyConfig) -> list[str]:
     return schemes
 
 
+def _key_values(options: dict) -> str:
+    """``{"b": 2, "a": 1}`` -> ``"a=1, b=2"``."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
+
+
 def _model_options(cfg: StudyConfig) -> str:
     """``", model options: rope_theta=10000.0"`` (empty when every model keeps the preset's settings)."""
-    if not cfg.model_options:
-        return ""
-    return ", model options: " + ", ".join(f"{k}={v}" for k, v in sorted(cfg.model_options.items()))
+    return f", model options: {_key_values(cfg.model_options)}" if cfg.model_options else ""
 
 
 def _header(cfg: StudyConfig) -> str:
-    options = ", ".join(f"{k}={v}" for k, v in sorted(cfg.train_options.items())) or "none"
+    options = _key_values(cfg.train_options) or "none"
     text = (f"# Length-extrapolation study\n\npreset `{cfg.preset}`, training context {cfg.train_context}, "
             f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus `{cfg.corpus or 'trainer default'}`, "
             f"tokenizer `{cfg.tokenizer or 'trainer default'}`, passkey rate {cfg.passkey_rate}, "
