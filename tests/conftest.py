@@ -5,6 +5,7 @@ SmolLM2-135M (converted once into ``$POSBIAS_CACHE``).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ import torch
 # Tiny models run fastest single-threaded (thread start-up dominates their matrix products, and
 # oversubscribed cores make it much worse).
 torch.set_num_threads(1)
+# The busy-core warning of `posbias` (posbias.utils.threads) would depend on what else this machine runs;
+# tests/utils/test_threads.py checks it with the load given.
+os.environ["POSBIAS_NO_LOAD_HINT"] = "1"
 
 TINY_VOCAB = 512
 ARCHS = ["llama", "qwen2", "qwen3", "mistral"]

@@ -51,6 +51,21 @@ app = typer.Typer(
     add_completion=False,
 )
 
+
+
+@app.callback()
+def global_options(
+    threads: int = typer.Option(None, "--threads", min=1, help="torch CPU threads for this command and its "
+                                "workers in all (default: one per core); fewer keeps clear of other jobs"),
+) -> None:
+    """Options for every subcommand (given before it: ``posbias --threads 1 study ...``)."""
+    from posbias.utils.threads import apply_threads
+
+    hint = apply_threads(threads)
+    if hint:
+        typer.secho(hint, fg="yellow", err=True)
+
+
 # One module per subcommand group; each defines register(app).
 SUBCOMMAND_MODULES = [
     "posbias.cli.eval_cmd",

@@ -1,16 +1,18 @@
 """The one way posbias runs work in other processes on this machine: a spawn-context process pool
-whose workers split the CPU cores evenly between them (torch threads), used by the search's
+whose workers split the command's CPU threads evenly between them (torch threads), used by the search's
 ``--workers`` and the study's ``--train-workers``."""
 from __future__ import annotations
 
-import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
 
 
 def threads_per_worker(workers: int) -> int:
-    """CPU cores per worker (at least 1)."""
-    return max(1, (os.cpu_count() or 1) // max(1, workers))
+    """Torch threads per worker (at least 1): the command's thread budget (``posbias --threads``,
+    ``OMP_NUM_THREADS``, else one per core) split evenly."""
+    from posbias.utils.threads import thread_budget
+
+    return max(1, thread_budget() // max(1, workers))
 
 
 def _init(threads: int, initializer: Callable | None, initargs: tuple) -> None:
