@@ -428,9 +428,9 @@ def test_an_unknown_passkey_filler_is_refused_before_anything_is_written(tmp_pat
 
 def test_a_misspelt_model_option_is_refused_before_anything_is_written(tmp_path):
     refused(cli("train", "--model-opt", "rope_thet=10000", "--out", tmp_path / "train"),
-            "unknown model option(s) rope_thet", "rope_theta")
+            "unknown model option(s) rope_thet (did you mean: rope_thet -> rope_theta?)", "known: ")
     refused(cli("study", "--model-opt", "rope_thet=10000", "--out", tmp_path / "study"),
-            "unknown model option(s) rope_thet")
+            "unknown model option(s) rope_thet (did you mean: rope_thet -> rope_theta?)")
     assert not (tmp_path / "train").exists() and not (tmp_path / "study").exists()
 
 

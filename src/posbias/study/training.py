@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from posbias.study.grid import (parse_scheme)
 from posbias.utils.io import atomic_write_json
+from posbias.utils.options import refuse_unknown
 from posbias.study.config import MODELS_FILE, StudyConfig
 from posbias.study.data import _load_texts
 
@@ -64,9 +65,7 @@ def train_config(cfg: StudyConfig, scheme: str, out_dir: Path, corpus: str | Non
         return values
     names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else \
         set(inspect.signature(cls).parameters)
-    unknown = sorted(set(cfg.train_options) - names)
-    if unknown:
-        raise ValueError(f"unknown training option(s) {unknown}; known: {', '.join(sorted(names))}")
+    refuse_unknown(cfg.train_options, names, "training option")
     return cls(**{k: v for k, v in values.items() if k in names})
 
 

@@ -192,10 +192,10 @@ def check_model_overrides(overrides: dict) -> None:
 
     from posbias.bam import BamConfig
 
-    known = set(inspect.signature(BamConfig.__init__).parameters) - {"self", "kwargs"}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ValueError(f"unknown model option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    from posbias.utils.options import refuse_unknown
+
+    refuse_unknown(overrides, set(inspect.signature(BamConfig.__init__).parameters) - {"self", "kwargs"},
+                   "model option")
 
 
 def build_bam_config(cfg: TrainConfig, tokenizer):

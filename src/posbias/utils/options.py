@@ -78,3 +78,17 @@ def check_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = 
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return value
+
+
+def refuse_unknown(given, known, what: str) -> None:
+    """A :class:`ValueError` naming every name of ``given`` that is not in ``known`` (``what``: "model
+    option", ...), the closest known name for each, and the known ones; nothing when all are known."""
+    import difflib
+
+    unknown = sorted(set(given) - set(known))
+    if not unknown:
+        return
+    guesses = [f"{name} -> {close[0]}?" for name in unknown
+               if (close := difflib.get_close_matches(name, sorted(known), n=1))]
+    hint = f" (did you mean: {', '.join(guesses)})" if guesses else ""
+    raise ValueError(f"unknown {what}(s) {', '.join(unknown)}{hint}; known: {', '.join(sorted(known))}")
