@@ -88,3 +88,24 @@ def test_other_differences_are_listed_and_unequal_contexts_refused(tmp_path):
     refused = cli("study-seeds", a, tmp_path / "nothing", "--out", tmp_path / "z.md")
     assert refused.exit_code == 2 and "is not a study folder" in refused.output
     assert cli("study-seeds", a, "--out", tmp_path / "z.md").exit_code == 2
+
+
+def test_a_trained_model_setting_that_no_study_setting_records_is_listed(tmp_path):
+    from posbias.study.seeds import compare_studies
+
+    def with_model(path, seed, **saved):
+        study = _study(path, seed, {"sinusoidal": {256: [1]}}, model_options=saved.pop("model_options", {}))
+        final = path / "models" / "sinusoidal" / "final"
+        final.mkdir(parents=True)
+        (final / "config.json").write_text(json.dumps({"pe": "sinusoidal", "attn_backend": saved.pop("backend", "auto"),
+                                                       **saved}))
+        return study
+
+    old = with_model(tmp_path / "old", 0)  # saved before embed_init_std existed: its default, None
+    new = with_model(tmp_path / "new", 1, embed_init_std=0.088, backend="chunked")  # the backend: how it runs
+    text = compare_studies([old, new], tmp_path / "a.md")
+    assert "seed 1 vs seed 0: sinusoidal model embed_init_std: None -> 0.088" in text
+    assert "attn_backend" not in text and "differ only in the seed" not in text
+    base = with_model(tmp_path / "base", 2, rope_theta=1e4, model_options={"rope_theta": 1e4})
+    text = compare_studies([old, base], tmp_path / "b.md")  # a --model-opt is listed once, as a study setting
+    assert text.count("rope_theta") == 1 and "model_options.rope_theta: None -> 10000.0" in text

@@ -3,8 +3,9 @@ re-train with another seed? (Issue #16: "at least two training seeds ... with bo
 
 Each folder keeps its own instances and models; this module only reads their jsonl results. Rows are
 labelled by the folder's seed (``ggd (seed 1)``), or by the folder name where two folders share a
-seed. Settings that differ between the folders besides the seed are listed in the header, so a
-comparison of unequal protocols (another step cap, say) says so; folders trained at different
+seed. Settings that differ between the folders besides the seed are listed in the header, and so
+are the trained models' own saved settings where they differ (a changed code default), so a
+comparison of unequal protocols (another step cap, another initialisation) says so; folders trained at different
 context lengths are refused (their multipliers would not line up).
 """
 from __future__ import annotations
@@ -82,7 +83,46 @@ def load_studies(folders: Sequence[str | Path], schemes: Sequence[str] = ()) -> 
 def _differences(studies: list[Study]) -> list[str]:
     keys = [k for k in CHECK_KEYS if k != "seed"]
     first = studies[0]
-    return [f"{s.label} vs {first.label}: {d}" for s in studies[1:] for d in settings_diff(first.config, s.config, keys)]
+    return [f"{s.label} vs {first.label}: {d}" for s in studies[1:] for d in settings_diff(first.config, s.config, keys)] \
+        + _model_differences(studies)
+
+
+# how a saved model runs, not what was trained (a later version may change them without retraining)
+RUNTIME_FIELDS = ("attn_backend", "attn_chunk_size", "ffn_chunk_size", "use_cache")
+
+
+def _model_differences(studies: list[Study]) -> list[str]:
+    """Per scheme, the trained models' own settings that differ between folders (their saved
+    ``BamConfig``, a field missing from an older save taken at its default): what a code default
+    changed between runs, which no study setting records (the sinusoidal embedding init of session 21,
+    say). Fields a study's ``--model-opt`` sets are listed with the study settings instead."""
+    out = []
+    for scheme in _schemes(studies):
+        runs = [(s, cfg) for s in studies if (cfg := _model_config(s, scheme)) is not None]
+        if len(runs) < 2:
+            continue
+        first, base = runs[0]
+        for s, cfg in runs[1:]:
+            shown = set(first.config.get("model_options", {})) | set(s.config.get("model_options", {}))
+            keys = [k for k in base if k not in shown]
+            out += [f"{s.label} vs {first.label}: {scheme} model {d}" for d in settings_diff(base, cfg, keys)]
+    return out
+
+
+def _model_config(study: Study, scheme: str) -> dict | None:
+    """The saved ``BamConfig`` fields of ``scheme``'s model in ``study`` (defaults for fields an older
+    version did not save; runtime fields left out); None when it has no saved model."""
+    import inspect
+
+    from posbias.bam import BamConfig
+
+    path = study.path / study.models.get(scheme, "") / "config.json"
+    if scheme not in study.models or not path.is_file():
+        return None
+    saved = read_json(path)
+    params = inspect.signature(BamConfig.__init__).parameters.values()
+    return {p.name: saved.get(p.name, p.default) for p in params
+            if p.default is not inspect.Parameter.empty and p.name not in RUNTIME_FIELDS}
 
 
 def _schemes(studies: list[Study]) -> list[str]:
