@@ -576,6 +576,32 @@ def test_resume_may_raise_n_but_not_lower_it(tmp_path, fake_train):
         run_study(StudyConfig(**kw, n=2, resume=True), **quiet)
 
 
+def test_far_lengths_may_hold_fewer_instances_per_cell(tmp_path, fake_train):
+    from posbias.study.runner import StudyConfig, run_study
+
+    train, _calls = fake_train
+    out = tmp_path / "study"
+    kw = dict(out=str(out), schemes="nope", train_steps=2, train_context=160, multipliers=[1, 2, 4], depths=[0, 1],
+              ppl_multipliers=[], modes=["teacher_forced"], n=3)
+    quiet = dict(train_fn=train, progress=False, log=lambda *a: None)
+    cfg = StudyConfig(**kw, n_beyond={"1": 2, "2": 1})  # beyond 1x: 2 per cell; beyond 2x: 1 per cell
+    assert [cfg.n_at(L) for L in (160, 161, 320, 321, 640)] == [3, 2, 2, 1, 1]
+    run_study(cfg, **quiet)
+    recs = [json.loads(x) for x in (out / "passkey.jsonl").read_text().splitlines()]
+    assert {L: sum(r["length"] == L for r in recs) for L in (160, 320, 640)} == {160: 6, 320: 4, 640: 2}
+    summary = (out / "summary.md").read_text()
+    assert "n = 3 per cell (2 beyond 1x, 1 beyond 2x)" in summary and "Note (passkey)" not in summary
+    run_study(StudyConfig(**kw, resume=True), **quiet)  # the same folder without --n-beyond: the far cells grow
+    recs = [json.loads(x) for x in (out / "passkey.jsonl").read_text().splitlines()]
+    assert {L: sum(r["length"] == L for r in recs) for L in (160, 320, 640)} == {160: 6, 320: 6, 640: 6}
+    run_study(StudyConfig(**kw, n_beyond={"2": 1}, resume=True), **quiet)  # cells larger than asked: said so
+    assert "cells hold another number of instances than asked here at 640 tokens (3, not 1)" in \
+        (out / "summary.md").read_text()
+    for bad in ({"64": 0}, {"x": 3}, {"-1": 2}, {"64": 2.5}):
+        with pytest.raises(ValueError, match="--n-beyond"):
+            StudyConfig(**kw, n_beyond=bad)
+
+
 def test_study_per_depth_needles_are_kept_on_resume_and_reported(tmp_path, fake_train):
     from posbias.study.runner import StudyConfig, run_study
 

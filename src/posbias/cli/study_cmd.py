@@ -28,6 +28,9 @@ def study_command(
     multipliers: str = typer.Option("1,2,4,8,16,32,64", help="evaluation lengths as multiples of the training context"),
     depths: str = typer.Option("0,0.25,0.5,0.75,1", help="needle depths in [0, 1]"),
     n: int = Count(5, help="instances per (length, depth) cell"),
+    n_beyond: Optional[list[str]] = typer.Option(None, "--n-beyond", help="MULT=N: cells at lengths beyond MULT x the "
+                                                 "training context hold N instances instead of --n (far lengths "
+                                                 "cost minutes per instance on a CPU), e.g. 64=3"),
     needle_draw: str = typer.Option("shared", help="shared: the same n needles at every depth (paired across depths; "
                                     "n independent needles per length); per-depth: n fresh needles at every depth"),
     seed: int = Seed,
@@ -78,6 +81,7 @@ def study_command(
     cfg = StudyConfig(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
         multipliers=parse_numbers(multipliers, "multipliers"), depths=parse_numbers(depths, "depths"), n=n,
+        n_beyond=parse_key_values(n_beyond, "n-beyond"),
         needle_draw=needle_draw,
         seed=seed, corpus=corpus, heldout=heldout, passkey_rate=passkey_rate, niah_rate=niah_rate, niah=niah, niah_options=parse_key_values(niah_opt, "niah-opt"),
         passkey_essay=passkey_essay, niah_essay=niah_essay, passkey_heldout=passkey_heldout, dead_after=dead_after,

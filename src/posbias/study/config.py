@@ -33,6 +33,22 @@ def ppl_eval_tokens(config: dict) -> int | None:
     return int(config.get("ppl_tokens") or 4 * max(grid_lengths(int(config["train_context"]), multipliers)))
 
 
+def check_n_beyond(n_beyond: dict) -> dict[float, int]:
+    """``{"64": 3}`` (``--n-beyond 64=3``) -> ``{64.0: 3}``: a multiplier > 0 and a count >= 1 each,
+    or a ``ValueError`` naming the pair."""
+    out = {}
+    for key, value in dict(n_beyond).items():
+        try:
+            mult = float(key)
+        except ValueError:
+            mult = float("nan")
+        if not mult > 0 or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"--n-beyond {key}={value}: give MULTIPLIER=N with a multiplier > 0 and N >= 1 "
+                             f"instances per cell (e.g. 64=3)")
+        out[mult] = value
+    return out
+
+
 def needle_draw_of(config: dict) -> str:
     """A study ``config`` dict's needle draw; folders written before the setting was recorded drew
     ``shared`` (the same needles at every depth)."""
@@ -68,6 +84,9 @@ class StudyConfig:
     multipliers: list[float] = field(default_factory=lambda: list(DEFAULT_MULTIPLIERS))
     depths: list[float] = field(default_factory=lambda: list(DEFAULT_DEPTHS))
     n: int = 5
+    # {multiplier: n}: cells at lengths beyond multiplier x train_context hold this many instances instead
+    # (the far lengths cost minutes per instance on a CPU); the largest multiplier passed decides
+    n_beyond: dict = field(default_factory=dict)
     needle_draw: str = "shared"  # "per-depth": n fresh needles at every depth (n x depths independent per length)
     seed: int = 0
     corpus: str | None = None
@@ -100,6 +119,7 @@ class StudyConfig:
         self.ppl_multipliers = [float(m) for m in self.ppl_multipliers]
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        self.n_beyond = check_n_beyond(self.n_beyond)
         check_needle_draw(self.needle_draw)
         self.dead_after = check_int("dead_after", self.dead_after, minimum=0)
         if self.train_workers < 1:
@@ -110,6 +130,12 @@ class StudyConfig:
         if self.passkey_heldout and not self.heldout and not self.ppl_multipliers:
             raise ValueError("passkey_heldout fills the passkey with the held-out text, which a study sets aside "
                              "for perplexity: give --heldout or keep --ppl-multipliers")
+
+    def n_at(self, length: int) -> int:
+        """Instances per (length, depth) cell at ``length`` tokens: ``n``, or ``n_beyond``'s count of the
+        largest multiplier that ``length`` exceeds."""
+        passed = [m for m in self.n_beyond if length > m * self.train_context]
+        return self.n_beyond[max(passed)] if passed else self.n
 
     @property
     def lengths(self) -> list[int]:

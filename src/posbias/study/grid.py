@@ -150,7 +150,7 @@ def run_perplexity(model, token_ids, *, model_name: str, out_jsonl: str | Path, 
 
 
 def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Sequence[int],
-                   depths: Sequence[float] = DEFAULT_DEPTHS, n: int = 5, seed: int = 0,
+                   depths: Sequence[float] = DEFAULT_DEPTHS, n: int | Callable[[int], int] = 5, seed: int = 0,
                    modes: Sequence[str] = ("teacher-forced", "generate"), niah: bool = False,
                    niah_options: dict | None = None, passkey_essay: bool = False, niah_essay: bool = False,
                    passkey_heldout: str | None = None,
@@ -165,17 +165,19 @@ def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Seq
     scheme costs nothing at 64x+). Lengths the model cannot reach (``LengthBeyondModelError``) are
     never silently dropped: a study model is a BAM model, which runs at any length. ``needle_draw``:
     the same ``n`` needles at every depth (``"shared"``) or ``n`` fresh ones per depth (``"per-depth"``,
-    see :func:`posbias.evaluation.long_context.grid_instances`).
+    see :func:`posbias.evaluation.long_context.grid_instances`). ``n``: instances per cell, or a function
+    of the length in tokens giving them (fewer at the far lengths: :meth:`StudyConfig.n_at`).
     """
     out = Path(out)
     res: dict[str, list[dict]] = {}
-    common = dict(model_name=name, depths=depths, n=n, seed=seed, modes=modes, needle_draw=needle_draw,
+    n_at = n if callable(n) else (lambda _length: n)
+    common = dict(model_name=name, depths=depths, seed=seed, modes=modes, needle_draw=needle_draw,
                   batch_size=batch_size, token_budget=token_budget, extra=extra,
                   make_instances=make_instances, progress=progress)
     for view, task, options, fname in grid_views(niah=niah, niah_options=niah_options, passkey_essay=passkey_essay,
                                                  niah_essay=niah_essay, passkey_heldout=passkey_heldout):
         res[view] = _run_view(model, tokenizer, out_jsonl=out / fname, task=task, options=options, lengths=lengths,
-                              dead_after=dead_after, common=common, log=lambda msg: log(f"[study] {name} {view}: {msg}"))
+                              n_at=n_at, dead_after=dead_after, common=common, log=lambda msg: log(f"[study] {name} {view}: {msg}"))
     if ppl_tokens is not None and len(ppl_contexts):
         res["perplexity"] = run_perplexity(model, ppl_tokens, model_name=name, out_jsonl=out / PPL_FILE,
                                            contexts=ppl_contexts, extra=extra, progress=progress)
@@ -183,17 +185,22 @@ def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Seq
 
 
 def _run_view(model, tokenizer, *, out_jsonl: Path, task: str, options: dict, lengths: Sequence[int],
-              dead_after: int, common: dict, log: Callable) -> list[dict]:
-    """One view's grid, all lengths at once, or shortest first until ``dead_after`` dead lengths."""
+              n_at: Callable[[int], int], dead_after: int, common: dict, log: Callable) -> list[dict]:
+    """One view's grid, ``n_at(length)`` instances per cell: all lengths of one cell size at once, or
+    shortest first until ``dead_after`` dead lengths."""
     from posbias.evaluation.long_context import run_grid
 
-    if not dead_after:
-        return run_grid(model, tokenizer, out_jsonl=out_jsonl, task=task, task_kwargs=options, lengths=lengths, **common)
-    records, dead = [], 0
     ordered = sorted({int(L) for L in lengths})
+    if not dead_after:
+        records = []
+        for n in sorted({n_at(L) for L in ordered}):
+            records = run_grid(model, tokenizer, out_jsonl=out_jsonl, task=task, task_kwargs=options, n=n,
+                               lengths=[L for L in ordered if n_at(L) == n], **common)
+        return records
+    records, dead = [], 0
     for i, length in enumerate(ordered):
         records = run_grid(model, tokenizer, out_jsonl=out_jsonl, task=task, task_kwargs=options, lengths=[length],
-                           **common)
+                           n=n_at(length), **common)
         dead = dead + 1 if not any(is_right(r) for r in records if int(r["length"]) == length) else 0
         if dead >= dead_after and i + 1 < len(ordered):
             log(f"0 right at {dead} lengths in a row (up to {length}); lengths {ordered[i + 1:]} not scored")

@@ -71,13 +71,20 @@ def _model_options(cfg: StudyConfig) -> str:
     return f", model options: {_key_values(cfg.model_options)}" if cfg.model_options else ""
 
 
+def _n_beyond(cfg: StudyConfig) -> str:
+    """``" (3 beyond 64x)"`` for ``--n-beyond 64=3``; empty without it."""
+    if not cfg.n_beyond:
+        return ""
+    return " (" + ", ".join(f"{n} beyond {m:g}x" for m, n in sorted(cfg.n_beyond.items())) + ")"
+
+
 def _header(cfg: StudyConfig) -> str:
     options = _key_values(cfg.train_options) or "none"
     text = (f"# Length-extrapolation study\n\npreset `{cfg.preset}`, training context {cfg.train_context}, "
             f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus `{cfg.corpus or 'trainer default'}`, "
             f"tokenizer `{cfg.tokenizer or 'trainer default'}`, passkey rate {cfg.passkey_rate}, "
-            f"NIAH rate {cfg.niah_rate}, training options: {options}{_model_options(cfg)}; n = {cfg.n} per cell, "
-            f"depths {cfg.depths}.\n")
+            f"NIAH rate {cfg.niah_rate}, training options: {options}{_model_options(cfg)}; n = {cfg.n} per cell"
+            f"{_n_beyond(cfg)}, depths {cfg.depths}.\n")
     text += "\n" + _needles_note(cfg) + "\n"
     if cfg.dead_after:
         text += (f"\nBlank cells were not scored: `--dead-after {cfg.dead_after}` stops a scheme's grid after "
@@ -97,9 +104,10 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
     plots, sections = Path(cfg.out) / "plots", []
     cells = summarize_grid(recs)
     metrics += [{"kind": f"{view}_cell", **c} for c in cells]
-    sizes = sorted({c["n"] for c in cells})
-    if sizes != [cfg.n]:  # cells of earlier invocations (other schemes / lengths) may hold fewer
-        sections.append(f"Note ({view}): cells hold {sizes[0]}-{sizes[-1]} instances, not {cfg.n} each "
+    odd = sorted({(int(c["length"]), c["n"]) for c in cells if c["n"] != cfg.n_at(int(c["length"]))})
+    if odd:  # cells of earlier invocations (other schemes / lengths) may hold fewer
+        sections.append(f"Note ({view}): cells hold another number of instances than asked here at "
+                        f"{', '.join(f'{L} tokens ({n}, not {cfg.n_at(L)})' for L, n in odd)} "
                         f"(see metrics.jsonl, kind {view}_cell, field n).\n")
     for mode, label in (("tf", "teacher-forced"), ("gen", "generation")):
         curves = accuracy_by_length(recs, mode=mode)

@@ -116,7 +116,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         log(f"[study] evaluating {scheme}")
         model, tok = load_trained(models[scheme], cfg.device)
         ppl_tokens = _ppl_tokens(cfg, tok, heldout)
-        evaluate_model(model, tok, name=scheme, out=out, lengths=cfg.lengths, depths=cfg.depths, n=cfg.n,
+        evaluate_model(model, tok, name=scheme, out=out, lengths=cfg.lengths, depths=cfg.depths, n=cfg.n_at,
                        seed=cfg.seed, modes=cfg.modes, niah=cfg.niah, niah_options=cfg.niah_options,
                        passkey_essay=cfg.passkey_essay, niah_essay=cfg.niah_essay,
                        passkey_heldout=heldout if cfg.passkey_heldout else None,
