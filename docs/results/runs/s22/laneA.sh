@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# session 22 lane A: ggd seed 2 at 32x/64x, then perplexity at 64x for every README folder, then alibi seed 0 at 32x/64x
+cd /work/main
+step() {  # LABEL, then the command
+  local label=$1; shift; local start=$(date +%s)
+  "$@"; echo "[lane] $label rc=$? in $(( $(date +%s) - start )) s"
+}
+ppl() { STUDY_EXTRA="--ppl-multipliers 1,4,16,64 ${EXTRA:-}" bash docs/results/runs/s14/study_pd.sh "$@"; }
+step "ggd s2 64x" bash docs/results/runs/s14/study_pd.sh 2 runs/s16/study-pd8k-s2 ggd 1,2,4,8,16,32,64 8000
+step "ppl s1" ppl 1 runs/s16/study-pd8k-s1 ggd,ggd+ssmax 1 8000
+step "ppl s3" ppl 3 runs/s16/study-pd8k-s3 ggd 1 8000
+step "ppl s0" ppl 0 runs/s16/study-pd8k-s0 ggd,alibi,rope,nope 1 8000
+step "ppl s2" ppl 2 runs/s16/study-pd8k-s2 ggd,ggd+ssmax,alibi,rope,sinusoidal 1 8000
+step "ppl pd12k s0" ppl 0 runs/s20/study-pd12k-s0 nope,rope 1 12000
+step "ppl pd12k s2" ppl 2 runs/s20/study-pd12k-s2 nope,sinusoidal 1 12000
+EXTRA="--model-opt rope_theta=10000" step "ppl rope1e4 s0" ppl 0 runs/s21/study-pd12k-rope1e4-s0 rope 1 12000
+EXTRA="--model-opt rope_theta=10000" step "ppl rope1e4 s2" ppl 2 runs/s21/study-pd12k-rope1e4-s2 rope 1 12000
+step "ppl sininit s2" ppl 2 runs/s21/study-pd12k-sininit-s2 sinusoidal 1 12000
+step "alibi s0 64x" bash docs/results/runs/s14/study_pd.sh 0 runs/s16/study-pd8k-s0 alibi 1,2,4,8,16,32,64 8000
