@@ -114,6 +114,15 @@ class BamConfig(PretrainedConfig):
                          bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)
 
     @classmethod
+    def defaults(cls) -> dict:
+        """Every constructor argument with its default: the model settings a saved config records and
+        ``--model-opt`` may set."""
+        import inspect
+
+        params = inspect.signature(cls.__init__).parameters.values()
+        return {p.name: p.default for p in params if p.kind is p.POSITIONAL_OR_KEYWORD and p.name != "self"}
+
+    @classmethod
     def from_preset(cls, preset: str, **overrides) -> "BamConfig":
         """A config of size ``preset`` (one of :data:`PRESETS`), with ``overrides`` applied.
 

@@ -52,7 +52,6 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def global_options(
     threads: int = typer.Option(None, "--threads", min=1, help="torch CPU threads for this command and its "

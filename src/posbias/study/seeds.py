@@ -112,17 +112,14 @@ def _model_differences(studies: list[Study]) -> list[str]:
 def _model_config(study: Study, scheme: str) -> dict | None:
     """The saved ``BamConfig`` fields of ``scheme``'s model in ``study`` (defaults for fields an older
     version did not save; runtime fields left out); None when it has no saved model."""
-    import inspect
-
     from posbias.bam import BamConfig
 
-    path = study.path / study.models.get(scheme, "") / "config.json"
-    if scheme not in study.models or not path.is_file():
+    models = study.models
+    path = study.path / models.get(scheme, "") / "config.json"
+    if scheme not in models or not path.is_file():
         return None
     saved = read_json(path)
-    params = inspect.signature(BamConfig.__init__).parameters.values()
-    return {p.name: saved.get(p.name, p.default) for p in params
-            if p.default is not inspect.Parameter.empty and p.name not in RUNTIME_FIELDS}
+    return {k: saved.get(k, default) for k, default in BamConfig.defaults().items() if k not in RUNTIME_FIELDS}
 
 
 def _schemes(studies: list[Study]) -> list[str]:

@@ -188,14 +188,10 @@ def make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
 def check_model_overrides(overrides: dict) -> None:
     """Every key must be a :class:`posbias.bam.BamConfig` argument (a Hugging Face config would keep a
     misspelt one as an unused attribute, and the run would train the default silently)."""
-    import inspect
-
     from posbias.bam import BamConfig
-
     from posbias.utils.options import refuse_unknown
 
-    refuse_unknown(overrides, set(inspect.signature(BamConfig.__init__).parameters) - {"self", "kwargs"},
-                   "model option")
+    refuse_unknown(overrides, BamConfig.defaults(), "model option")
 
 
 def build_bam_config(cfg: TrainConfig, tokenizer):
