@@ -3,8 +3,10 @@
 Each measurement runs in a fresh subprocess: build a BAM model (GGD prior + SSMax by default),
 run one forward pass over N tokens with ``attn_backend="chunked"`` and ``logits_to_keep=1`` under
 ``torch.no_grad()``, and report the peak resident memory above the level before the forward
-(``resource.getrusage(...).ru_maxrss``; tracemalloc does not see torch's allocator). On CUDA
-``torch.cuda.max_memory_allocated`` is reported instead.
+(``posbias.utils.memory.peak_rss_mb`` after ``reset_peak_rss``; tracemalloc does not see torch's
+allocator), with the allocator settings the package itself applies (``keep_freed_memory``), so the
+figure is what a ``posbias study`` run gets. On CUDA ``torch.cuda.max_memory_allocated`` is reported
+instead.
 
     .venv/bin/python benchmarks/chunked_memory.py --lengths 8192,32768
 
@@ -15,18 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 
 
 def _measure(a) -> dict:
-    import resource
-
     import torch
 
     from posbias.bam import BamConfig, BamForCausalLM
+    from posbias.utils.memory import peak_rss_mb, reset_peak_rss
 
     torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
@@ -41,7 +41,8 @@ def _measure(a) -> dict:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    reset_peak_rss()
+    rss0 = peak_rss_mb()
     t = time.perf_counter()
     with torch.no_grad():
         out = model(x, use_cache=False, logits_to_keep=1)
@@ -53,9 +54,8 @@ def _measure(a) -> dict:
     if dev.type == "cuda":
         res["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
     else:
-        rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        res["peak_mib"] = (rss1 - rss0) / 1024
-        res["rss_before_mib"] = rss0 / 1024
+        res["peak_mib"] = peak_rss_mb() - rss0
+        res["rss_before_mib"] = rss0
     return res
 
 
@@ -82,11 +82,8 @@ def main(argv=None):
     passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
                    if k not in ("lengths", "length", "json")]
     for n in [int(v) for v in a.lengths.split(",")]:
-        # glibc keeps freed heap blocks below its (dynamic) mmap threshold, so RSS would count freed
-        # chunk buffers as "peak"; a fixed low threshold makes large tensors mmap'd and returned at once.
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
         out = subprocess.run([sys.executable, __file__, f"--length={n}", *passthrough], capture_output=True,
-                             text=True, env=env)
+                             text=True)
         if out.returncode != 0:
             print(f"length {n}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
             continue

@@ -293,14 +293,21 @@ def _chunked(q, k, v, q_pos, k_pos, q_doc, doc_ids, key_mask, bias, normaliser, 
     keep_freed_memory()
     nq, nk = q.shape[2], k.shape[2]
     chunk_size = _rows_per_chunk(chunk_size, q.shape[0] * q.shape[1] * nk)
+    # one output tensor, written chunk by chunk: results kept in a list would sit between the freed
+    # blocks on the heap and keep them from merging, so every (larger) next block took fresh memory
+    # and the peak grew with the square of the length (2 GB at 16K tokens for a 4-head model).
+    out = None if torch.is_grad_enabled() and q.requires_grad else q.new_empty(q.shape)
     outs = []
     for s in range(0, nq, chunk_size):
         e = min(nq, s + chunk_size)
         # causal: keys after the chunk's last query are masked for every query of the chunk, and
         # contribute exactly 0 after the softmax, so they are skipped (about half the work).
         j = (offset + e) if causal else nk
-        outs.append(_block(q[:, :, s:e], k[:, :, :j], v[:, :, :j], q_pos[s:e], k_pos[:j],
-                           None if q_doc is None else q_doc[:, s:e], None if doc_ids is None else doc_ids[:, :j],
-                           None if key_mask is None else key_mask[:, :j], bias, normaliser, causal,
-                           offset + s))
-    return torch.cat(outs, dim=2)
+        block = _block(q[:, :, s:e], k[:, :, :j], v[:, :, :j], q_pos[s:e], k_pos[:j],
+                       None if q_doc is None else q_doc[:, s:e], None if doc_ids is None else doc_ids[:, :j],
+                       None if key_mask is None else key_mask[:, :j], bias, normaliser, causal, offset + s)
+        if out is None:
+            outs.append(block)
+        else:
+            out[:, :, s:e] = block
+    return torch.cat(outs, dim=2) if out is None else out
