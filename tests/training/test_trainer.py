@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from posbias.training import PackedDataset, TrainConfig, load_texts, lr_lambda, train
-from posbias.training.trainer import _load_checkpoint, make_optimizer
+from posbias.training.trainer import _load_checkpoint, _run_label, make_optimizer
 
 
 
@@ -512,3 +512,10 @@ def test_a_corpus_sentence_longer_than_the_filler_never_starts_one(tiny_tokenize
     only_long = PackedDataset([long] * 4, tiny_tokenizer, 320, passkey_rate=1.0, seed=1, passkey_haystack="corpus")
     with pytest.raises(ValueError, match="no training-corpus sentence fits"):
         only_long.block(0)
+
+
+def test_progress_bar_names_the_ssmax_scope():
+    """The study's ggd+ssmax-content run is not labelled as plain ggd+ssmax."""
+    content = TrainConfig(pe="ggd", ssmax=True, model_overrides={"ssmax_scope": "content"})
+    assert [_run_label(c) for c in (TrainConfig(pe="rope"), TrainConfig(pe="ggd", ssmax=True), content)] == \
+        ["rope", "ggd+ssmax", "ggd+ssmax-content"]

@@ -185,6 +185,13 @@ def make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
 
 
+def _run_label(cfg: TrainConfig) -> str:
+    """What the progress bar calls the run: ``ggd``, ``ggd+ssmax``, ``ggd+ssmax-content``."""
+    if not cfg.ssmax:
+        return cfg.pe
+    return f"{cfg.pe}+ssmax" + ("-content" if cfg.model_overrides.get("ssmax_scope") == "content" else "")
+
+
 def check_model_overrides(overrides: dict) -> None:
     """Every key must be a :class:`posbias.bam.BamConfig` argument (a Hugging Face config would keep a
     misspelt one as an unused attribute, and the run would train the default silently)."""
@@ -317,7 +324,7 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
         if cfg.probe_target else 0
     # a run that already stopped at its target stays stopped (main reads the log; every rank agrees)
     reached = bool(cfg.probe_target) and mean_across(float(streak >= cfg.probe_patience), info) > 0
-    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.pe}{'+ssmax' if cfg.ssmax else ''}",
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {_run_label(cfg)}",
                disable=not (cfg.progress and info.is_main), dynamic_ncols=True)
     for step in range(start, end):
         if reached:
