@@ -41,3 +41,12 @@ def test_a_study_folder_discarded_before_any_result_leaves_no_invocation_record(
     assert not any(out.iterdir())
     open_run(out, "study", {"seed": 0, "train_context": 4}, check_keys=["seed"]).commit()
     assert len(_lines(out)) == 1
+
+
+def test_settings_diff_names_nested_changes_with_short_floats():
+    from posbias.utils.run_folder import settings_diff
+
+    old = {"lr": 0.003, "ga": {"population": 6}, "std": None, "same": 1}
+    new = {"lr": 0.003, "ga": {"population": 3}, "std": 128 ** -0.5, "same": 1}
+    assert settings_diff(old, new, ["lr", "ga", "std", "same", "absent"]) == \
+        ["ga.population: 6 -> 3", "std: None -> 0.0883883"]

@@ -140,7 +140,15 @@ def _diff(name: str, a: Any, b: Any, out: list[str]) -> None:
         for k in list(a) + [k for k in b if k not in a]:
             _diff(f"{name}.{k}", a.get(k), b.get(k), out)
     elif a != b:
-        out.append(f"{name}: {a!r} -> {b!r}")
+        out.append(f"{name}: {_shown(a)} -> {_shown(b)}")
+
+
+def _shown(value: Any) -> str:
+    """``repr``, but a float that needs more than 6 significant digits is cut to 6 (``0.0883883``
+    rather than ``0.08838834764831845``; ``10000.0`` stays as it is)."""
+    if isinstance(value, float) and float(f"{value:.6g}") != value:
+        return f"{value:.6g}"
+    return repr(value)
 
 
 def _read_config(path: Path) -> dict:
