@@ -61,7 +61,7 @@ def global_options(
     from posbias.utils.threads import apply_threads
 
     hint = apply_threads(threads)
-    if hint:
+    if hint and not {"--help", "-h"} & set(sys.argv[1:]):  # help runs nothing: no note about busy cores
         typer.secho(hint, fg="yellow", err=True)
 
 
