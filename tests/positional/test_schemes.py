@@ -119,3 +119,6 @@ def test_toeplitz_block_equals_forward(cls):
     for q0, nq, k0, nk in [(0, 7, 0, 7), (30, 5, 0, 35), (3, 4, 10, 6), (0, 1, 0, 1)]:
         ref = m(torch.arange(q0, q0 + nq), torch.arange(k0, k0 + nk))
         assert torch.equal(m.block(q0, nq, k0, nk), ref)
+        # last query first: the same rows in reverse order, as a view of the offsets (no [h, i, j] copy)
+        desc = m.block(q0, nq, k0, nk, descending_queries=True)
+        assert torch.equal(desc, ref.flip(1)) and desc.untyped_storage().nbytes() == 4 * 4 * (nq + nk - 1)

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from .registry import register_scheme
+from .toeplitz import toeplitz_block
 
 
 def _pow2_slopes(n: int) -> list[float]:
@@ -54,12 +55,11 @@ class ALiBiBias(nn.Module):
         dist = (q_pos[:, None] - k_pos[None, :]).abs().to(torch.float32)  # [i, j]
         return -self.slopes(dist.device)[:, None, None] * dist[None]
 
-    def block(self, q_start: int, n_q: int, k_start: int, n_k: int, device=None) -> torch.Tensor:
+    def block(self, q_start: int, n_q: int, k_start: int, n_k: int, device=None,
+              descending_queries: bool = False) -> torch.Tensor:
         """Bias for contiguous positions (see :meth:`GGDBias.block`): float32 [H, n_q, n_k]."""
-        dmin = q_start - (k_start + n_k - 1)
-        d = torch.arange(dmin, dmin + n_q + n_k - 1, device=device).abs().to(torch.float32)
-        e = -self.slopes(device)[:, None] * d[None]
-        return e.unfold(-1, n_k, 1).flip(-1)
+        slopes = self.slopes(device)[:, None]
+        return toeplitz_block(lambda d: -slopes * d[None], q_start, n_q, k_start, n_k, device, descending_queries)
 
     def score_fn(self, device=None):
         """Per-element form for FlexAttention: ``f(h, dist_float) -> bias`` (dist = q_pos - k_pos)."""

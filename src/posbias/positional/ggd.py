@@ -29,6 +29,7 @@ import torch.nn as nn
 
 from .alibi import alibi_slopes
 from .registry import register_scheme
+from .toeplitz import toeplitz_block
 
 MAX_LOG_MAGNITUDE = 60.0  # exp(60) ~ 1.1e26: far beyond any logit, far below float32 max
 INITS = ("nope", "alibi", "linear")
@@ -111,17 +112,16 @@ class GGDBias(nn.Module):
         table = -torch.exp(self.log_magnitude(d))  # [H, D]
         return table[:, dist - lo]
 
-    def block(self, q_start: int, n_q: int, k_start: int, n_k: int, device=None) -> torch.Tensor:
-        """Bias for contiguous positions ``q_start + [0, n_q)`` x ``k_start + [0, n_k)``: float32 [H, n_q, n_k].
+    def block(self, q_start: int, n_q: int, k_start: int, n_k: int, device=None,
+              descending_queries: bool = False) -> torch.Tensor:
+        """Bias for contiguous positions ``q_start + [0, n_q)`` x ``k_start + [0, n_k)``: float32 [H, n_q, n_k]
+        (rows last query first with ``descending_queries``, then a view without a copy).
 
-        Equal to ``forward(arange(...), arange(...))`` but built as a Toeplitz matrix: the prior is
-        evaluated on the ``n_q + n_k - 1`` signed offsets and expanded with ``unfold`` (2-4x faster
-        than a gather, forward and backward).
+        Equal to ``forward(arange(...), arange(...))`` but built as a Toeplitz matrix
+        (:func:`~posbias.positional.toeplitz.toeplitz_block`).
         """
-        dmin = q_start - (k_start + n_k - 1)
-        d = torch.arange(dmin, dmin + n_q + n_k - 1, device=device).abs().to(torch.float32)
-        e = -torch.exp(self.log_magnitude(d))  # [H, n_q + n_k - 1], e[m] = prior at offset dmin + m
-        return e.unfold(-1, n_k, 1).flip(-1)
+        return toeplitz_block(lambda d: -torch.exp(self.log_magnitude(d)), q_start, n_q, k_start, n_k, device,
+                              descending_queries)
 
     def score_fn(self, device=None):
         """Per-element form for FlexAttention ``score_mod``: ``f(h, dist) -> bias`` (dist = q_pos - k_pos)."""
