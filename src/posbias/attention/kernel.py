@@ -123,19 +123,23 @@ def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, caus
     content_only = _content_only(normaliser)
     if prior is not None and not content_only:
         z.add_(prior)
-    allowed = _allowed(q_pos, k_pos, q_doc, k_doc, key_mask, causal)
+    # plain causal: keys [0, seen) precede every query of the block and are never masked, so only
+    # the keys from ``seen`` on are compared and filled (queries sit at q0 .. q0 + i - 1)
+    seen = q0 + 1 if causal and q_doc is None and key_mask is None else 0
+    allowed = _allowed(q_pos, k_pos[seen:], q_doc, None if k_doc is None else k_doc[:, seen:],
+                       None if key_mask is None else key_mask[:, seen:], causal)
     if normaliser is not None:
         if allowed is None:
             n = torch.full((1, q.shape[2]), k.shape[2], device=q.device)
         else:
-            n = allowed.sum(-1)[:, 0]
+            n = seen + allowed.sum(-1)[:, 0]
         multiplier = normaliser.multiplier(n)
         # the multiplier's gradient needs the logits before scaling: out of place when it is tracked
         z = z * multiplier if multiplier.requires_grad and torch.is_grad_enabled() else z.mul_(multiplier)
     if prior is not None and content_only:
         z.add_(prior)
     if allowed is not None:
-        z.masked_fill_(~allowed, _NEG)
+        z[..., seen:].masked_fill_(~allowed, _NEG)
     p = torch.softmax(z, dim=-1)
     out = torch.matmul(p, v.float()).to(q.dtype)
     if descending:
