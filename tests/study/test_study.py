@@ -724,6 +724,16 @@ def test_resume_may_add_perplexity_contexts_on_the_same_tokens(tmp_path, fake_tr
         run(ppl_tokens=None, ppl_multipliers=[1, 2])  # 4 x 320 = 1280 tokens
     with pytest.raises(ValueError, match="measured perplexity on 400 held-out tokens.*--ppl-tokens 400"):
         run(ppl_tokens=800)
+    # an invocation without perplexity (far cells only) resumes too: same split, nothing measured, and the
+    # folder keeps its held-out size, so the next one with perplexity resumes as well
+    split = (out / "data" / "train.jsonl").read_text()
+    before = (out / "perplexity.jsonl").read_text()
+    run(ppl_multipliers=[], ppl_tokens=None, multipliers=[1, 2])
+    assert json.loads((out / "config.json").read_text())["config"]["ppl_eval_tokens"] == 400
+    assert (out / "data" / "train.jsonl").read_text() == split and (out / "perplexity.jsonl").read_text() == before
+    assert {r["length"] for r in map(json.loads, (out / "passkey.jsonl").read_text().splitlines())} == {160, 320}
+    run(ppl_multipliers=[1, 2])
+    assert len(calls) == 1
     other = tmp_path / "no-ppl"
     run(out=str(other), ppl_multipliers=[])
     with pytest.raises(ValueError, match="measured perplexity on None .*trained on the whole corpus"):

@@ -76,6 +76,7 @@ def study_command(
         StudyConfig,
         discard_unfinished,
         run_study,
+        study_settings,
     )
 
     cfg = StudyConfig(
@@ -93,8 +94,8 @@ def study_command(
     )
     from posbias.utils.run_folder import out_path
 
-    discard_unfinished(out_path(out), cfg.to_dict())  # a study without results does not lock its folder
-    cfg.resume = check_training_run(cfg, "study", cfg.to_dict(), CHECK_KEYS) or resume
+    discard_unfinished(out_path(out), study_settings(cfg))  # a study without results does not lock its folder
+    cfg.resume = check_training_run(cfg, "study", study_settings(cfg), CHECK_KEYS) or resume
     result = run_study(cfg)
     typer.echo(open(result["summary"], encoding="utf-8").read())
 

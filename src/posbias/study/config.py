@@ -26,7 +26,10 @@ MAX_HELDOUT_FRACTION = 0.3
 def ppl_eval_tokens(config: dict) -> int | None:
     """The held-out tokens a study's perplexity is measured on (a study ``config`` dict): ``ppl_tokens``,
     else 4x its longest perplexity context; None without perplexity. Contexts may change between
-    invocations of one study; these tokens may not (every perplexity row is on the same text)."""
+    invocations of one study; these tokens may not (every perplexity row is on the same text). A
+    recorded ``ppl_eval_tokens`` wins (an invocation without perplexity records its folder's)."""
+    if config.get("ppl_eval_tokens") is not None:
+        return int(config["ppl_eval_tokens"])
     multipliers = config.get("ppl_multipliers") or []
     if not multipliers:
         return None

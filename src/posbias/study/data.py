@@ -25,18 +25,19 @@ def prepare_data(cfg: StudyConfig, log: Callable = print, before_write: Callable
     *end* of the corpus (the last one cut at a character boundary if needed) until about
     ``HELDOUT_CHARS_PER_TOKEN x`` the perplexity token budget (at most 30% of the corpus) is
     held out; both parts are written once to ``<out>/data/{train,heldout}.jsonl`` (reused on
-    resume) and every scheme trains on the same ``train.jsonl``. No perplexity contexts: no split.
+    resume, also by an invocation without perplexity) and every scheme trains on the same
+    ``train.jsonl``. No perplexity contexts and no earlier split: no split.
     The split is computed (and a corpus too small for it refused) before ``before_write()`` runs
     and anything is written, so a rejected corpus never locks the run folder.
     """
     if cfg.heldout:
         return cfg.corpus, cfg.heldout
-    if not cfg.ppl_contexts:
-        return cfg.corpus, None
     data = Path(cfg.out) / DATA_DIR
     train_path, held_path = data / "train.jsonl", data / "heldout.jsonl"
-    if train_path.exists() and held_path.exists():
+    if train_path.exists() and held_path.exists():  # an earlier invocation's split (also when this one measures no perplexity)
         return str(train_path.resolve()), str(held_path.resolve())
+    if not cfg.ppl_contexts:
+        return cfg.corpus, None
     train, held, got = split_heldout(cfg, log)
     before_write()
     atomic_write_text(train_path, "".join(json.dumps({"text": t}) + "\n" for t in train if t.strip()))

@@ -98,7 +98,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
     out = Path(cfg.out)
     if (out / "config.json").exists() and not cfg.resume:
         raise ValueError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
-    config = cfg.to_dict()
+    config = study_settings(cfg)
     _check_n_grows(out, cfg.n)
     _check_needle_draw(out, cfg.needle_draw)
     check_training_options(cfg)
@@ -193,15 +193,27 @@ def _saved_config(out: Path) -> dict:
     return json.loads(path.read_text()).get("config", {}) if path.exists() else {}
 
 
+def study_settings(cfg: StudyConfig) -> dict:
+    """The settings an invocation records and checks (``cfg.to_dict()``). One that measures no
+    perplexity (``--ppl-multipliers ''``, e.g. to add far cells only) keeps the held-out size its
+    folder recorded: the folder's corpus split stays in use, so it resumes any study."""
+    from posbias.study.config import ppl_eval_tokens
+
+    config = cfg.to_dict()
+    if config["ppl_eval_tokens"] is None:
+        config["ppl_eval_tokens"] = ppl_eval_tokens(_saved_config(Path(cfg.out)))
+    return config
+
+
 def _check_ppl_tokens(out: Path, cfg: StudyConfig) -> None:
-    """A resume may change the perplexity contexts (``--ppl-multipliers``; finished ones are skipped)
-    as long as perplexity stays measured on the same held-out tokens (:func:`ppl_eval_tokens`; also
-    for folders written before that setting was recorded)."""
+    """A resume may change the perplexity contexts (``--ppl-multipliers``; finished ones are skipped,
+    none at all is fine) as long as perplexity stays measured on the same held-out tokens
+    (:func:`ppl_eval_tokens`; also for folders written before that setting was recorded)."""
     from posbias.study.config import ppl_eval_tokens
 
     old_cfg = _saved_config(out)
     old, new = ppl_eval_tokens(old_cfg), cfg.ppl_eval_tokens
-    if old_cfg and old != new:
+    if old_cfg and new is not None and old != new:
         hint = (f"pass --ppl-tokens {old}" if old is not None else
                 "this study measured no perplexity" + ("" if old_cfg.get("heldout") else
                                                        ", so its models trained on the whole corpus")
