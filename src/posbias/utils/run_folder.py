@@ -90,7 +90,7 @@ def open_run(out: str | Path, kind: str, config: dict, *, check_keys: Iterable[s
         diff = settings_diff(old, _roundtrip(config), check_keys)
         if diff:
             raise ValueError(f"{path} holds a run with other settings ({'; '.join(diff)}); "
-                             "use another --out or delete it")
+                             "rerun with its settings to resume, or use another --out")
     return RunFolder(path, kind, config, resuming=True, parent=parent)
 
 
