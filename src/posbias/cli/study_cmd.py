@@ -94,8 +94,9 @@ def study_command(
     )
     from posbias.utils.run_folder import out_path
 
-    discard_unfinished(out_path(out), study_settings(cfg))  # a study without results does not lock its folder
-    cfg.resume = check_training_run(cfg, "study", study_settings(cfg), CHECK_KEYS) or resume
+    settings = study_settings(cfg)
+    discard_unfinished(out_path(out), settings)  # a study without results does not lock its folder
+    cfg.resume = check_training_run(cfg, "study", settings, CHECK_KEYS) or resume
     result = run_study(cfg)
     typer.echo(open(result["summary"], encoding="utf-8").read())
 
