@@ -670,7 +670,7 @@ def test_two_study_invocations_training_at_once_keep_each_others_models(tmp_path
 def test_study_passkey_in_the_heldout_text_added_on_resume(tmp_path, fake_train, tiny_tokenizer):
     """--passkey-heldout, added to a finished study: a third passkey view whose filler is the held-out
     split's sentences (text no scheme trained on), the same keys; nothing retrained. Without held-out
-    text it is refused before anything runs."""
+    text (no --heldout, no perplexity, no earlier split) it is refused before anything runs."""
     from posbias.study.runner import StudyConfig, run_study
     from posbias.tasks.haystack import split_sentences
 
@@ -699,8 +699,12 @@ def test_study_passkey_in_the_heldout_text_added_on_resume(tmp_path, fake_train,
     filler = [s for s in split_sentences(inst.prompt.split("\n")[1]) if "pass key" not in s and "Remember" not in s]
     assert filler and set(filler) <= held and not set(filler) & trained
     assert "passkey-heldout" in (out / "summary.md").read_text()
+    before = (out / "passkey-heldout.jsonl").read_text()
+    run_study(StudyConfig(**{**kw, "ppl_multipliers": []}, passkey_heldout=True, resume=True), train_fn=train,
+              progress=False, log=lambda *a: None)  # no perplexity now: the folder's split still serves
+    assert (out / "passkey-heldout.jsonl").read_text() == before and len(calls) == 1
     with pytest.raises(ValueError, match="passkey_heldout.*--heldout or keep --ppl-multipliers"):
-        StudyConfig(**{**kw, "ppl_multipliers": []}, passkey_heldout=True)
+        StudyConfig(**{**kw, "out": str(tmp_path / "other"), "ppl_multipliers": []}, passkey_heldout=True)
 
 
 def test_resume_may_add_perplexity_contexts_on_the_same_tokens(tmp_path, fake_train):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from posbias.study.grid import (DEFAULT_DEPTHS, DEFAULT_MULTIPLIERS, DEFAULT_PPL_MULTIPLIERS, DEFAULT_SCHEMES,
                                 grid_lengths, parse_schemes)
@@ -130,9 +131,14 @@ class StudyConfig:
         if self.train_steps is not None and self.train_steps < 1:
             raise ValueError(f"train_steps must be >= 1, got {self.train_steps}")
         grid_lengths(self.train_context, self.multipliers)  # validates
-        if self.passkey_heldout and not self.heldout and not self.ppl_multipliers:
+        if self.passkey_heldout and not (self.heldout or self.ppl_multipliers or self._has_split()):
             raise ValueError("passkey_heldout fills the passkey with the held-out text, which a study sets aside "
                              "for perplexity: give --heldout or keep --ppl-multipliers")
+
+    def _has_split(self) -> bool:
+        """Whether the study folder already holds a held-out split (an earlier invocation measured
+        perplexity), which :func:`posbias.study.data.prepare_data` reuses."""
+        return (Path(self.out) / DATA_DIR / "heldout.jsonl").exists()
 
     def n_at(self, length: int) -> int:
         """Instances per (length, depth) cell at ``length`` tokens: ``n``, or ``n_beyond``'s count of the
