@@ -24,6 +24,18 @@ HELDOUT_CHARS_PER_TOKEN = 6  # generous: English BPE averages ~4-5 characters pe
 MAX_HELDOUT_FRACTION = 0.3
 
 
+def split_files(out: str | Path) -> tuple[Path, Path]:
+    """``(training part, held-out part)`` of a study folder's corpus split (see
+    :func:`posbias.study.data.prepare_data`)."""
+    data = Path(out) / DATA_DIR
+    return data / "train.jsonl", data / "heldout.jsonl"
+
+
+def has_split(out: str | Path) -> bool:
+    """Whether an earlier invocation left a corpus split in the study folder (reused on resume)."""
+    return all(p.exists() for p in split_files(out))
+
+
 def ppl_eval_tokens(config: dict) -> int | None:
     """The held-out tokens a study's perplexity is measured on (a study ``config`` dict): ``ppl_tokens``,
     else 4x its longest perplexity context; None without perplexity. Contexts may change between
@@ -131,14 +143,9 @@ class StudyConfig:
         if self.train_steps is not None and self.train_steps < 1:
             raise ValueError(f"train_steps must be >= 1, got {self.train_steps}")
         grid_lengths(self.train_context, self.multipliers)  # validates
-        if self.passkey_heldout and not (self.heldout or self.ppl_multipliers or self._has_split()):
+        if self.passkey_heldout and not (self.heldout or self.ppl_multipliers or has_split(self.out)):
             raise ValueError("passkey_heldout fills the passkey with the held-out text, which a study sets aside "
                              "for perplexity: give --heldout or keep --ppl-multipliers")
-
-    def _has_split(self) -> bool:
-        """Whether the study folder already holds a held-out split (an earlier invocation measured
-        perplexity), which :func:`posbias.study.data.prepare_data` reuses."""
-        return (Path(self.out) / DATA_DIR / "heldout.jsonl").exists()
 
     def n_at(self, length: int) -> int:
         """Instances per (length, depth) cell at ``length`` tokens: ``n``, or ``n_beyond``'s count of the

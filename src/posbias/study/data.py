@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Callable
 
 from posbias.utils.io import atomic_write_text
-from posbias.study.config import DATA_DIR, HELDOUT_CHARS_PER_TOKEN, MAX_HELDOUT_FRACTION, StudyConfig
+from posbias.study.config import HELDOUT_CHARS_PER_TOKEN, MAX_HELDOUT_FRACTION, StudyConfig, has_split, split_files
 
 
 def _load_texts(corpus: str | None) -> list[str]:
@@ -32,9 +31,8 @@ def prepare_data(cfg: StudyConfig, log: Callable = print, before_write: Callable
     """
     if cfg.heldout:
         return cfg.corpus, cfg.heldout
-    data = Path(cfg.out) / DATA_DIR
-    train_path, held_path = data / "train.jsonl", data / "heldout.jsonl"
-    if train_path.exists() and held_path.exists():  # an earlier invocation's split (also when this one measures no perplexity)
+    train_path, held_path = split_files(cfg.out)
+    if has_split(cfg.out):  # an earlier invocation's split (also when this one measures no perplexity)
         return str(train_path.resolve()), str(held_path.resolve())
     if not cfg.ppl_contexts:
         return cfg.corpus, None
