@@ -414,6 +414,14 @@ def test_train_with_a_missing_corpus_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+def test_a_final_step_past_the_schedule_is_refused_before_anything_is_written(tmp_path):
+    refused(cli("train", "--steps", "6", "--final-step", "7", "--out", tmp_path / "train"),
+            "final_step must lie in [1, steps = 6], got 7")
+    refused(cli("study", "--train-steps", "6", "--train-opt", "final_step=0", "--out", tmp_path / "study"),
+            "final_step must lie in [1, steps = 6], got 0")
+    assert not (tmp_path / "train").exists() and not (tmp_path / "study").exists()
+
+
 def test_an_unknown_passkey_filler_is_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "train"
     refused(cli("train", "--passkey-haystack", "essay", "--out", out), "passkey_haystack must be one of",

@@ -491,6 +491,28 @@ def test_a_probe_target_that_is_never_reached_trains_to_the_cap(tmp_path, tiny_t
             _cfg(tmp_path, **bad).validate()
 
 
+def test_final_step_ends_the_run_with_a_final_model_on_the_full_schedule(tmp_path, tiny_tokenizer, corpus):
+    """final_step keeps the model of that step as the final one; its learning rate is the one of the full
+    schedule (not a shorter one), and a resume with a later final_step continues it exactly."""
+    full = train(_cfg(tmp_path, out=str(tmp_path / "full"), steps=6, checkpoint_every=1, log_every=1),
+                 tokenizer=tiny_tokenizer)
+    cut = train(_cfg(tmp_path, out=str(tmp_path / "cut"), steps=6, checkpoint_every=1, log_every=1, final_step=3),
+                tokenizer=tiny_tokenizer)
+    assert cut == tmp_path / "cut" / "final" and (cut / "model.safetensors").exists()
+    rows = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    whole = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
+    assert [r["lr"] for r in rows if "loss" in r] == [r["lr"] for r in whole if "loss" in r][:3]
+    assert [r for r in rows if r.get("stopped_by")] == [{"step": 3, "stopped_by": "final_step", "tokens": 3 * 2 * 32}]
+    resumed = train(_cfg(tmp_path, out=str(tmp_path / "cut"), steps=6, checkpoint_every=1, log_every=1, resume=True),
+                    tokenizer=tiny_tokenizer)
+    a, b = _weights(full), _weights(resumed)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    with pytest.raises(ValueError, match=r"final_step must lie in \[1, steps = 6\]"):
+        _cfg(tmp_path, steps=6, final_step=7).validate()
+
+
 def dataclasses_replace(cfg, **kw):
     import dataclasses
 

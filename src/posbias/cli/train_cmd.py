@@ -54,6 +54,9 @@ def train_command(
                                        help="stop once the probe's exact match holds this for --probe-patience "
                                             "probes in a row (--steps is then the cap; 0 = train all steps)"),
     probe_patience: int = Count(3, help="consecutive probes at --probe-target that end training"),
+    final_step: Optional[int] = typer.Option(None, help="end at this step and keep its model as the final one, the "
+                                             "schedule still spanning --steps (runs compared at equal tokens; "
+                                             "a later value on a rerun continues the run)"),
     log_every: int = Count(10, help="log metrics every N steps"),
     resume: bool = typer.Option(False, hidden=True, help="accepted for old scripts; re-running resumes anyway"),
     precision: str = typer.Option("auto", help="auto (bf16 on CUDA), bf16 or fp32"),
@@ -77,7 +80,8 @@ def train_command(
         optimizer=optimizer, seed=seed, corpus=list(corpus) if corpus else None, tokenizer=tokenizer,
         passkey_rate=passkey_rate, niah_rate=niah_rate, passkey_haystack=passkey_haystack, niah_haystack=niah_haystack,
         checkpoint_every=checkpoint_every, probe_every=probe_every,
-        probe_n=probe_n, probe_tasks=probe_tasks, probe_target=probe_target, probe_patience=probe_patience, log_every=log_every,
+        probe_n=probe_n, probe_tasks=probe_tasks, probe_target=probe_target, probe_patience=probe_patience,
+        final_step=final_step, log_every=log_every,
         resume=resume, precision=precision, device=device)
     check_training_run(cfg, "train", cfg.to_json(), resume_check_keys(out_path(out)))
     cfg.resume = resume or (Path(out) / CHECKPOINT).exists()  # re-running resumes from the checkpoint

@@ -246,10 +246,14 @@ def _figures_section(plots: Path) -> list[str]:
 def _target_note(model_dir: Path, logged: list[dict]) -> str:
     """``", target 95% reached at step 1800 (3.69M tokens)"`` / ``", target 95% not reached"`` for a
     model trained with ``probe_target`` (stop once the probe holds the target), else ``""``; a model
-    without its final weights yet is ``", still training"`` (a report written while it trains)."""
-    stop = next((r for r in logged if r.get("stopped_by") == "probe_target"), None)
+    without its final weights yet is ``", still training"`` (a report written while it trains); one ended
+    on purpose by the trainer's ``final_step`` says so (``", ended at step 2300 by final_step (4.71M tokens)"``)."""
+    stop = next((r for r in logged if r.get("stopped_by") in ("probe_target", "final_step")), None)
     if stop:
-        return f", target {100 * stop['probe_target']:.0f}% reached at step {stop['step']} ({stop['tokens'] / 1e6:.2f}M tokens)"
+        where = f"step {stop['step']} ({stop['tokens'] / 1e6:.2f}M tokens)"
+        if stop["stopped_by"] == "final_step":
+            return f", ended at {where} by final_step"
+        return f", target {100 * stop['probe_target']:.0f}% reached at {where}"
     if not is_saved_model(model_dir / "final"):
         return ", still training"
     cfg_file = model_dir / "config.json"

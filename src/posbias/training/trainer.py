@@ -85,6 +85,9 @@ class TrainConfig:
     precision: str = "auto"  # auto = bf16 autocast on CUDA with bf16 support, else fp32
     device: str = "auto"
     stop_after: int | None = None  # end this invocation after that global step (checkpointed); for preemption tests
+    # end the run at this step and keep that model as the final one, the schedule still spanning ``steps``: a run
+    # truncated on purpose (e.g. two data mixes compared at equal tokens); a resume with a later one continues it
+    final_step: int | None = None
     progress: bool = True
 
     def validate(self) -> None:
@@ -115,6 +118,8 @@ class TrainConfig:
             raise ValueError(f"niah_rate must be in [0, 1 - passkey_rate], got {self.niah_rate}")
         check_passkey_haystack(self.passkey_haystack)
         check_passkey_haystack(self.niah_haystack, "niah_haystack")
+        if self.final_step is not None and not 1 <= int(self.final_step) <= int(self.steps):
+            raise ValueError(f"final_step must lie in [1, steps = {self.steps}], got {self.final_step}")
         if self.warmup_steps < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError("warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
         if self.schedule not in SCHEDULES:
@@ -299,7 +304,8 @@ def train(config: TrainConfig | dict, *, tokenizer=None,
         callback: ``callback(step, model, dist_info)`` after every optimizer step (unwrapped model).
 
     When ``config.stop_after`` ends the run early, the run folder is returned instead (resume
-    with ``resume=True``). Under torchrun every process calls ``train``; rank 0 writes the files.
+    with ``resume=True``); ``config.final_step`` ends it with a final model (logged as
+    ``stopped_by: final_step``). Under torchrun every process calls ``train``; rank 0 writes the files.
     """
     cfg = TrainConfig(**config) if isinstance(config, dict) else config
     cfg.validate()
@@ -318,7 +324,8 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
     model, optimizer, scheduler = _build(cfg, info, bam_cfg)
     start = _resume(cfg, info, out, model, optimizer, scheduler, bam_cfg.to_dict())
     ddp = _wrap_ddp(model, info)
-    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
+    last = cfg.final_step or cfg.steps  # the step whose model is the final one
+    end = last if cfg.stop_after is None else min(last, cfg.stop_after)
     log = _StepLog(cfg, info, out)
     streak = probe_streak(read_jsonl(out / "metrics.jsonl"), cfg.probe_target, cfg.probe_task_names) \
         if cfg.probe_target else 0
@@ -353,7 +360,9 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
                                  step=done, cfg=cfg, model_config=bam_cfg.to_dict())
             barrier(info)
     bar.close()
-    return _save_final(out, model, tokenizer, info) if reached or end >= cfg.steps else out
+    if not reached and start < end == last < cfg.steps and info.is_main:
+        append_jsonl(out / "metrics.jsonl", {"step": end, "stopped_by": "final_step", "tokens": end * log.tokens_per_step})
+    return _save_final(out, model, tokenizer, info) if reached or end >= last else out
 
 
 def _probe_reached(probe: dict, target: float, tasks: tuple[str, ...]) -> bool:
