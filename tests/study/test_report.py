@@ -22,16 +22,19 @@ def test_training_table_says_where_each_scheme_reached_its_probe_target(tmp_path
     _model(tmp_path, "alibi", loss + [{"step": 3, "passkey_em": 0.5, "passkey_logprob": -4.0}])
     _model(tmp_path, "sinusoidal", loss + [{"step": 3, "passkey_em": 0.75, "passkey_logprob": -1.0},
                                            {"step": 3, "stopped_by": "final_step", "tokens": 3000}], 0.95)
+    _model(tmp_path, "rope_ssmax", loss[:2] + [{"step": 2, "stopped_by": "final_step", "tokens": 2000}] + loss[2:]
+           + [{"step": 3, "passkey_em": 0.5, "passkey_logprob": -2.0}])  # resumed past its first final_step
     _model(tmp_path, "nope", loss + [{"step": 3, "passkey_em": 0.0, "passkey_logprob": -9.0}], 0.95, finished=False)
     _model(tmp_path, "ggd_ssmax", loss + [{"step": 3, "passkey_em": 1.0, "passkey_logprob": -0.2, "niah_em": 0.5,
                                            "niah_logprob": -3.0}])
-    logs = trainer_logs(tmp_path, ["ggd", "rope", "alibi", "nope", "ggd+ssmax", "sinusoidal"])
+    logs = trainer_logs(tmp_path, ["ggd", "rope", "alibi", "nope", "ggd+ssmax", "sinusoidal", "rope+ssmax"])
     table = training_table(tmp_path, logs).splitlines()
     row = {line.split("|")[1].strip(): line for line in table if line.startswith("| ") and "scheme" not in line}
     assert "100% (-0.1), target 95% reached at step 3 (0.00M tokens)" in row["ggd"]
     assert "25% (-8.0), target 95% not reached" in row["rope"]
     assert row["alibi"].endswith("50% (-4.0) |")
     assert "75% (-1.0), ended at step 3 (0.00M tokens) by final_step |" in row["sinusoidal"]  # cut on purpose
+    assert row["rope+ssmax"].endswith("50% (-2.0) |")
     assert "0% (-9.0), still training |" in row["nope"]  # a report written mid-training says so
     assert row["ggd+ssmax"].endswith("100% (-0.2), NIAH 50% (-3.0) |")  # NIAH probed too
 

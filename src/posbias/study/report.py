@@ -248,7 +248,10 @@ def _target_note(model_dir: Path, logged: list[dict]) -> str:
     model trained with ``probe_target`` (stop once the probe holds the target), else ``""``; a model
     without its final weights yet is ``", still training"`` (a report written while it trains); one ended
     on purpose by the trainer's ``final_step`` says so (``", ended at step 2300 by final_step (4.71M tokens)"``)."""
-    stop = next((r for r in logged if r.get("stopped_by") in ("probe_target", "final_step")), None)
+    trained_to = max((r["step"] for r in logged if "loss" in r), default=0)
+    # a stop still in force: a run resumed past an earlier final_step keeps that record but trained on
+    stop = next((r for r in reversed(logged) if r.get("stopped_by") in ("probe_target", "final_step")
+                 and r["step"] >= trained_to), None)
     if stop:
         where = f"step {stop['step']} ({stop['tokens'] / 1e6:.2f}M tokens)"
         if stop["stopped_by"] == "final_step":
