@@ -92,8 +92,24 @@ def test_run_grid_records_resume_and_summary(tmp_path, monkeypatch, tiny_tokeniz
     calls = []
     real = lc._score_chunk
     monkeypatch.setattr(lc, "_score_chunk", lambda m, t, chunk, **k: calls.append(len(chunk)) or real(m, t, chunk, **k))
+    bar_kwargs = {}
+
+    class Bar:  # records how the progress bar is opened: a resumed run starts it at what it holds
+        def __init__(self, **k):
+            bar_kwargs.update(k)
+
+        def update(self, n):
+            bar_kwargs["updated"] = bar_kwargs.get("updated", 0) + n
+
+        def close(self):
+            pass
+
+    import tqdm.auto
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
     recs2 = lc.run_grid(model, tiny_tokenizer, **kw)
     assert sum(calls) == 3 and len(recs2) == 8
+    assert (bar_kwargs["initial"], bar_kwargs["total"], bar_kwargs["updated"]) == (5, 8, 3)
     assert {lc.record_key(x) for x in recs2} == {lc.record_key(x) for x in recs}
 
     rows = lc.summarize_grid(recs2)

@@ -166,8 +166,10 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
     from tqdm.auto import tqdm
 
     total = len(lengths) * len(depths) * n
-    bar = tqdm(total=total, desc=f"{model_name} {task}", unit="inst", disable=not progress)
-    bar.update(min(total, sum(1 for key in done if key[2] in lengths)))  # this call's lengths only
+    resumed = min(total, sum(1 for key in done if key[2] in lengths))  # this call's lengths only
+    # ``initial=`` (not a later ``update``, which tqdm does not draw within its refresh interval)
+    # so a resumed run shows what it already holds from the first line
+    bar = tqdm(total=total, initial=resumed, desc=f"{model_name} {task}", unit="inst", disable=not progress)
     try:
         for length in lengths:
             bs = 1 if shared else max(1, min(batch_size, token_budget // max(1, length)))
