@@ -5,6 +5,7 @@ SmolLM2-135M (converted once into ``$POSBIAS_CACHE``).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -86,6 +87,27 @@ def save_tiny_folder(path, arch: str = "llama", **kw) -> str:
     make_tiny_model(arch, **kw).save_pretrained(path)
     make_tiny_tokenizer().save_pretrained(path)
     return str(path)
+
+
+@contextlib.contextmanager
+def held_by_another_process(folder, run_kind: str | None = None):
+    """A separate running process holds ``folder`` until the block ends, then is killed: it commits a
+    ``run_kind`` run with settings ``{"n": 1}`` there, or else only creates and locks the folder
+    (``posbias.utils.folder_lock.hold``)."""
+    import subprocess
+    import sys
+
+    claim = (f"from posbias.utils.run_folder import open_run; open_run(f, {run_kind!r}, {{'n': 1}}).commit()"
+             if run_kind else "from posbias.utils.folder_lock import hold; pathlib.Path(f).mkdir(); hold(f)")
+    code = f"import sys, time, pathlib; f = sys.argv[1]; {claim}; print('held', flush=True); time.sleep(300)"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
 
 
 def left_padded_batch(seed=0, b=3, t=11, vocab=500):

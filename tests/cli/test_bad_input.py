@@ -7,7 +7,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from conftest import save_tiny_folder
+from conftest import held_by_another_process, save_tiny_folder
 from posbias.cli.main import app
 from posbias.utils.io import read_jsonl
 
@@ -122,6 +122,17 @@ def test_another_kind_of_run_is_refused(tiny, tmp_path, command):
             "search": ["--model", tiny, *SEARCH, "--generations", "1"], "train": [], "study": []}[command]
     refused(cli(command, *args, "--out", run), "holds an eval run", f"not a {command} run")
     assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("command", ["eval", "compare", "search", "train", "study"])
+def test_a_folder_another_running_command_writes_into_is_refused(tiny, tmp_path, command):
+    out = tmp_path / "busy"
+    args = {"eval": ["--model", tiny, *KV], "compare": ["--model", tiny, *KV, "--methods", "none"],
+            "search": ["--model", tiny, *SEARCH, "--generations", "1"], "train": ["--steps", "2"],
+            "study": ["--n", "1"]}[command]
+    with held_by_another_process(out):
+        refused(cli(command, *args, "--out", out), f"{out} is in use by another running posbias command")
+        assert snapshot(out) == {}
 
 
 def test_a_file_is_not_an_out_folder(tiny, tmp_path):

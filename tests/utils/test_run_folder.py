@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from conftest import held_by_another_process
 from posbias.utils.run_folder import CONFIG, INVOCATIONS, open_run
 
 
@@ -50,3 +51,24 @@ def test_settings_diff_names_nested_changes_with_short_floats():
     new = {"lr": 0.003, "ga": {"population": 3}, "std": 128 ** -0.5, "same": 1}
     assert settings_diff(old, new, ["lr", "ga", "std", "same", "absent"]) == \
         ["ga.population: 6 -> 3", "std: None -> 0.0883883"]
+
+
+def test_a_folder_another_running_process_writes_into_is_refused_until_that_process_ends(tmp_path):
+    out = tmp_path / "run"
+    with held_by_another_process(out, run_kind="eval"):
+        with pytest.raises(ValueError, match=f"{out} is in use by another running posbias command"):
+            open_run(out, "eval", {"n": 1})  # the resume a second command would make
+        assert len(_lines(out)) == 1  # nothing of the refused command was written
+    folder = open_run(out, "eval", {"n": 1})  # a killed holder leaves no stale lock
+    folder.commit()
+    assert [r["resumed"] for r in _lines(out)] == [False, True]
+    assert sorted(p.name for p in out.iterdir()) == [CONFIG, INVOCATIONS]  # no lock file left in the folder
+
+
+def test_one_process_may_open_and_commit_its_own_folder_again(tmp_path):
+    out = tmp_path / "run"
+    open_run(out, "eval", {"n": 1}).commit()
+    open_run(out, "eval", {"n": 1}).commit()  # a resume inside the same process (a study, a test)
+    open_run(tmp_path / "top", "compare", {}).commit()
+    open_run(tmp_path / "top" / "none", "eval", {"n": 1}, parent=open_run(tmp_path / "top", "compare", {})).commit()
+    assert len(_lines(out)) == 2 and len(_lines(tmp_path / "top")) == 2

@@ -12,7 +12,9 @@ Every command that writes into ``--out`` goes through :func:`open_run`, which on
 The returned :class:`RunFolder` writes ``config.json`` (``kind``, settings, library versions,
 command line) only when :meth:`RunFolder.commit` is called, which a run does just before it
 writes its first result; a run rejected while validating its input therefore leaves nothing
-behind and never locks the folder. On a resume ``commit`` records this invocation's settings,
+behind and never claims the folder. A folder that a run opens (existing) or commits (new) is held by
+that process until it ends (:mod:`posbias.utils.folder_lock`): a second command pointed at it while the
+first still runs is refused with one line. On a resume ``commit`` records this invocation's settings,
 the ones the run's summary then describes; every committed invocation is also appended to
 ``invocations.jsonl`` (time, command line, settings), the record of a folder that several
 invocations filled (e.g. a study evaluated one scheme per invocation).
@@ -27,6 +29,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
+
+from posbias.utils.folder_lock import hold
 
 CONFIG = "config.json"
 INVOCATIONS = "invocations.jsonl"
@@ -59,6 +63,7 @@ class RunFolder:
             if self.parent is not None:
                 self.parent.commit()
             self.path.mkdir(parents=True, exist_ok=True)
+            hold(self.path)
             record = {"kind": self.kind, "config": self.config, "versions": versions(), "argv": sys.argv}
             atomic_write_json(self.path / CONFIG, record)
             append_jsonl(self.path / INVOCATIONS, {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -82,9 +87,12 @@ def open_run(out: str | Path, kind: str, config: dict, *, check_keys: Iterable[s
     path = out_path(out)
     found = folder_kind(path)
     if found is None:
+        if path.is_dir():
+            hold(path)
         return RunFolder(path, kind, config, parent=parent)
     if found != kind:
         raise ValueError(f"{path} holds {_describe(found)}, not {_describe(kind)}; use another --out")
+    hold(path)
     if kind != "apply":
         old = _read_config(path).get("config", {})
         diff = settings_diff(old, _roundtrip(config), check_keys)
