@@ -72,3 +72,13 @@ def test_one_process_may_open_and_commit_its_own_folder_again(tmp_path):
     open_run(tmp_path / "top", "compare", {}).commit()
     open_run(tmp_path / "top" / "none", "eval", {"n": 1}, parent=open_run(tmp_path / "top", "compare", {})).commit()
     assert len(_lines(out)) == 2 and len(_lines(tmp_path / "top")) == 2
+
+
+def test_the_other_ranks_of_a_torchrun_job_use_the_folder_rank_0_holds(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    with held_by_another_process(out, run_kind="eval"):  # rank 0, which committed the run
+        monkeypatch.setenv("RANK", "1")
+        assert open_run(out, "eval", {"n": 1}).resuming  # rank 1's check of the same folder
+        monkeypatch.setenv("RANK", "0")
+        with pytest.raises(ValueError, match="in use"):
+            open_run(out, "eval", {"n": 1})

@@ -7,8 +7,10 @@ descriptor (no lock file is created), taken by :func:`hold` and kept until the p
 kernel drops it however the process ends, so a killed run never leaves a stale lock behind.
 
 A process may hold any number of folders and hold one more than once (a resume inside the same
-process, a parent run and its child folders); processes forked from it share its locks. Where the
-platform or file system has no ``flock`` (Windows, some network mounts) folders are not locked.
+process, a parent run and its child folders); processes forked from it share its locks. A
+``torchrun`` job is one command: its rank 0 holds the folders, the other ranks (``RANK`` > 0) use them
+without a lock. Where the platform or file system has no ``flock`` (Windows, some network mounts)
+folders are not locked.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def hold(folder: str | Path) -> None:
     """Lock the existing ``folder`` for this process until it ends; ``ValueError`` naming the
     folder when another running process holds it."""
     key = os.path.realpath(folder)
-    if fcntl is None or key in _HELD:
+    if fcntl is None or key in _HELD or os.environ.get("RANK", "0") != "0":
         return
     fd = os.open(key, os.O_RDONLY)
     try:
