@@ -86,13 +86,12 @@ def open_run(out: str | Path, kind: str, config: dict, *, check_keys: Iterable[s
         raise ValueError(f"unknown run kind {kind!r}; known: {', '.join(KINDS)}")
     path = out_path(out)
     found = folder_kind(path)
-    if found is None:
-        if path.is_dir():
-            hold(path)
-        return RunFolder(path, kind, config, parent=parent)
-    if found != kind:
+    if found not in (None, kind):
         raise ValueError(f"{path} holds {_describe(found)}, not {_describe(kind)}; use another --out")
-    hold(path)
+    if path.is_dir():  # an existing folder is claimed now; a new one when it is committed
+        hold(path)
+    if found is None:
+        return RunFolder(path, kind, config, parent=parent)
     if kind != "apply":
         old = _read_config(path).get("config", {})
         diff = settings_diff(old, _roundtrip(config), check_keys)
