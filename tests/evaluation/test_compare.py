@@ -83,3 +83,33 @@ def test_the_joint_table_holds_every_method_the_folder_has_finished(tiny_folder,
     assert "Paired against `none`" in table  # still paired against the first method of the folder
     assert table.startswith(alone.split("\n\naccuracy")[0])  # the earlier rows unchanged, read from their summaries
     assert (out / "comparison.png").exists()
+
+
+def test_the_plot_shows_the_paired_differences_of_the_table(tiny_folder, tmp_path):
+    from posbias.evaluation.compare import paired_by_depth, paired_table
+
+    out = tmp_path / "cmp"
+    assert _compare(tiny_folder, out, "none,pi@factor=1.0,pi@factor=3.0").exit_code == 0
+    folders = {m: out / m for m in ("none", "pi@factor=1.0", "pi@factor=3.0")}
+    paired = paired_by_depth(folders)
+    assert list(paired) == ["pi@factor=1.0", "pi@factor=3.0"]
+    identity = paired["pi@factor=1.0"]
+    assert [r["depth"] for r in identity] == [0.0, 0.5, 1.0] and all(r["n"] == 2 for r in identity)
+    assert all(r["diff"] == r["ci_low"] == r["ci_high"] == 0.0 for r in identity)  # the identity: no difference
+    table = paired_table(folders).splitlines()
+    row = next(line for line in table if line.startswith("| pi@factor=3.0 |")).split(" | ")[1:4]
+    assert [f"{100 * r['diff']:+.0f} [{100 * r['ci_low']:+.0f}, {100 * r['ci_high']:+.0f}]" for r in paired["pi@factor=3.0"]] \
+        == [cell.split(", ", 1)[1].split("]")[0] + "]" for cell in row]  # the plot's points are the table's figures
+    assert paired_by_depth({"none": out / "none"}) == {}
+
+
+@pytest.mark.parametrize("label, short", [
+    ("lpes@factors=docs/results/qwen_kv100_seed0_factors.json", "lpes@factors=qwen_kv100_seed0_factors"),
+    ("moice@routers=runs/a/routers.safetensors@top_k=2", "moice@routers=routers@top_k=2"),
+    ("ms-poe@r_min=1.2@r_max=1.8", "ms-poe@r_min=1.2@r_max=1.8"),
+    ("none", "none"),
+])
+def test_legend_labels_name_files_by_their_stem(label, short):
+    from posbias.evaluation.plots import short_label
+
+    assert short_label(label) == short

@@ -58,7 +58,7 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
     folders = {label: top.path / method_folder(label) for label in joint}
     atomic_write_text(top.path / "comparison.md", comparison_table(joint) + "\n\n" + paired_table(folders) + "\n")
     plot_accuracy_by_depth({m: s["by_depth"] for m, s in joint.items()}, top.path / "comparison.png",
-                           title=f"{model} / {task}")
+                           title=f"{model} / {task}", paired=paired_by_depth(folders))
     return summaries
 
 
@@ -100,12 +100,12 @@ def paired_table(folders: dict[str, Path]) -> str:
     """Markdown: every method against the first on the very same instances, per depth and over all:
     instances gained / lost, the accuracy difference (points) and the per-token gold log-prob
     difference (teacher-forced records), each with its 95% normal interval (:func:`paired_difference`)."""
-    recs = {lab: {r["id"]: r for r in read_jsonl(Path(f) / "results.jsonl")} for lab, f in folders.items()}
+    recs = _records(folders)
     labels = list(folders)
     if len(labels) < 2:
         return ""
     base = labels[0]
-    depths = sorted({float(r["depth"]) for r in recs[base].values()})
+    depths = _depths(recs[base])
     lines = [f"Paired against `{base}` (the same instances): gained/lost, accuracy difference in points "
              "[95% interval], per-token gold log-prob difference +- 95% half-width",
              "", "| method | " + " | ".join(f"depth {d:g}" for d in depths) + " | all |",
@@ -116,9 +116,43 @@ def paired_table(folders: dict[str, Path]) -> str:
     return "\n".join(lines)
 
 
+def paired_by_depth(folders: dict[str, Path]) -> dict[str, list[dict]]:
+    """For every method after the first: ``[{"depth", "n", "diff", "ci_low", "ci_high"}]`` per depth, the
+    accuracy difference to the first method (fractions) on the instances both scored, with its 95%
+    normal interval (:func:`paired_difference`, the figures of :func:`paired_table`)."""
+    recs = _records(folders)
+    labels = list(folders)
+    if len(labels) < 2:
+        return {}
+    base = recs[labels[0]]
+    out = {}
+    for lab in labels[1:]:
+        rows = []
+        for d in _depths(base):
+            ids = _shared_ids(base, recs[lab], d)
+            if ids:
+                acc = paired_difference([float(base[i]["correct"]) for i in ids],
+                                        [float(recs[lab][i]["correct"]) for i in ids])
+                rows.append({"depth": d, "n": acc["n"], "diff": acc["diff"], "ci_low": acc["ci95"][0],
+                             "ci_high": acc["ci95"][1]})
+        out[lab] = rows
+    return out
+
+
+def _records(folders: dict[str, Path]) -> dict[str, dict[str, dict]]:
+    return {lab: {r["id"]: r for r in read_jsonl(Path(f) / "results.jsonl")} for lab, f in folders.items()}
+
+
+def _depths(records: dict[str, dict]) -> list[float]:
+    return sorted({float(r["depth"]) for r in records.values()})
+
+
+def _shared_ids(base: dict, other: dict, depth: float | None) -> list[str]:
+    return [i for i, r in base.items() if i in other and (depth is None or float(r["depth"]) == depth)]
+
+
 def _paired_cell(base: dict, other: dict, depth: float | None) -> str:
-    ids = [i for i, r in base.items() if i in other and (depth is None or float(r["depth"]) == depth)]
-    return paired_cell(base, other, ids)
+    return paired_cell(base, other, _shared_ids(base, other, depth))
 
 
 def paired_cell(base: dict, other: dict, ids: Sequence[str], *, correct_key: str = "correct") -> str:

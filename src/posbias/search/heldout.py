@@ -15,7 +15,8 @@ def before_after(*, model: str, task: str, factors_path: str | Path, out: str | 
                  chat: bool = False, batch_size: int = 4, loaded=None) -> dict:
     """Evaluate ``none`` and ``lpes`` (the factors file) on the held-out split into ``out``.
 
-    Writes ``out/comparison.md`` and ``out/comparison.png`` (accuracy by depth, 95% Wilson bands);
+    Writes ``out/comparison.md`` and ``out/comparison.png`` (accuracy by depth with 95% Wilson bands, and
+    the paired difference to ``none``);
     returns ``{"none": summary, "lpes": summary}``.
     """
     return compare_methods(model=model, task=task, methods=["none", "lpes"], depths=list(depths), n=n, out=out,
