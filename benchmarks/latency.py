@@ -6,8 +6,12 @@ All methods run on the same model and the same prompt (filler text cut to each l
 interleaved: for every repetition and length the methods run round-robin, so machine load affects
 all alike. Reported per method and length: median prefill seconds, median seconds per decoded token
 (manual greedy loop with past_key_values, batch 1), and both as ratios to ``none``. The JSON file
-holds the raw timings too; it is rewritten after every repetition, so a run stopped early keeps
-its finished repetitions (``reps_done``) and their medians.
+holds the raw timings too, and each repetition's ratios to ``none`` (``prefill_ratios``,
+``decode_ratios``: the spread between repetitions). It is rewritten after every repetition, so a run
+stopped early keeps its finished repetitions (``reps_done``) and their medians, and the same command
+run again resumes at the next repetition (a 4K run of every method takes minutes per repetition on a
+CPU; other settings on the same ``--out`` stop with one line). Seconds from different sessions of a
+shared machine are not comparable, the ratios inside one repetition are: methods run round-robin.
 
 Methods and options: ``--methods none,pi,ms-poe,attention-buckets,moice`` (``lpes`` needs a factors
 file: ``--lpes-factors PATH``). MoICE uses untrained routers (same cost as trained ones); PI uses
@@ -111,9 +115,9 @@ def method_spec(spec: str) -> tuple[str, dict]:
 
 
 def summarise(raw: dict) -> dict:
-    """``{method: {length: {prefill_s, decode_s_per_token, prefill_ratio, decode_ratio}}}``: medians over
-    the repetitions in ``raw`` (``{method: {length: {"prefill": [s], "decode": [s/token]}}}``), ratios
-    to ``none``'s medians."""
+    """``{method: {length: {prefill_s, decode_s_per_token, prefill_ratio, decode_ratio, prefill_ratios,
+    decode_ratios}}}``: medians over the repetitions in ``raw`` (``{method: {length: {"prefill": [s],
+    "decode": [s/token]}}}``), ratios to ``none``'s medians, and each repetition's own ratios."""
     summary = {}
     for m, by_length in raw.items():
         summary[m] = {}
@@ -122,8 +126,33 @@ def summarise(raw: dict) -> dict:
             base = raw["none"][n]
             summary[m][n] = {"prefill_s": pre, "decode_s_per_token": dec,
                              "prefill_ratio": pre / statistics.median(base["prefill"]),
-                             "decode_ratio": dec / statistics.median(base["decode"])}
+                             "decode_ratio": dec / statistics.median(base["decode"]),
+                             "prefill_ratios": [a / b for a, b in zip(runs["prefill"], base["prefill"])],
+                             "decode_ratios": [a / b for a, b in zip(runs["decode"], base["decode"])]}
     return summary
+
+
+# Settings a resumed run must share with the file it continues (``reps`` may grow).
+RESUME_KEYS = ("model", "random_weights", "device", "dtype", "lengths", "methods", "options", "decode_steps", "threads")
+
+
+def resume_raw(out: str, info: dict, lengths: list[int]) -> tuple[dict | None, int]:
+    """The raw timings and ``reps_done`` of an earlier run written to ``out`` with the same settings
+    (``(None, 0)`` when there is none); other settings stop with one line naming the first difference."""
+    path = Path(out)
+    if not path.exists():
+        return None, 0
+    try:
+        doc = json.loads(path.read_text())
+        old = {k: doc[k] for k in RESUME_KEYS}
+    except (ValueError, KeyError, TypeError):
+        raise SystemExit(f"{out} exists and is not a latency result; use another --out") from None
+    for key in RESUME_KEYS:
+        if json.loads(json.dumps(info[key])) != old[key]:
+            raise SystemExit(f"{out} holds a run with other settings ({key}: {old[key]} there, {info[key]} now); "
+                             "use another --out to start a new one")
+    raw = {m: {n: doc["raw"][m][str(n)] for n in lengths} for m in info["methods"]}
+    return raw, int(doc["reps_done"])
 
 
 def write_result(out: str, info: dict, raw: dict, reps_done: int) -> dict:
@@ -217,16 +246,21 @@ def main(argv: list[str] | None = None) -> dict:
             raw[method][n]["decode"].append(dec)
             print(f"  {method:26s} {n:6d} tokens: prefill {pre:7.3f} s  decode {dec * 1000:8.1f} ms/token", flush=True)
 
-    for _ in range(args.warmup):
-        for m in methods:
-            run(m, min(lengths), record=False)
     info = {"model": args.random_config or args.model, "random_weights": bool(args.random_config),
             "device": args.device, "dtype": args.dtype,
             "gpu": torch.cuda.get_device_name() if str(args.device).startswith("cuda") else None,
             "lengths": lengths, "methods": methods, "options": options, "reps": args.reps,
             "decode_steps": args.decode, "threads": torch.get_num_threads()}
-    result = {}
-    for rep in range(args.reps):
+    earlier, done = resume_raw(args.out, info, lengths)
+    raw = earlier or raw
+    if done:
+        print(f"resuming {args.out}: {done} of {args.reps} repetitions done", flush=True)
+    result = write_result(args.out, info, raw, reps_done=done) if done else {}
+    if done < args.reps:
+        for _ in range(args.warmup):
+            for m in methods:
+                run(m, min(lengths), record=False)
+    for rep in range(done, args.reps):
         print(f"rep {rep + 1}/{args.reps}", flush=True)
         for n in lengths:
             for m in methods:  # round-robin over methods

@@ -50,3 +50,28 @@ def test_a_stopped_run_keeps_its_finished_repetitions(tmp_path, monkeypatch):
     assert doc["summary"]["pi"]["32"]["prefill_s"] == doc["raw"]["pi"]["32"]["prefill"][0]
     with pytest.raises(SystemExit, match="--reps must be >= 1"):
         latency.main(["--random-config", "tiny", "--reps", "0", "--out", str(out)])
+
+
+def test_the_same_command_resumes_at_the_next_repetition(tmp_path, monkeypatch):
+    latency = _load()
+    out = tmp_path / "lat.json"
+    args = ["--random-config", "tiny", "--lengths", "32", "--decode", "1", "--warmup", "0", "--methods", "none,pi",
+            "--out", str(out)]
+    latency.main([*args, "--reps", "1"])
+    first = json.loads(out.read_text())["raw"]
+    calls, real = [], latency.time_method
+    monkeypatch.setattr(latency, "time_method", lambda *a, **k: calls.append(1) or real(*a, **k))
+    res = latency.main([*args, "--reps", "3"])
+    assert len(calls) == 4  # 2 more repetitions of 2 methods; the first one is kept, not rerun
+    doc = json.loads(out.read_text())
+    assert doc["reps_done"] == 3 and doc["reps"] == 3
+    assert [doc["raw"][m]["32"]["prefill"][0] for m in ("none", "pi")] == [first[m]["32"]["prefill"][0] for m in ("none", "pi")]
+    ratios = res["summary"]["pi"]["32"]["prefill_ratios"]
+    assert len(ratios) == 3 and ratios[0] == first["pi"]["32"]["prefill"][0] / first["none"]["32"]["prefill"][0]
+    latency.main([*args, "--reps", "3"])  # nothing left: no run
+    assert len(calls) == 4
+    with pytest.raises(SystemExit, match=r"holds a run with other settings \(decode_steps: 1 there, 2 now\)"):
+        latency.main([*args[:5], "2", *args[6:], "--reps", "4"])
+    out.write_text("{}")
+    with pytest.raises(SystemExit, match="is not a latency result"):
+        latency.main([*args, "--reps", "1"])
