@@ -276,6 +276,28 @@ def test_smollm2_uniform_factor_equals_hf_linear(smollm2):
         torch.testing.assert_close(logits(model, ids), want, atol=1e-4, rtol=1e-4)
 
 
+def test_a_short_table_is_extended_by_its_missing_rows_only():
+    """Decoding past the prompt's power of two must not recompute the whole table (a one-time cost
+    per factor that showed in LPES's per-token decode time at 4K tokens)."""
+    model = make_tiny_model("llama", layers=3)
+    h = apply_layer_scaling(model, [1.3, 1.0, 1.0])
+    like, direct, rows = torch.empty(0), h._direct, []
+
+    def recording(factor, positions, *args):
+        rows.append((int(positions.min()), int(positions.max())))
+        return direct(factor, positions, *args)
+
+    h._direct = recording
+    h.cos_sin(1.3, torch.arange(1024)[None], like)
+    got = h.cos_sin(1.3, torch.tensor([[1024]]), like)
+    assert rows == [(0, 1023), (1024, 2047)]
+    want = direct(1.3, torch.arange(2048)[None], like)
+    table = h._tables[(1.3, None)]
+    assert torch.equal(table[1], want[0][0]) and torch.equal(table[2], want[1][0])
+    assert torch.equal(got[0], want[0][:, 1024:1025])
+    h.remove()
+
+
 def test_consecutive_positions_use_a_view_of_the_table():
     model = make_tiny_model("llama")
     h = apply_layer_scaling(model, [1.3, 1.3, 1.3])

@@ -117,7 +117,8 @@ class ScalingHandle:
         return self.layout.cos_sin(positions.float() / factor, like, layer_type)
 
     def _table(self, factor: float, layer_type, need: int, like: torch.Tensor):
-        """Cached ``(cos, sin)`` rows for positions ``0..size-1`` (``size >= need``), or None when
+        """Cached ``(cos, sin)`` rows for positions ``0..size-1`` (``size >= need``, a power of two; a
+        table that is too short is extended by the missing rows only), or None when
         they would exceed :attr:`max_table_bytes` together with the other factors' tables, or when
         the rotary module adapts its frequencies to the positions it sees (dynamic, longrope)."""
         if self.layout.length_dependent(layer_type):
@@ -132,9 +133,13 @@ class ScalingHandle:
         per = size * dims * 2 * torch.empty((), dtype=like.dtype).element_size()
         if per * max(len(self._distinct), 1) > self.max_table_bytes:
             return None
-        cos, sin = self._direct(factor, torch.arange(size, device=like.device)[None], like, layer_type)
-        self._tables[(factor, layer_type)] = (key, cos[0], sin[0])
-        return cos[0], sin[0]
+        start = tab[1].shape[0] if tab is not None and tab[0] == key else 0  # rows already computed
+        cos, sin = self._direct(factor, torch.arange(start, size, device=like.device)[None], like, layer_type)
+        cos, sin = cos[0], sin[0]
+        if start:  # growing (e.g. decoding past the prompt's power of two): only the new rows
+            cos, sin = torch.cat([tab[1], cos]), torch.cat([tab[2], sin])
+        self._tables[(factor, layer_type)] = (key, cos, sin)
+        return cos, sin
 
     def cos_sin(self, factor: float, position_ids: torch.Tensor, like: torch.Tensor, layer_type=None):
         """``(cos, sin)`` for positions ``position_ids / factor``, in ``like``'s dtype/device.
