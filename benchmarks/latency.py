@@ -4,7 +4,8 @@
 
 All methods run on the same model and the same prompt (filler text cut to each length),
 interleaved: for every repetition and length the methods run round-robin, so machine load affects
-all alike. Reported per method and length: median prefill seconds, median seconds per decoded token
+all alike, and the order rotates by one place per repetition (``--order rotate``, the default; ``fixed``
+runs them as listed every time, as the 4K study of 2026-12-05 did), so no method always runs first. Reported per method and length: median prefill seconds, median seconds per decoded token
 (manual greedy loop with past_key_values, batch 1), and both as ratios to ``none``. The JSON file
 holds the raw timings too, and each repetition's ratios to ``none`` (``prefill_ratios``,
 ``decode_ratios``: the spread between repetitions). It is rewritten after every repetition, so a run
@@ -133,7 +134,19 @@ def summarise(raw: dict) -> dict:
 
 
 # Settings a resumed run must share with the file it continues (``reps`` may grow).
-RESUME_KEYS = ("model", "random_weights", "device", "dtype", "lengths", "methods", "options", "decode_steps", "threads")
+RESUME_KEYS = ("model", "random_weights", "device", "dtype", "lengths", "methods", "options", "decode_steps", "threads",
+               "order")
+
+
+def method_order(methods: list[str], rep: int, order: str) -> list[str]:
+    """The methods in the order repetition ``rep`` (0-based) runs them: ``fixed`` always as given,
+    ``rotate`` shifted by one place per repetition, so over ``len(methods)`` repetitions each method runs
+    once in every slot and a drift in machine speed inside a repetition is not always charged to the
+    same method."""
+    if order == "fixed":
+        return list(methods)
+    shift = rep % len(methods)
+    return methods[shift:] + methods[:shift]
 
 
 def resume_raw(out: str, info: dict, lengths: list[int]) -> tuple[dict | None, int]:
@@ -144,6 +157,7 @@ def resume_raw(out: str, info: dict, lengths: list[int]) -> tuple[dict | None, i
         return None, 0
     try:
         doc = json.loads(path.read_text())
+        doc.setdefault("order", "fixed")  # files written before --order existed ran in a fixed order
         old = {k: doc[k] for k in RESUME_KEYS}
     except (ValueError, KeyError, TypeError):
         raise SystemExit(f"{out} exists and is not a latency result; use another --out") from None
@@ -198,6 +212,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="a randomly initialised model of this shape instead of --model")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--order", default="rotate", choices=("rotate", "fixed"),
+                    help="method order inside each repetition: rotated by one place per repetition, or fixed")
     ap.add_argument("--out", default="latency.json")
     args = ap.parse_args(argv)
     if args.reps < 1:
@@ -250,7 +266,7 @@ def main(argv: list[str] | None = None) -> dict:
             "device": args.device, "dtype": args.dtype,
             "gpu": torch.cuda.get_device_name() if str(args.device).startswith("cuda") else None,
             "lengths": lengths, "methods": methods, "options": options, "reps": args.reps,
-            "decode_steps": args.decode, "threads": torch.get_num_threads()}
+            "decode_steps": args.decode, "threads": torch.get_num_threads(), "order": args.order}
     earlier, done = resume_raw(args.out, info, lengths)
     raw = earlier or raw
     if done:
@@ -263,7 +279,7 @@ def main(argv: list[str] | None = None) -> dict:
     for rep in range(done, args.reps):
         print(f"rep {rep + 1}/{args.reps}", flush=True)
         for n in lengths:
-            for m in methods:  # round-robin over methods
+            for m in method_order(methods, rep, args.order):  # round-robin over methods
                 run(m, n, record=True)
         result = write_result(args.out, info, raw, reps_done=rep + 1)  # a stopped run keeps its finished repetitions
     print_table(result["summary"], methods, lengths)

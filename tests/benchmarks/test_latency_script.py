@@ -75,3 +75,36 @@ def test_the_same_command_resumes_at_the_next_repetition(tmp_path, monkeypatch):
     out.write_text("{}")
     with pytest.raises(SystemExit, match="is not a latency result"):
         latency.main([*args, "--reps", "1"])
+
+
+def test_the_method_order_rotates_by_one_place_per_repetition(tmp_path, capsys):
+    """Each method runs once in every slot over three repetitions of three methods, so a slowdown late
+    in a repetition is not always charged to the last method; ``--order fixed`` keeps the listed order."""
+    latency = _load()
+    args = ["--random-config", "tiny", "--lengths", "16", "--decode", "1", "--warmup", "0", "--reps", "3",
+            "--methods", "none,pi,ms-poe"]
+
+    def orders(extra: list[str], out: str) -> list[list[str]]:
+        latency.main([*args, *extra, "--out", str(tmp_path / out)])
+        names = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "tokens: prefill" in line]
+        return [names[i:i + 3] for i in range(0, len(names), 3)]
+
+    assert orders([], "rot.json") == [["none", "pi", "ms-poe"], ["pi", "ms-poe", "none"], ["ms-poe", "none", "pi"]]
+    assert orders(["--order", "fixed"], "fix.json") == [["none", "pi", "ms-poe"]] * 3
+
+
+def test_a_file_from_before_the_order_option_resumes_as_fixed_order(tmp_path, monkeypatch):
+    latency = _load()
+    out = tmp_path / "old.json"
+    args = ["--random-config", "tiny", "--lengths", "16", "--decode", "1", "--warmup", "0", "--reps", "1",
+            "--methods", "none,pi", "--out", str(out)]
+    latency.main([*args, "--order", "fixed"])
+    doc = json.loads(out.read_text())
+    del doc["order"]  # as the 4K study's file, written before --order existed
+    out.write_text(json.dumps(doc))
+    calls, real = [], latency.time_method
+    monkeypatch.setattr(latency, "time_method", lambda *a, **k: calls.append(1) or real(*a, **k))
+    latency.main([*args, "--order", "fixed"])
+    assert calls == []  # resumed: its one repetition is done
+    with pytest.raises(SystemExit, match=r"other settings \(order: fixed there, rotate now\)"):
+        latency.main(args)

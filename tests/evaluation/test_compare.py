@@ -86,21 +86,21 @@ def test_the_joint_table_holds_every_method_the_folder_has_finished(tiny_folder,
 
 
 def test_the_plot_shows_the_paired_differences_of_the_table(tiny_folder, tmp_path):
-    from posbias.evaluation.compare import paired_by_depth, paired_table
+    from posbias.evaluation.compare import folder_records, paired_by_depth, paired_table
 
     out = tmp_path / "cmp"
     assert _compare(tiny_folder, out, "none,pi@factor=1.0,pi@factor=3.0").exit_code == 0
-    folders = {m: out / m for m in ("none", "pi@factor=1.0", "pi@factor=3.0")}
-    paired = paired_by_depth(folders)
+    records = folder_records({m: out / m for m in ("none", "pi@factor=1.0", "pi@factor=3.0")})
+    paired = paired_by_depth(records)
     assert list(paired) == ["pi@factor=1.0", "pi@factor=3.0"]
     identity = paired["pi@factor=1.0"]
     assert [r["depth"] for r in identity] == [0.0, 0.5, 1.0] and all(r["n"] == 2 for r in identity)
     assert all(r["diff"] == r["ci_low"] == r["ci_high"] == 0.0 for r in identity)  # the identity: no difference
-    table = paired_table(folders).splitlines()
+    table = paired_table(records).splitlines()
     row = next(line for line in table if line.startswith("| pi@factor=3.0 |")).split(" | ")[1:4]
     assert [f"{100 * r['diff']:+.0f} [{100 * r['ci_low']:+.0f}, {100 * r['ci_high']:+.0f}]" for r in paired["pi@factor=3.0"]] \
         == [cell.split(", ", 1)[1].split("]")[0] + "]" for cell in row]  # the plot's points are the table's figures
-    assert paired_by_depth({"none": out / "none"}) == {}
+    assert paired_by_depth(folder_records({"none": out / "none"})) == {}
 
 
 @pytest.mark.parametrize("label, short", [

@@ -55,10 +55,10 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
                                                   "by_depth": summaries[name]["by_depth"],
                                                   "seconds": round(time.time() - start, 1)})
     joint = finished_summaries(top.path, summaries)
-    folders = {label: top.path / method_folder(label) for label in joint}
-    atomic_write_text(top.path / "comparison.md", comparison_table(joint) + "\n\n" + paired_table(folders) + "\n")
+    records = folder_records({label: top.path / method_folder(label) for label in joint})
+    atomic_write_text(top.path / "comparison.md", comparison_table(joint) + "\n\n" + paired_table(records) + "\n")
     plot_accuracy_by_depth({m: s["by_depth"] for m, s in joint.items()}, top.path / "comparison.png",
-                           title=f"{model} / {task}", paired=paired_by_depth(folders))
+                           title=f"{model} / {task}", paired=paired_by_depth(records))
     return summaries
 
 
@@ -96,12 +96,12 @@ def check_method_list(methods: list[str]) -> None:
         raise ValueError(f"--methods {', '.join(clash)} would share one folder; rename a variant")
 
 
-def paired_table(folders: dict[str, Path]) -> str:
+def paired_table(recs: dict[str, dict[str, dict]]) -> str:
     """Markdown: every method against the first on the very same instances, per depth and over all:
     instances gained / lost, the accuracy difference (points) and the per-token gold log-prob
-    difference (teacher-forced records), each with its 95% normal interval (:func:`paired_difference`)."""
-    recs = _records(folders)
-    labels = list(folders)
+    difference (teacher-forced records), each with its 95% normal interval (:func:`paired_difference`).
+    ``recs``: ``{label: {id: record}}`` (:func:`folder_records`), the first label the reference."""
+    labels = list(recs)
     if len(labels) < 2:
         return ""
     base = labels[0]
@@ -116,12 +116,11 @@ def paired_table(folders: dict[str, Path]) -> str:
     return "\n".join(lines)
 
 
-def paired_by_depth(folders: dict[str, Path]) -> dict[str, list[dict]]:
+def paired_by_depth(recs: dict[str, dict[str, dict]]) -> dict[str, list[dict]]:
     """For every method after the first: ``[{"depth", "n", "diff", "ci_low", "ci_high"}]`` per depth, the
     accuracy difference to the first method (fractions) on the instances both scored, with its 95%
-    normal interval (:func:`paired_difference`, the figures of :func:`paired_table`)."""
-    recs = _records(folders)
-    labels = list(folders)
+    normal interval (:func:`paired_difference`, the figures of :func:`paired_table`). ``recs`` as there."""
+    labels = list(recs)
     if len(labels) < 2:
         return {}
     base = recs[labels[0]]
@@ -139,7 +138,9 @@ def paired_by_depth(folders: dict[str, Path]) -> dict[str, list[dict]]:
     return out
 
 
-def _records(folders: dict[str, Path]) -> dict[str, dict[str, dict]]:
+def folder_records(folders: dict[str, Path]) -> dict[str, dict[str, dict]]:
+    """``{label: {instance id: record}}`` from each method folder's ``results.jsonl``, read once for the
+    table and the plot."""
     return {lab: {r["id"]: r for r in read_jsonl(Path(f) / "results.jsonl")} for lab, f in folders.items()}
 
 
