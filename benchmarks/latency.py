@@ -5,7 +5,8 @@
 All methods run on the same model and the same prompt (filler text cut to each length),
 interleaved: for every repetition and length the methods run round-robin, so machine load affects
 all alike, and the order rotates by one place per repetition (``--order rotate``, the default; ``fixed``
-runs them as listed every time, as the 4K study of 2026-12-05 did), so no method always runs first. Reported per method and length: median prefill seconds, median seconds per decoded token
+runs them as listed every time, as the 4K study of 2026-12-05 did), so no method always runs first.
+Reported per method and length: median prefill seconds, median seconds per decoded token
 (manual greedy loop with past_key_values, batch 1), and both as ratios to ``none``. The JSON file
 holds the raw timings too, and each repetition's ratios to ``none`` (``prefill_ratios``,
 ``decode_ratios``: the spread between repetitions). It is rewritten after every repetition, so a run
