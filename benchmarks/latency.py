@@ -118,19 +118,23 @@ def method_spec(spec: str) -> tuple[str, dict]:
 
 def summarise(raw: dict) -> dict:
     """``{method: {length: {prefill_s, decode_s_per_token, prefill_ratio, decode_ratio, prefill_ratios,
-    decode_ratios}}}``: medians over the repetitions in ``raw`` (``{method: {length: {"prefill": [s],
-    "decode": [s/token]}}}``), ratios to ``none``'s medians, and each repetition's own ratios."""
+    decode_ratios, prefill_ratio_rep_median, decode_ratio_rep_median}}}``: medians over the repetitions
+    in ``raw`` (``{method: {length: {"prefill": [s], "decode": [s/token]}}}``), ratios to ``none``'s
+    medians, each repetition's own ratios and their median (the paired figure: a ratio of medians can
+    divide timings from different repetitions)."""
     summary = {}
     for m, by_length in raw.items():
         summary[m] = {}
         for n, runs in by_length.items():
             pre, dec = statistics.median(runs["prefill"]), statistics.median(runs["decode"])
             base = raw["none"][n]
+            per_rep = {k: [a / b for a, b in zip(runs[k], base[k])] for k in ("prefill", "decode")}
             summary[m][n] = {"prefill_s": pre, "decode_s_per_token": dec,
                              "prefill_ratio": pre / statistics.median(base["prefill"]),
                              "decode_ratio": dec / statistics.median(base["decode"]),
-                             "prefill_ratios": [a / b for a, b in zip(runs["prefill"], base["prefill"])],
-                             "decode_ratios": [a / b for a, b in zip(runs["decode"], base["decode"])]}
+                             "prefill_ratios": per_rep["prefill"], "decode_ratios": per_rep["decode"],
+                             "prefill_ratio_rep_median": statistics.median(per_rep["prefill"]),
+                             "decode_ratio_rep_median": statistics.median(per_rep["decode"])}
     return summary
 
 
@@ -185,17 +189,18 @@ def write_result(out: str, info: dict, raw: dict, reps_done: int) -> dict:
 
 
 def print_table(summary: dict, methods: list[str], lengths: list[int]) -> None:
-    """The medians and ratios of :func:`write_result`'s summary, one row per method."""
-    header = f"{'method':26s}" + "".join(f" | {f'{n} tok prefill':>14s} {'decode/token':>16s}" for n in lengths)
+    """The medians and ratios of :func:`write_result`'s summary, one row per method: ``x`` the ratio of
+    the medians to ``none``'s, in brackets the median of the per-repetition ratios."""
+    header = f"{'method':26s}" + "".join(f" | {f'{n} tok prefill':>22s} {'decode/token':>24s}" for n in lengths)
     print("\n" + header)
     print("-" * len(header))
     for m in methods:
         row = f"{m:26s}"
         for n in lengths:
             s = summary[m][str(n)]
-            pre = f"{s['prefill_s']:.2f}s x{s['prefill_ratio']:.2f}"
-            dec = f"{s['decode_s_per_token'] * 1000:.1f}ms x{s['decode_ratio']:.2f}"
-            row += f" | {pre:>14s} {dec:>16s}"
+            pre = f"{s['prefill_s']:.2f}s x{s['prefill_ratio']:.2f} [{s['prefill_ratio_rep_median']:.2f}]"
+            dec = f"{s['decode_s_per_token'] * 1000:.1f}ms x{s['decode_ratio']:.2f} [{s['decode_ratio_rep_median']:.2f}]"
+            row += f" | {pre:>22s} {dec:>24s}"
         print(row)
 
 

@@ -108,3 +108,15 @@ def test_a_file_from_before_the_order_option_resumes_as_fixed_order(tmp_path, mo
     assert calls == []  # resumed: its one repetition is done
     with pytest.raises(SystemExit, match=r"other settings \(order: fixed there, rotate now\)"):
         latency.main(args)
+
+
+def test_the_paired_ratio_is_the_median_of_the_per_repetition_ratios():
+    """A ratio of medians can divide timings of different repetitions (none's median from one, the
+    method's from another); the summary also gives the median of each repetition's own ratio."""
+    latency = _load()
+    raw = {"none": {16: {"prefill": [1.0, 4.0, 5.0], "decode": [1.0, 1.0, 1.0]}},
+           "lpes": {16: {"prefill": [3.0, 3.0, 6.0], "decode": [1.0, 2.0, 3.0]}}}
+    s = latency.summarise(raw)["lpes"][16]
+    assert s["prefill_ratio"] == 0.75 and s["prefill_ratios"] == [3.0, 0.75, 1.2]
+    assert s["prefill_ratio_rep_median"] == 1.2
+    assert s["decode_ratio"] == s["decode_ratio_rep_median"] == 2.0
