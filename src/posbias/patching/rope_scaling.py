@@ -126,17 +126,17 @@ class ScalingHandle:
         # tables made in inference mode are inference tensors: not reused outside it (autograd)
         key = (self._freq_key(layer_type), like.dtype, like.device, torch.is_inference_mode_enabled())
         tab = self._tables.get((factor, layer_type))
-        if tab is not None and tab[0] == key and tab[1].shape[0] >= need:
+        have = tab[1].shape[0] if tab is not None and tab[0] == key else 0  # rows already computed (need >= 1)
+        if have >= need:
             return tab[1], tab[2]
         size = max(256, 1 << (need - 1).bit_length())
         dims = self.layout.inv_freq(layer_type).numel() * 2
         per = size * dims * 2 * torch.empty((), dtype=like.dtype).element_size()
         if per * max(len(self._distinct), 1) > self.max_table_bytes:
             return None
-        start = tab[1].shape[0] if tab is not None and tab[0] == key else 0  # rows already computed
-        cos, sin = self._direct(factor, torch.arange(start, size, device=like.device)[None], like, layer_type)
+        cos, sin = self._direct(factor, torch.arange(have, size, device=like.device)[None], like, layer_type)
         cos, sin = cos[0], sin[0]
-        if start:  # growing (e.g. decoding past the prompt's power of two): only the new rows
+        if have:  # growing (e.g. decoding past the prompt's power of two): only the new rows
             cos, sin = torch.cat([tab[1], cos]), torch.cat([tab[2], sin])
         self._tables[(factor, layer_type)] = (key, cos, sin)
         return cos, sin
