@@ -1,4 +1,4 @@
-"""benchmarks/ssmax_hold.py: a study's SSMax model re-scored with its multiplier held, paired with the study."""
+"""experiments/extrapolation-256/ssmax_hold.py: a study's SSMax model re-scored with its multiplier held, paired with the study."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from conftest import load_benchmark, make_tiny_tokenizer
+from conftest import load_experiment, make_tiny_tokenizer
 from posbias.study.grid import PASSKEY_FILE, evaluate_model
 from posbias.utils.io import read_jsonl
 from posbias.utils.run_folder import open_run
@@ -31,7 +31,7 @@ def _study(tmp_path, normaliser="ssmax"):
 
 
 def test_held_at_the_training_length_nothing_changes_there_and_rows_are_paired(tmp_path):
-    mod = load_benchmark("ssmax_hold")
+    mod = load_experiment("extrapolation-256", "ssmax_hold")
     study = _study(tmp_path)
     text = mod.main(["--study", str(study), "--multipliers", "1,2", "--out", str(tmp_path / "held"), "--niah"])
     rows = [line for line in text.splitlines() if "x) |" in line]
@@ -49,6 +49,6 @@ def test_held_at_the_training_length_nothing_changes_there_and_rows_are_paired(t
 
 
 def test_a_scheme_the_study_did_not_train_is_refused(tmp_path):
-    mod = load_benchmark("ssmax_hold")
+    mod = load_experiment("extrapolation-256", "ssmax_hold")
     with pytest.raises(SystemExit, match="no trained model for 'ggd'"):
         mod.main(["--study", str(_study(tmp_path)), "--scheme", "ggd", "--out", str(tmp_path / "x")])

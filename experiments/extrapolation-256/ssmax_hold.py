@@ -7,7 +7,7 @@ at its training-length value (``SSMax.max_keys = T``: counts above ``T`` count a
 study's own instances (same seed, lengths, depths, n; passkey, and with ``--niah`` the NIAH view), and
 pairs it with the study's records::
 
-    python benchmarks/ssmax_hold.py --study runs/study --scheme ggd+ssmax --multipliers 4,8,16,32 \
+    python experiments/extrapolation-256/ssmax_hold.py --study runs/study --scheme ggd+ssmax --multipliers 4,8,16,32 \
         --out runs/ssmax-hold
 
 If holding the multiplier restores accuracy, the collapse comes from the multiplier leaving its

@@ -10,7 +10,7 @@ and how often each choice was picked:
 * ``letters-chat``: ``HFLM`` with the model's chat template (does the format change anything?);
 * ``cloze``: the answer texts instead of letters (``mmlu_cloze``, lm-eval's ``mmlu_continuation``).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/mmlu_letter_bias.py --model qwen2.5-coder-0.5b
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/general-ability/mmlu_letter_bias.py --model qwen2.5-coder-0.5b
 
 Then a perplexity sanity check of each ``--ppl-models`` model on the first 2,048 tokens of the
 essays (512-token windows): a broken dequantisation shows as a perplexity in the hundreds.

@@ -1,6 +1,6 @@
 """The lost-in-the-middle sweep behind the README tables, for any model.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/lost_in_the_middle.py --model gemma-3-270m \
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/lost-in-the-middle/lost_in_the_middle.py --model gemma-3-270m \
         --out runs/lim-gemma --n 20 --only kv30,kv60,kv100,niah24,passkey1k,kv75file \
         --kv-path ../shared/data/lost-in-the-middle/kv-retrieval-75_keys.jsonl.gz
 

@@ -1,6 +1,6 @@
 """Which search objective ranks genomes more consistently across two disjoint search splits?
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/objective_consistency.py --model smollm2-135m \
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/search-objective/objective_consistency.py --model smollm2-135m \
         --num-keys 30 --contexts 12 --genomes 20 --out runs/objective-smollm2
 
 ``--genomes`` random genomes of the curve-constrained GA (plus the identity) are scored on two
