@@ -12,7 +12,7 @@ holds the raw timings too, and each repetition's ratios to ``none`` (``prefill_r
 ``decode_ratios``: the spread between repetitions). It is rewritten after every repetition, so a run
 stopped early keeps its finished repetitions (``reps_done``) and their medians, and the same command
 run again resumes at the next repetition (a 4K run of every method takes minutes per repetition on a
-CPU; other settings on the same ``--out`` stop with one line). Seconds from different sessions of a
+CPU; other settings on the same ``--out`` stop with one line). Seconds from different days on a
 shared machine are not comparable, the ratios inside one repetition are: methods run round-robin.
 
 Methods and options: ``--methods none,pi,ms-poe,attention-buckets,moice`` (``lpes`` needs a factors

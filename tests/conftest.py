@@ -191,13 +191,24 @@ def saved_figures(monkeypatch):
 
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
 
-def load_benchmark(name: str):
-    """``benchmarks/<name>.py`` imported as a module (the scripts are not a package)."""
+def _load_script(label: str, path: Path):
+    """The Python file ``path`` imported as module ``label`` (scripts are not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(label, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` imported as a module."""
+    return _load_script(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+
+
+def load_experiment(claim: str, name: str):
+    """``experiments/<claim>/<name>.py`` imported as a module."""
+    return _load_script(f"experiment_{name}", EXPERIMENTS / claim / f"{name}.py")

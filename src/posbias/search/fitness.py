@@ -46,7 +46,7 @@ __all__ = ["FitnessResult", "TeacherForcedFitness", "SyntheticFitness", "interle
 DEFAULT_DEPTHS = (0.0, 0.5, 1.0)
 OBJECTIVES = ("accuracy", "logprob")
 # The search's default objective: the one that ranked genomes more consistently between two disjoint
-# search splits of equal cost (benchmarks/objective_consistency.py; README "Which objective").
+# search splits of equal cost (experiments/search-objective; docs/results/search-objective).
 DEFAULT_OBJECTIVE = "logprob"
 
 

@@ -56,7 +56,7 @@ it afterwards for the schemes that are still alive at 128x, e.g. ``--schemes ggd
 --multipliers 256,512,1000 --resume`` on the same ``--out`` (same training settings: the
 models are reused and the new cells appended).
 
-(``benchmarks/extrapolation.py`` takes the same arguments.) Rerunning the same command resumes:
+The scripts under ``experiments/extrapolation-*`` run this command. Rerunning the same command resumes:
 trained models are reused and finished grid cells skipped; ``config.json`` refuses a rerun whose
 training settings differ.
 """

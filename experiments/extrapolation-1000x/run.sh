@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Trained at 128 tokens on passkey only, scored from 1x to 1000x (docs/results/extrapolation-1000x). One folder
+# per scheme and seed; the far lengths (noise filler only) run on the same folder afterwards. Each 1000x cell
+# (9 instances) takes ~85 min of one core. MIX=1 adds the 256-token mix / training-length ablation.
+source "$(dirname "$0")/../common.sh"
+F=runs/extrapolation-1000x
+study() { bash experiments/extrapolation-1000x/study.sh "$@"; }
+NEAR=(1,2,4,8,16,32,64 --passkey-essay --passkey-heldout --ppl-multipliers 1,4,16,64)
+
+for run in "0 ggd" "1 ggd" "2 ggd" "3 ggd" "0 ggd+ssmax" "1 ggd+ssmax" "0 alibi"; do
+  read -r s scheme <<< "$run"
+  out="$F/c128-s$s-${scheme/+/-}"
+  study "$s" "$out" "$scheme" "${NEAR[@]}"
+  study "$s" "$out" "$scheme" 128,256,1000 --ppl-multipliers ''
+done
+study 0 "$F/c128-s0-rope" rope "${NEAR[@]}"
+study 0 "$F/c128-s0-rope" rope 256 --ppl-multipliers ''
+
+if [[ "${MIX:-0}" == 1 ]]; then
+  mix() { bash experiments/extrapolation-1000x/mix.sh "$@"; }
+  M=1,2,4,8,16,32,64
+  for s in 0 1; do mix "$s" "$F/c256pk-s$s" pk "$M"; done
+  mix 0 "$F/c256pk-s0-at2800" pk "$M" --train-opt final_step=2800
+  mix 1 "$F/c256pk-s1-at2900" pk "$M" --train-opt final_step=2900
+  mix 0 "$F/c256pkniah-s0-at2800" pkniah "$M" --train-opt final_step=2800
+  mix 1 "$F/c256pkniah-s1-at2900" pkniah "$M" --train-opt final_step=2900
+  for s in 0 1; do PROBE_TARGET=0 mix "$s" "$F/c256pk-s$s-at6500" pk "$M" --train-opt final_step=6500; done
+fi
