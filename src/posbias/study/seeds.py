@@ -94,7 +94,7 @@ RUNTIME_FIELDS = ("attn_backend", "attn_chunk_size", "ffn_chunk_size", "use_cach
 def _model_differences(studies: list[Study]) -> list[str]:
     """Per scheme, the trained models' own settings that differ between folders (their saved
     ``BamConfig``, a field missing from an older save taken at its default): what a code default
-    changed between runs, which no study setting records (the sinusoidal embedding init of session 21,
+    changed between runs, which no study setting records (the sinusoidal embedding init changed on 2026-12-04,
     say). Fields a study's ``--model-opt`` sets are listed with the study settings instead."""
     out = []
     for scheme in _schemes(studies):
