@@ -9,7 +9,7 @@ kept between decoding steps (``rotated_cache``). Only the routers are trained
 (:func:`posbias.training.moice.train_routers`), with the LM loss plus a Switch-style load-balancing
 loss (coef 0.3), on general text.
 
-Defaults are the reference run's (``docs/baselines_reference.md``): 7 experts with the bases
+Defaults are the reference run's (``docs/methods/baselines-reference.md``): 7 experts with the bases
 10000, 17500, 18000, 19000, 20000, 22500, 25000 relative to 10000 (multipliers of each layer's own
 base), dense routing (top-k 7; the load-balancing loss is then the constant 7 and has no gradient,
 as in the reference), router hidden width = number of experts, weights drawn from normal(0, 0.02).

@@ -12,7 +12,7 @@ Which head gets which ratio (``order``):
   next prefill, i.e. any call that does not extend a cache). Scorers prefill each prompt alone
   (the model is marked prompt-dependent), so a gold answer never enters the order.
 
-  Two choices, each selectable (see ``docs/baselines_reference.md`` for what the reference code does):
+  Two choices, each selectable (see ``docs/methods/baselines-reference.md`` for what the reference code does):
 
   - ``score_rope="unrotated"`` (default, as the reference code: the statistic is taken on q / k
     before RoPE) or ``"rotated"`` (on the attention the model computes, under its own RoPE);

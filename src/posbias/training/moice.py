@@ -1,7 +1,7 @@
 """Training MoICE routers the reference way: only the routers learn, on general text, with a budget.
 
 The reference run (MoICE, Lin et al. 2024, ``training/train-balance.py``; see
-``docs/baselines_reference.md``) trains the routers of a frozen model on ~900 sequences of general
+``docs/methods/baselines-reference.md``) trains the routers of a frozen model on ~900 sequences of general
 chat data of up to 4,608 tokens, one sequence per step, AdamW at lr 1e-4, with the LM loss plus
 0.3 x the Switch load-balancing loss. That is a GPU budget. Here the budget is the user's:
 
