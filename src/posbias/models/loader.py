@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from posbias.architecture.layers import SUPPORTED_HINT, ModelLoadError, get_decoder_layers  # noqa: F401 (re-exported)
+from posbias.models.trained import register_folder_model_type
 
 @dataclass(frozen=True)
 class PackagedModel:
@@ -178,6 +179,8 @@ def load_model(spec: str, *, dtype: torch.dtype = torch.float32, device: str | t
     path = resolve_spec(spec)
     if path.is_file() and path.suffix == ".gguf":
         path = _cached_from_gguf(path)
+    if register_folder_model_type(path):  # a posbias train / study model: its own positional scheme
+        require_rope = False
     model, tok = _load_hf_folder(path, dtype)
     if require_rope:
         check_rope_model(model)
