@@ -4,9 +4,9 @@ import json
 
 import pytest
 import torch
+from conftest import save_tiny_folder
 from typer.testing import CliRunner
 
-from conftest import save_tiny_folder
 from posbias.cli.main import app
 from posbias.patching.rope_scaling import apply_layer_scaling, save_factors_file
 
@@ -178,3 +178,20 @@ def test_a_broken_adapter_file_is_one_line(tmp_path):
     (tmp_path / "a" / "posbias_adapter.json").write_text('{"format": "posbias-adapter", "version": 9}')
     with pytest.raises(ValueError, match="adapter version 9"):
         load_model(str(tmp_path / "a"))
+
+
+@pytest.mark.parametrize("variant", ["qwen2", "gemma3"])
+def test_merged_folder_of_other_layouts(variant, tmp_path):
+    """Qwen2 and Gemma 3 (a rotary base per layer type): the merged folder's own code gives posbias's logits."""
+    from conftest import make_tiny_tokenizer, make_variant_model
+    from transformers import AutoModelForCausalLM
+
+    model = make_variant_model(variant)
+    model.save_pretrained(tmp_path / "base")
+    make_tiny_tokenizer().save_pretrained(tmp_path / "base")
+    per_layer = [1.0 + 0.5 * i for i in range(model.config.num_hidden_layers)]
+    factors = tmp_path / "f.json"
+    save_factors_file(factors, factors=per_layer)
+    _apply("--model", tmp_path / "base", "--factors", factors, "--out", tmp_path / "merged", "--merge")
+    remote = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", trust_remote_code=True).eval()
+    assert torch.equal(_logits(remote), _logits(_patched_reference(tmp_path / "base", per_layer)))

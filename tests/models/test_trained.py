@@ -2,9 +2,9 @@
 import json
 
 import pytest
+from conftest import make_tiny_tokenizer
 from typer.testing import CliRunner
 
-from conftest import make_tiny_tokenizer
 from posbias.cli.main import app
 
 runner = CliRunner()

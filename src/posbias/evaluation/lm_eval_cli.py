@@ -12,8 +12,9 @@ from __future__ import annotations
 
 def main() -> None:
     """Register the posbias model with lm-eval and run lm-eval's command line."""
-    import posbias.evaluation.lm_eval_adapter  # noqa: F401  (registers --model posbias)
     from lm_eval.__main__ import cli_evaluate
+
+    import posbias.evaluation.lm_eval_adapter  # noqa: F401  (registers --model posbias)
 
     cli_evaluate()
 

@@ -33,7 +33,7 @@ FACTORS_FILE = "posbias_factors.json"  # posbias.patching.rope_scaling.SAVED_FAC
 # stored in the folder.
 ADAPTER_METHODS: dict[str, tuple[str, ...]] = {"lpes": ("factors",), "pi": (), "ms-poe": ()}
 # The handle of the method each loaded adapter applied, keyed by the model (it lives as long as the model).
-_ACTIVE: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_ACTIVE: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 class AdapterError(ValueError):

@@ -12,7 +12,13 @@ import os
 import shutil
 from pathlib import Path
 
-from posbias.models.adapter import ADAPTER_FILE, ADAPTER_FORMAT, ADAPTER_METHODS, ADAPTER_VERSION, FACTORS_FILE
+from posbias.models.adapter import (
+    ADAPTER_FILE,
+    ADAPTER_FORMAT,
+    ADAPTER_METHODS,
+    ADAPTER_VERSION,
+    FACTORS_FILE,
+)
 
 MERGE_METHODS = ("lpes", "pi")  # per-layer RoPE factors, which modeling_posbias.py re-applies
 MODELING_FILE = "modeling_posbias.py"
@@ -143,15 +149,15 @@ def readme(doc: dict, name: str) -> str:
              f"Method `{doc['method']}` ({opts}) on the base model `{base['spec']}`"
              + (f" (revision {base['revision']})" if base.get("revision") else "") + ".", ""]
     if doc["merged"]:
-        lines += ["A standalone copy: the base weights, the tokenizer, and `modeling_posbias.py`, which re-applies "
-                  "the per-layer RoPE scaling when loaded with", "",
+        lines += [("A standalone copy: the base weights, the tokenizer, and `modeling_posbias.py`, which re-applies "
+                  "the per-layer RoPE scaling when loaded with"), "",
                   "```python", "from transformers import AutoModelForCausalLM",
                   f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)', "```", "",
-                  "Without `trust_remote_code=True` transformers refuses the folder (model type "
-                  "`posbias-scaled`) rather than loading the unscaled model."]
+                  ("Without `trust_remote_code=True` transformers refuses the folder (model type "
+                  "`posbias-scaled`) rather than loading the unscaled model.")]
     else:
         lines += ["An adapter: only the method's settings. Load the base model with the method active:", "",
                   "```python", "from posbias.models import load_model",
                   f'model, tokenizer = load_model("{name}")', "```", "",
-                  f"or pass the folder as `--model` to any posbias command."]
+                  "or pass the folder as `--model` to any posbias command."]
     return "\n".join(lines) + "\n"

@@ -105,7 +105,7 @@ class LayerScaling:
 
         return hook
 
-    def install(self) -> "LayerScaling":
+    def install(self) -> LayerScaling:
         for i, layer in enumerate(self.layers):
             if self.factors[i] != 1.0:
                 layer.register_forward_pre_hook(self._hook(i), with_kwargs=True)
