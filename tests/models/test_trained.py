@@ -58,3 +58,26 @@ def test_load_model_and_the_study_loader_agree(trained_folder):
     ids = torch.tensor([tok("The pass key is 12345.")["input_ids"]])
     assert a.config.model_type == "posbias-bam"
     assert torch.equal(a(input_ids=ids).logits, b(input_ids=ids).logits)
+
+
+def test_compare_and_ability_of_a_trained_model(trained_folder, tmp_path, monkeypatch):
+    res = runner.invoke(app, ["compare", "--model", str(trained_folder), "--methods", "none", "--task", "passkey",
+                              "--length", "256", "--n", "1", "--depths", "0,1", "--out", str(tmp_path / "cmp")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "cmp" / "none" / "summary.json").exists()
+    pytest.importorskip("lm_eval")
+    for key in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(key, "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    docs = [{"q": "The sky is", "c": ["blue", "green"], "a": 0}, {"q": "The grass is", "c": ["blue", "green"], "a": 1}]
+    (tasks / "t.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    (tasks / "t.yaml").write_text(
+        f"task: posbias_bam_tiny\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tasks / 't.jsonl'}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{q}}\"\ndoc_to_choice: \"{{c}}\"\n"
+        "doc_to_target: a\nmetric_list:\n  - metric: acc\n")
+    res = runner.invoke(app, ["ability", "--model", str(trained_folder), "--methods", "none", "--tasks",
+                              "posbias_bam_tiny", "--include-path", str(tasks), "--out", str(tmp_path / "ab")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "ab" / "ability.md").exists()
