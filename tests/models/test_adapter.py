@@ -195,3 +195,19 @@ def test_merged_folder_of_other_layouts(variant, tmp_path):
     _apply("--model", tmp_path / "base", "--factors", factors, "--out", tmp_path / "merged", "--merge")
     remote = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", trust_remote_code=True).eval()
     assert torch.equal(_logits(remote), _logits(_patched_reference(tmp_path / "base", per_layer)))
+
+
+def test_a_loaded_adapter_is_known_by_its_model_and_freed_with_it(base, factors, tmp_path):
+    import gc
+    import weakref
+
+    from posbias.models import load_model
+    from posbias.models.adapter import active_adapter
+
+    _apply("--model", base, "--factors", factors, "--out", tmp_path / "adapter")
+    model, _ = load_model(str(tmp_path / "adapter"))
+    assert active_adapter(model).method == "lpes"
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None

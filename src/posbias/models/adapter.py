@@ -78,7 +78,8 @@ class Adapter:
         """Apply the method to ``model`` (kept active while the model lives); returns ``(model, tokenizer)``."""
         from posbias.methods import apply_method
 
-        _ACTIVE[model] = apply_method(model, self.method, **self.method_options())
+        apply_method(model, self.method, **self.method_options())
+        _ACTIVE[model] = self
         return model, tokenizer
 
     def record(self) -> dict:
@@ -120,8 +121,8 @@ def _parse(folder: Path, file: Path) -> Adapter:
     return Adapter(folder, method, options, base, merged=bool(doc.get("merged")))
 
 
-def active_adapter_handle(model):
-    """The method handle a loaded adapter applied to ``model`` (None if none did)."""
+def active_adapter(model) -> Adapter | None:
+    """The adapter :func:`posbias.models.load_model` applied to ``model`` (None for any other model)."""
     return _ACTIVE.get(model)
 
 
