@@ -134,3 +134,74 @@ def test_loglikelihood_shows_progress_over_every_request(tiny_tokenizer, monkeyp
     lm.close()
     assert seen[0] == ("total", 4, False) and seen[-1] == "closed"
     assert sum(u for u in seen if isinstance(u, int)) == 4 and 2 in seen  # the two choices in one step
+
+
+def _tiny_task(folder):
+    """A two-question multiple-choice lm-eval task over a local jsonl file, in ``folder``."""
+    docs = [{"question": "The sky is", "choices": ["blue", "green"], "label": 0},
+            {"question": "The grass is", "choices": ["blue", "green"], "label": 1}]
+    (folder / "tiny.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    (folder / "tiny.yaml").write_text(
+        "task: posbias_cli_tiny\ndataset_path: json\ndataset_kwargs:\n"
+        f"  data_files:\n    test: {folder / 'tiny.jsonl'}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{question}}\"\n"
+        "doc_to_choice: \"{{choices}}\"\ndoc_to_target: label\nmetric_list:\n  - metric: acc\n")
+
+
+def test_lm_eval_command_line_with_model_posbias(tmp_path):
+    """``posbias-lm-eval --model posbias --model_args pretrained=...,method=lpes,factors=...`` through lm-eval's
+    own CLI entry in a subprocess: it loads the model, applies the method and writes results."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import save_tiny_folder
+    from posbias.patching.rope_scaling import save_factors_file
+
+    model = save_tiny_folder(tmp_path / "model")
+    factors = tmp_path / "factors.json"
+    save_factors_file(factors, factors=[1.0, 2.0, 4.0])
+    (tmp_path / "tasks").mkdir()
+    _tiny_task(tmp_path / "tasks")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "posbias.evaluation.lm_eval_cli", "--model", "posbias", "--model_args",
+            f"pretrained={model},method=lpes,factors={factors},device=cpu,dtype=float32", "--tasks",
+            "posbias_cli_tiny", "--include_path", str(tmp_path / "tasks"), "--batch_size", "2",
+            "--output_path", str(tmp_path / "out")]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = list((tmp_path / "out").rglob("results*.json"))
+    assert len(found) == 1
+    res = json.loads(found[0].read_text())
+    assert res["results"]["posbias_cli_tiny"]["acc,none"] in (0.0, 0.5, 1.0)
+    assert res["config"]["model_args"]["method"] == "lpes"
+
+
+def test_model_args_build_the_method(tmp_path):
+    from conftest import save_tiny_folder
+    from posbias.evaluation.lm_eval_adapter import PosbiasLM
+
+    model = save_tiny_folder(tmp_path / "model")
+    lm = PosbiasLM.create_from_arg_string(f"pretrained={model},method=pi,factor=2,dtype=float32",
+                                          {"batch_size": "4", "device": None, "max_batch_size": None})
+    assert lm.handle.name == "pi" and lm.handle.options == {"factor": 2.0} and lm.batch_size == 4
+    lm.close()
+    with pytest.raises(ValueError, match="not a floating-point torch dtype"):
+        PosbiasLM.create_from_arg_string(f"pretrained={model},dtype=int8")
+
+
+def test_posbias_lm_eval_script_is_declared():
+    import tomllib
+    from pathlib import Path
+
+    from lm_eval.api.registry import get_model
+
+    from posbias.evaluation import lm_eval_cli
+    from posbias.evaluation.lm_eval_adapter import PosbiasLM
+
+    doc = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert doc["project"]["scripts"]["posbias-lm-eval"] == "posbias.evaluation.lm_eval_cli:main"
+    assert callable(lm_eval_cli.main) and get_model("posbias") is PosbiasLM

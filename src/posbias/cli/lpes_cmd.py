@@ -18,6 +18,7 @@ from posbias.cli.common import (
     NumNeedles,
     Seed,
     friendly_errors,
+    parse_key_values,
     parse_numbers,
     task_options,
 )
@@ -109,20 +110,34 @@ def generation_line(m: dict) -> str:
 
 def apply_command(
     model: str = ModelOption(),
-    factors: str = typer.Option(..., help="factors file (best_factors.json of a search)"),
-    out: str = typer.Option(..., help="output model folder"),
+    factors: Optional[str] = typer.Option(None, help="factors file (best_factors.json of a search), for lpes"),
+    out: str = typer.Option(..., help="output folder (an earlier apply's folder there is replaced)"),
+    method: str = typer.Option("lpes", help="lpes | pi | ms-poe (methods that patch the model in place)"),
+    method_opt: Optional[list[str]] = typer.Option(None, "--method-opt", help="method option key=value (repeatable)"),
+    merge: bool = typer.Option(False, "--merge", help="write a standalone model folder (weights + tokenizer + "
+                                                      "modeling_posbias.py) that transformers loads with the "
+                                                      "scaling through trust_remote_code=True (lpes, pi)"),
 ):
-    """Write a model folder that posbias.models.load_model reloads with the scaling active."""
+    """Write the method as an adapter folder (a few KB: settings, factors file, base model) that --model and
+    posbias.models.load_model load as base model + method; --merge writes a standalone model folder."""
     from posbias.models import load_model
-    from posbias.patching.rope_scaling import load_factors_file, save_patched_model
+    from posbias.models.adapter import read_adapter
+    from posbias.models.export import check_apply_request, write_applied
     from posbias.utils.run_folder import open_run
 
-    folder = open_run(out, "apply", {})  # empty, new, or a folder this command wrote before
-    load_factors_file(factors)  # a bad factors file is refused before the model loads
+    options = parse_key_values(method_opt, "method-opt")
+    if factors:
+        options["factors"] = factors
+    open_run(out, "apply", {})  # empty, new, or a folder this command wrote before
+    name = check_apply_request(method, options, merge)  # before the model loads
+    if read_adapter(Path(model).expanduser()) is not None:
+        raise ValueError(f"--model {model} was written by posbias apply: give its base model")
     m, tok = load_model(model)
-    target = save_patched_model(m, tok, factors, folder.path)
-    typer.echo(f"wrote {target} (weights + tokenizer + posbias_factors.json; "
-               "posbias.models.load_model reloads it with the per-layer scaling)")
+    target = write_applied(out, spec=model, model=m, tokenizer=tok, method=name, options=options, merge=merge)
+    what = ("a standalone model (weights + tokenizer + modeling_posbias.py; transformers loads it with the "
+            "scaling through trust_remote_code=True)" if merge else "an adapter (--model or "
+            "posbias.models.load_model loads it as the base model with the method)")
+    typer.echo(f"wrote {target}: {name} on {model} as {what}")
 
 
 def analyze_command(

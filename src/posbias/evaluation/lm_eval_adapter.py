@@ -27,10 +27,17 @@ from posbias.evaluation.scoring import score_token_rows
 
 try:
     from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("posbias.evaluation.lm_eval_adapter needs lm-evaluation-harness: pip install lm-eval") from e
 
+LM_EVAL_NAME = "posbias"  # lm_eval --model posbias (through the posbias-lm-eval command)
+# model_args that are not a method option (the rest are passed to the method, e.g. factor=2 for pi).
+MODEL_ARGS = ("pretrained", "method", "device", "dtype", "batch_size", "max_batch_size", "max_length",
+              "max_gen_toks")
 
+
+@register_model(LM_EVAL_NAME)
 class PosbiasLM(TemplateLM):
     """An ``lm_eval`` model wrapping ``(model, tokenizer)`` and an optional posbias method.
 
@@ -62,6 +69,38 @@ class PosbiasLM(TemplateLM):
         self.max_length = int(max_length or getattr(model.config, "max_position_embeddings", 2048) or 2048)
         self.max_gen_toks = int(max_gen_toks)
         self._device = next(model.parameters()).device
+
+    # -- construction from lm_eval's --model_args ------------------------------------------------
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "PosbiasLM":
+        """``pretrained=...,method=lpes,factors=...,device=...,dtype=...`` (lm_eval's ``--model_args``)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.from_model_args(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "PosbiasLM":
+        return cls.from_model_args(dict(arg_dict), additional_config)
+
+    @classmethod
+    def from_model_args(cls, args: dict, additional_config: dict | None = None) -> "PosbiasLM":
+        """Load ``pretrained`` (a folder, alias, ``.gguf`` or a ``posbias apply`` folder, through
+        :func:`posbias.models.load_model`) on ``device`` in ``dtype`` and apply ``method`` with the other
+        arguments as its options (``factors`` for lpes). ``device`` defaults to the first CUDA device when
+        there is one (else the CPU), ``dtype`` to bfloat16 on CUDA and float32 on the CPU; lm_eval's own
+        ``--device`` / ``--batch_size`` apply where ``--model_args`` does not set them."""
+        from posbias.models import load_model
+
+        args = {**{k: v for k, v in (additional_config or {}).items() if v is not None}, **args}
+        if "pretrained" not in args:
+            raise ValueError("lm_eval --model posbias needs --model_args pretrained=MODEL (a folder, alias or "
+                             ".gguf file)")
+        device, dtype = _device_and_dtype(args.get("device"), args.get("dtype"))
+        options = {k: v for k, v in args.items() if k not in MODEL_ARGS}
+        model, tokenizer = load_model(str(args["pretrained"]), device=device, dtype=dtype)
+        return cls(model, tokenizer, method=args.get("method") or "none", method_options=options,
+                   batch_size=_batch_size(args.get("batch_size")), max_length=args.get("max_length"),
+                   max_gen_toks=int(args.get("max_gen_toks", 64)))
 
     # -- lm_eval plumbing ---------------------------------------------------------------------
     @property
@@ -202,3 +241,24 @@ class PosbiasLM(TemplateLM):
                     text = text.split(u)[0]
             texts.append(text)
         return texts
+
+
+def _device_and_dtype(device, dtype) -> tuple[str, torch.dtype]:
+    """``(device, dtype)`` from ``--model_args`` strings; unset or ``auto``: CUDA in bfloat16 when present,
+    else the CPU in float32."""
+    cuda = torch.cuda.is_available()
+    device = str(device) if device not in (None, "", "auto") else ("cuda" if cuda else "cpu")
+    if dtype in (None, "", "auto"):
+        return device, torch.bfloat16 if device.startswith("cuda") else torch.float32
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise ValueError(f"dtype {dtype!r} is not a floating-point torch dtype (float32, bfloat16, float16, auto)")
+    return device, value
+
+
+def _batch_size(value) -> int:
+    """lm_eval's batch size (a number, or ``auto`` / ``auto:N``, which score 8 requests per pass here)."""
+    try:
+        return max(1, int(value))
+    except (TypeError, ValueError):
+        return 8

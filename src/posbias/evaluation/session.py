@@ -59,12 +59,17 @@ def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | 
     depths = check_request(task, n=n, depths=depths, seed=seed, split=split, **task_options)
     if instances is None:
         instances = precheck_instances(task, n=n, depths=depths, seed=seed, split=split, **task_options)
+    from posbias.models.adapter import eval_settings
+
+    method, method_options, adapter = eval_settings(model, method, method_options)  # a posbias apply folder's own
     check_method(method, method_options)
     if chat and task_options.get("shared_context"):
         raise ValueError("a shared context (shared_context=true) is scored without a chat template: drop --chat")
     config = {"model": model, "task": task, "depths": depths, "n": n, "seed": seed, "split": split, "mode": mode,
               "batch_size": batch_size, "chat": chat, "max_new_tokens": max_new_tokens, "method": method,
               "method_options": method_options, "task_options": task_options}
+    if adapter is not None:  # the model loads with the method active: recorded, not applied again
+        config["adapter"] = adapter
     folder = open_run(out, "eval", config, check_keys=RESUME_KEYS, parent=parent)
     return EvalPlan(config, folder, instances)
 
@@ -111,7 +116,8 @@ def run_planned(plan: EvalPlan, loaded=None, progress: bool = True) -> dict:
     if instances is None:
         instances = build_instances(lm, tok, c["task"], c["depths"], c["n"], c["seed"], c["split"],
                                     c["task_options"])
-    with _method(lm, c["method"], c["method_options"]) as scored_model:
+    method, options = ("none", {}) if c.get("adapter") else (c["method"], c["method_options"])
+    with _method(lm, method, options) as scored_model:
         return evaluate(scored_model, tok, instances, plan.folder.path, mode=c["mode"], batch_size=c["batch_size"],
                         chat=c["chat"], max_new_tokens=c["max_new_tokens"], label=f"{c['method']} / {c['task']}",
                         progress=progress, before_write=plan.folder.commit)

@@ -111,7 +111,10 @@ def check_option_names(name: str, options: dict) -> MethodSpec:
 
 def apply_method(model, name: str, **options) -> MethodHandle:
     """Apply method ``name`` to ``model``; unknown names / options raise :class:`ValueError`."""
+    from posbias.models.trained import check_method_fits
+
     spec = check_option_names(name, options)
+    check_method_fits(model, spec.name)  # a posbias-trained (BAM) model has no RoPE to rescale
     handle = spec.factory(model, **options)
     handle.name = spec.name
     return handle

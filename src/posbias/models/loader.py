@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 
 from posbias.architecture.layers import SUPPORTED_HINT, ModelLoadError, get_decoder_layers  # noqa: F401 (re-exported)
+from posbias.models.adapter import read_adapter
+from posbias.models.trained import register_folder_model_type
 
 @dataclass(frozen=True)
 class PackagedModel:
@@ -176,17 +178,23 @@ def load_model(spec: str, *, dtype: torch.dtype = torch.float32, device: str | t
         require_rope: raise :class:`ModelLoadError` for a model without rotary embeddings.
     """
     path = resolve_spec(spec)
+    adapter = read_adapter(path)  # a folder written by posbias apply: base model + method
+    if adapter is not None and not adapter.merged:
+        return adapter.apply(*load_model(adapter.base_spec(), dtype=dtype, device=device, require_rope=require_rope))
     if path.is_file() and path.suffix == ".gguf":
         path = _cached_from_gguf(path)
-    model, tok = _load_hf_folder(path, dtype)
+    if register_folder_model_type(path):  # a posbias train / study model: its own positional scheme
+        require_rope = False
+    model, tok = _load_hf_folder(path, dtype, config=adapter.base_config() if adapter else None)
     if require_rope:
         check_rope_model(model)
     model.to(device).eval()
-    _restore_saved_patches(model, path)
+    if adapter is not None:  # merged by posbias apply --merge (or a full copy by an older posbias apply)
+        adapter.apply(model)
     return model, tok
 
 
-def _load_hf_folder(path: Path, dtype: torch.dtype):
+def _load_hf_folder(path: Path, dtype: torch.dtype, config=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not (path / "config.json").exists():
@@ -197,7 +205,7 @@ def _load_hf_folder(path: Path, dtype: torch.dtype):
         raise ModelLoadError(f"cannot load the tokenizer of {path} (tokenizer files missing or broken: "
                              f"{_first_line(e)})") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **({"config": config} if config else {}))
     except (ValueError, KeyError, OSError, RuntimeError) as e:
         raise ModelLoadError(f"cannot load {path}: {_first_line(e)}") from None
     if tok.pad_token_id is None:
@@ -276,12 +284,3 @@ def check_rope_model(model) -> None:
         rope_layout(model)
     except RopeLayoutError as e:
         raise ModelLoadError(f"{e} ({SUPPORTED_HINT})") from None
-
-
-def _restore_saved_patches(model, path: Path) -> None:
-    """Re-apply a per-layer RoPE scaling saved by ``posbias apply`` (``posbias_factors.json``)."""
-    factors_file = path / "posbias_factors.json"
-    if factors_file.exists():
-        from posbias.patching.rope_scaling import apply_factors_file
-
-        apply_factors_file(model, factors_file)

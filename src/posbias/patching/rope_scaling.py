@@ -363,22 +363,29 @@ def apply_factors_file(model, path: str | Path) -> ScalingHandle:
 
 
 def save_patched_model(model, tokenizer, factors_path: str | Path, out: str | Path) -> Path:
-    """Write ``model``'s weights + tokenizer + a copy of the factors file to ``out``.
+    """Write ``model``'s weights + tokenizer + a copy of the factors file to ``out`` (the folder of
+    ``posbias apply`` before adapters: :mod:`posbias.models.adapter` reads it as merged lpes).
 
     ``posbias.models.load_model(out)`` reloads it with the scaling active; plain transformers loads
     the (unchanged) weights. The weights are saved without hooks (they change no parameter).
     """
-    import shutil
-
-    from posbias.architecture.layers import get_decoder_layers
-
     out = Path(out)
-    doc = load_factors_file(factors_path, num_layers=len(get_decoder_layers(model)))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
-    target = out / SAVED_FACTORS_NAME
+    write_model_factors(model, factors_path, out / SAVED_FACTORS_NAME)
+    return out
+
+
+def write_model_factors(model, factors_path: str | Path, target: str | Path) -> list[float]:
+    """Write the factors file ``factors_path`` as it applies to ``model`` into ``target`` (a copy, or
+    the curve re-evaluated for the model's layer count); returns the factors."""
+    import shutil
+
+    from posbias.architecture.layers import get_decoder_layers
+
+    doc = load_factors_file(factors_path, num_layers=len(get_decoder_layers(model)))
     if doc["factors"] == doc["saved_factors"]:
         shutil.copyfile(factors_path, target)
     else:  # re-evaluated for this model's depth: store the factors actually used
@@ -386,4 +393,4 @@ def save_patched_model(model, tokenizer, factors_path: str | Path, out: str | Pa
                                                              "saved_factors", "curve", "model", "task", "score")}
         save_factors_file(target, factors=doc["factors"], curve=doc.get("curve"), model=doc.get("model"),
                           task=doc.get("task"), score=doc.get("score"), **extra)
-    return out
+    return list(doc["factors"])

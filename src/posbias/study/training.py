@@ -188,16 +188,11 @@ def _resolve(out: Path, p: str) -> Path:
 
 
 def load_trained(path: str | Path, device: str = "auto"):
-    """``(model, tokenizer)`` from a trained model folder, in eval mode."""
+    """``(model, tokenizer)`` from a trained model folder, in eval mode (:func:`posbias.models.load_model`)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import posbias.bam  # noqa: F401  (registers model_type "posbias-bam" with the Auto classes)
+    from posbias.models import load_model
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
-    tok = AutoTokenizer.from_pretrained(path)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return model, tok
+    return load_model(str(path), device=device)

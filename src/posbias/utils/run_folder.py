@@ -19,8 +19,9 @@ the ones the run's summary then describes; every committed invocation is also ap
 ``invocations.jsonl`` (time, command line, settings), the record of a folder that several
 invocations filled (e.g. a study evaluated one scheme per invocation).
 
-``posbias apply`` writes a model folder instead: its kind is recognised by the Hugging Face
-``config.json`` next to ``posbias_factors.json``, and it never commits a posbias config.
+``posbias apply`` writes a model folder instead: its kind is recognised by ``posbias_adapter.json`` (or,
+in folders of older versions, the Hugging Face ``config.json`` next to ``posbias_factors.json``), and it
+never commits a posbias config.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ KINDS = ("eval", "compare", "search", "analyze", "apply", "train", "study", "tun
 _LEGACY_MARKERS = (("search", "ga"), ("compare", "methods"), ("study", "schemes"), ("train", "pe"),
                    ("analyze", "controls"), ("eval", "method"))
 _APPLY_MARKER = "posbias_factors.json"  # posbias.patching.rope_scaling.SAVED_FACTORS_NAME
+_ADAPTER_MARKER = "posbias_adapter.json"  # posbias.models.adapter.ADAPTER_FILE
 
 
 @dataclass
@@ -116,6 +118,8 @@ def folder_kind(path: Path) -> str | None:
     entries = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
     if not entries:
         return None
+    if _ADAPTER_MARKER in entries:
+        return "apply"
     if CONFIG not in entries:
         shown = ", ".join(entries[:3]) + (f", ... ({len(entries)} entries)" if len(entries) > 3 else "")
         raise ValueError(f"{path} is not empty ({shown}) and holds no posbias run ({CONFIG}); "
@@ -179,7 +183,7 @@ def _legacy_kind(doc: dict) -> str | None:
 
 def _describe(kind: str) -> str:
     if kind == "apply":
-        return f"a model written by posbias apply ({CONFIG} with model_type, {_APPLY_MARKER})"
+        return f"a model written by posbias apply ({_ADAPTER_MARKER}, or {CONFIG} with model_type and {_APPLY_MARKER})"
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} run ({CONFIG})"
 
 

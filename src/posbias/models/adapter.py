@@ -1,0 +1,140 @@
+"""Folders written by ``posbias apply``: a base model plus a method, read back as that model with the method active.
+
+``posbias apply`` writes what it changes, in the spirit of a PEFT adapter folder (a few KB)::
+
+    posbias_adapter.json   {"format": "posbias-adapter", "version": 1, "method": "lpes",
+                            "options": {"factors": "posbias_factors.json"},
+                            "base_model": {"spec": ..., "path": ..., "revision": ...}, "merged": false, ...}
+    posbias_factors.json   (lpes) the factors for the base model's layer count
+    README.md
+
+``--merge`` writes a standalone folder instead: the base weights and tokenizer, a ``config.json`` of model type
+``posbias-scaled`` whose ``auto_map`` names ``modeling_posbias.py`` (:mod:`posbias.models.modeling_posbias`), and
+the same ``posbias_adapter.json`` with ``"merged": true``. Folders written before adapters existed (a full model
+copy with ``posbias_factors.json`` beside a plain ``config.json``) read as merged lpes folders.
+
+:func:`read_adapter` recognises all three; :func:`posbias.models.load_model` loads them through :meth:`Adapter.apply`
+(posbias's own implementation of the method, never the folder's modeling file), and an evaluation records the
+method and its settings (:func:`eval_settings`).
+"""
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ADAPTER_FILE = "posbias_adapter.json"
+ADAPTER_FORMAT = "posbias-adapter"
+ADAPTER_VERSION = 1
+FACTORS_FILE = "posbias_factors.json"  # posbias.patching.rope_scaling.SAVED_FACTORS_NAME
+# Methods an adapter folder can carry: those that patch the model in place; each one's options naming a file
+# stored in the folder.
+ADAPTER_METHODS: dict[str, tuple[str, ...]] = {"lpes": ("factors",), "pi": (), "ms-poe": ()}
+# The handle of the method each loaded adapter applied, keyed by the model (it lives as long as the model).
+_ACTIVE: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+class AdapterError(ValueError):
+    """A ``posbias_adapter.json`` that is malformed or whose base model cannot be found."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A folder written by ``posbias apply`` (``merged``: it holds the weights; ``legacy``: the old full copy)."""
+
+    folder: Path
+    method: str
+    options: dict
+    base_model: dict
+    merged: bool = False
+    legacy: bool = False
+
+    def method_options(self) -> dict:
+        """The method's options, with the files the folder stores as absolute paths."""
+        files = ADAPTER_METHODS.get(self.method, ())
+        return {k: (str((self.folder / v).resolve()) if k in files else v) for k, v in self.options.items()}
+
+    def base_spec(self) -> str:
+        """What to load as the base model: the recorded spec when it is an alias, else the recorded
+        path when it still exists, else the spec (a Hugging Face id, or a path that moved)."""
+        from posbias.models.loader import ALIASES
+
+        spec, path = self.base_model.get("spec"), self.base_model.get("path")
+        if spec in ALIASES or not path:
+            return str(spec)
+        return str(path) if Path(path).exists() else str(spec)
+
+    def base_config(self):
+        """The base architecture's config of a merged folder (None for a legacy folder's plain config)."""
+        if not self.merged or self.legacy:
+            return None
+        from posbias.models.modeling_posbias import base_config
+
+        return base_config(json.loads((self.folder / "config.json").read_text(encoding="utf-8")))
+
+    def apply(self, model, tokenizer=None):
+        """Apply the method to ``model`` (kept active while the model lives); returns ``(model, tokenizer)``."""
+        from posbias.methods import apply_method
+
+        apply_method(model, self.method, **self.method_options())
+        _ACTIVE[model] = self
+        return model, tokenizer
+
+    def record(self) -> dict:
+        """What a run folder records about the adapter it evaluated."""
+        return {"folder": str(self.folder.resolve()), "merged": self.merged, "legacy": self.legacy,
+                "base_model": self.base_model}
+
+
+def read_adapter(path: str | Path) -> Adapter | None:
+    """The adapter in folder ``path``, or None when it is not a folder written by ``posbias apply``."""
+    path = Path(path)
+    if not path.is_dir():
+        return None
+    if not (path / ADAPTER_FILE).exists():
+        if (path / FACTORS_FILE).exists() and (path / "config.json").exists():
+            return Adapter(path, "lpes", {"factors": FACTORS_FILE}, {"spec": str(path), "path": str(path)},
+                           merged=True, legacy=True)
+        return None
+    return _parse(path, path / ADAPTER_FILE)
+
+
+def _parse(folder: Path, file: Path) -> Adapter:
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:
+        raise AdapterError(f"{file}: not a readable posbias adapter file ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != ADAPTER_FORMAT:
+        raise AdapterError(f"{file}: not a posbias adapter file (format {ADAPTER_FORMAT!r} expected)")
+    if doc.get("version") != ADAPTER_VERSION:
+        raise AdapterError(f"{file}: adapter version {doc.get('version')!r} is not {ADAPTER_VERSION}: "
+                           "written by another posbias version")
+    method, options, base = doc.get("method"), doc.get("options"), doc.get("base_model")
+    if method not in ADAPTER_METHODS or not isinstance(options, dict) or not isinstance(base, dict):
+        raise AdapterError(f"{file}: needs 'method' (one of {', '.join(ADAPTER_METHODS)}), 'options' and "
+                           "'base_model'")
+    missing = [options[k] for k in ADAPTER_METHODS[method] if not (folder / str(options.get(k))).is_file()]
+    if missing:
+        raise AdapterError(f"{folder}: the adapter's file {missing[0]} is missing")
+    return Adapter(folder, method, options, base, merged=bool(doc.get("merged")))
+
+
+def active_adapter(model) -> Adapter | None:
+    """The adapter :func:`posbias.models.load_model` applied to ``model`` (None for any other model)."""
+    return _ACTIVE.get(model)
+
+
+def eval_settings(model: str, method: str, options: dict) -> tuple[str, dict, dict | None]:
+    """``(method, options, adapter record)`` an evaluation of ``model`` records: an adapter folder's own method
+    and settings (the model loads with them active), or the request unchanged for any other model. A method
+    asked for on top of an adapter's is refused."""
+    adapter = read_adapter(Path(str(model)).expanduser())
+    if adapter is None:
+        return method, options, None
+    if method != "none" or options:
+        base = adapter.base_model.get("spec") if not adapter.merged else adapter.folder
+        raise ValueError(f"--model {model} was written by posbias apply and carries method {adapter.method}; "
+                         f"evaluate it with method none, or evaluate {method} on the base model {base}")
+    return adapter.method, adapter.method_options(), adapter.record()

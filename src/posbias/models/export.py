@@ -1,0 +1,163 @@
+"""Write the folder of ``posbias apply``: an adapter (base model + method, a few KB) or, with ``merge``, a
+standalone model folder that plain transformers loads with the scaling active (``trust_remote_code=True``).
+
+The folder is written into a hidden sibling and renamed into place at the end, so an interrupted apply
+never leaves a half-written folder (:func:`write_applied`). The formats are described in
+:mod:`posbias.models.adapter`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from posbias.models.adapter import (
+    ADAPTER_FILE,
+    ADAPTER_FORMAT,
+    ADAPTER_METHODS,
+    ADAPTER_VERSION,
+    FACTORS_FILE,
+)
+
+MERGE_METHODS = ("lpes", "pi")  # per-layer RoPE factors, which modeling_posbias.py re-applies
+MODELING_FILE = "modeling_posbias.py"
+
+
+def check_apply_request(method: str, options: dict, merge: bool) -> str:
+    """The canonical method name, after every check that needs no model (the method, its options, a
+    factors file); :class:`ValueError` with one line otherwise."""
+    from posbias.evaluation.session import check_method
+    from posbias.methods.registry import resolve_method
+
+    name = resolve_method(method).name
+    if name not in ADAPTER_METHODS:
+        raise ValueError(f"apply writes methods that patch the model in place ({', '.join(ADAPTER_METHODS)}), "
+                         f"not {name}: evaluate {name} with --method instead")
+    if merge and name not in MERGE_METHODS:
+        raise ValueError(f"--merge writes per-layer RoPE factors ({', '.join(MERGE_METHODS)}), not {name}: "
+                         "leave out --merge to write an adapter folder")
+    check_method(name, options)
+    return name
+
+
+def write_applied(out: str | Path, *, spec: str, model, tokenizer, method: str, options: dict,
+                  merge: bool = False) -> Path:
+    """Write the adapter (or, with ``merge``, the standalone) folder of ``method`` on ``model`` (loaded from
+    ``spec``, unpatched) to ``out``, replacing a folder an earlier apply wrote there."""
+    from posbias.methods import apply_method
+
+    handle = apply_method(model, method, **options)  # checks the options against this model
+    handle.remove()
+    out = Path(out)
+    staging = out.parent / f".{out.name}.apply-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        stored = dict(handle.options)
+        if method == "lpes":
+            factors = _write_lpes_factors(model, options["factors"], staging)
+            stored["factors"] = FACTORS_FILE
+        if merge:
+            from posbias.architecture.layers import get_decoder_layers
+
+            per_layer = factors if method == "lpes" else [float(stored["factor"])] * len(get_decoder_layers(model))
+            write_merged(staging, model, tokenizer, method, per_layer)
+        doc = adapter_doc(spec, model, method, stored, merge)
+        (staging / ADAPTER_FILE).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        (staging / "README.md").write_text(readme(doc, out.name), encoding="utf-8")
+        _swap_into_place(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _write_lpes_factors(model, factors_path, folder: Path) -> list[float]:
+    from posbias.patching.rope_scaling import write_model_factors
+
+    return write_model_factors(model, Path(str(factors_path)).expanduser(), folder / FACTORS_FILE)
+
+
+def adapter_doc(spec: str, model, method: str, options: dict, merged: bool) -> dict:
+    """The content of ``posbias_adapter.json``: the method, its options and the base model's spec, path and
+    revision (the Hugging Face commit where the model came from the Hub)."""
+    from posbias.architecture.layers import get_decoder_layers
+    from posbias.utils.io import versions
+
+    local = Path(str(spec)).expanduser()
+    return {"format": ADAPTER_FORMAT, "version": ADAPTER_VERSION, "method": method, "options": options,
+            "base_model": {"spec": str(spec), "path": str(local.resolve()) if local.exists() else None,
+                           "revision": getattr(model.config, "_commit_hash", None),
+                           "model_type": model.config.model_type,
+                           "num_layers": len(get_decoder_layers(model))},
+            "merged": merged, "versions": versions()}
+
+
+def write_merged(folder: Path, model, tokenizer, method: str, factors: list[float]) -> None:
+    """Weights, tokenizer, ``modeling_posbias.py`` and a ``posbias-scaled`` ``config.json`` whose ``auto_map``
+    points at it, so ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` re-applies the
+    scaling and transformers refuses the folder without ``trust_remote_code``."""
+    from posbias.models import modeling_posbias as remote
+
+    _check_mergeable(model)
+    model.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    shutil.copyfile(remote.__file__, folder / MODELING_FILE)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.update({
+        remote.BASE_TYPE_KEY: config["model_type"],
+        remote.BASE_ARCHITECTURES_KEY: config.get("architectures"),
+        "model_type": remote.MODEL_TYPE,
+        "architectures": [remote.PosbiasScaledForCausalLM.__name__],
+        "auto_map": {"AutoConfig": f"modeling_posbias.{remote.PosbiasScaledConfig.__name__}",
+                     "AutoModelForCausalLM": f"modeling_posbias.{remote.PosbiasScaledForCausalLM.__name__}"},
+        remote.SCALING_KEY: {"method": method, "factors": [float(f) for f in factors]},
+    })
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _check_mergeable(model) -> None:
+    """The layout ``modeling_posbias.py`` assumes: ``model.model.layers`` and one ``model.model.rotary_emb``."""
+    from posbias.architecture.layers import get_decoder_layers
+
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or getattr(inner, "rotary_emb", None) is None or list(layers) != list(get_decoder_layers(model)):
+        raise ValueError(f"--merge supports models with model.model.layers and one model.model.rotary_emb; "
+                         f"{type(model).__name__} differs: leave out --merge to write an adapter folder")
+
+
+def _swap_into_place(staging: Path, out: Path) -> None:
+    """Rename ``staging`` to ``out``; an existing ``out`` (an earlier apply's folder, or empty) is moved
+    aside first and deleted after."""
+    if not out.exists():
+        os.replace(staging, out)
+        return
+    old = out.parent / f".{out.name}.replaced-{os.getpid()}"
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(out, old)
+    os.replace(staging, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def readme(doc: dict, name: str) -> str:
+    """A short README.md for the folder: what it holds and how to load it."""
+    base = doc["base_model"]
+    opts = ", ".join(f"{k}={v}" for k, v in doc["options"].items()) or "defaults"
+    lines = [f"# {name}: {base['spec']} + {doc['method']} (posbias)", "",
+             f"Method `{doc['method']}` ({opts}) on the base model `{base['spec']}`"
+             + (f" (revision {base['revision']})" if base.get("revision") else "") + ".", ""]
+    if doc["merged"]:
+        lines += [("A standalone copy: the base weights, the tokenizer, and `modeling_posbias.py`, which re-applies "
+                  "the per-layer RoPE scaling when loaded with"), "",
+                  "```python", "from transformers import AutoModelForCausalLM",
+                  f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)', "```", "",
+                  ("Without `trust_remote_code=True` transformers refuses the folder (model type "
+                  "`posbias-scaled`) rather than loading the unscaled model.")]
+    else:
+        lines += ["An adapter: only the method's settings. Load the base model with the method active:", "",
+                  "```python", "from posbias.models import load_model",
+                  f'model, tokenizer = load_model("{name}")', "```", "",
+                  "or pass the folder as `--model` to any posbias command."]
+    return "\n".join(lines) + "\n"

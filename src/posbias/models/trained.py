@@ -1,0 +1,47 @@
+"""Models posbias trains itself (``posbias train`` / ``study``: the BAM decoder, ``model_type`` ``posbias-bam``).
+
+Their folders load through :func:`posbias.models.load_model` like any other model: the model type is
+registered with transformers' Auto classes before the folder is read (:func:`register_folder_model_type`).
+They carry their own positional scheme (GGD, ALiBi, NoPE, ... ; Chi et al. / Bai et al.'s BAM priors),
+not a transformers rotary module, so the training-free methods that rescale RoPE (everything but ``none``)
+are refused on them with one line (:func:`check_method_fits`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+BAM_MODEL_TYPE = "posbias-bam"
+
+
+def folder_model_type(path: str | Path) -> str | None:
+    """The ``model_type`` in ``path/config.json`` (None without a readable one)."""
+    try:
+        doc = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc.get("model_type") if isinstance(doc, dict) else None
+
+
+def register_folder_model_type(path: str | Path) -> bool:
+    """Register the posbias model type a folder holds with the Auto classes; True for a trained BAM
+    folder (whose models have no RoPE for :func:`posbias.models.check_rope_model` to check)."""
+    if folder_model_type(path) != BAM_MODEL_TYPE:
+        return False
+    import posbias.bam  # noqa: F401  (registers model_type "posbias-bam" with AutoConfig / AutoModelForCausalLM)
+
+    return True
+
+
+def is_trained_model(model) -> bool:
+    """Whether ``model`` is a posbias-trained BAM decoder."""
+    return getattr(getattr(model, "config", None), "model_type", None) == BAM_MODEL_TYPE
+
+
+def check_method_fits(model, method: str) -> None:
+    """:class:`ValueError` (one line) for a RoPE method on a posbias-trained model: only ``none`` applies."""
+    if method == "none" or not is_trained_model(model):
+        return
+    pe = getattr(model.config, "pe", "?")
+    raise ValueError(f"method {method!r} rescales a RoPE model's rotary embeddings; this is a posbias-trained "
+                     f"BAM model (positional scheme {pe}) without them: evaluate it with method none")
