@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from posbias.models.options import LoadOptions, load_settings
 from posbias.search.evaluators import PoolEvaluator, RayEvaluator, SerialEvaluator
 from posbias.search.fitness import DEFAULT_DEPTHS, DEFAULT_OBJECTIVE, OBJECTIVES
 from posbias.search.ga import GAConfig
@@ -47,7 +48,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 BEST = "best_factors.json"
 # Settings that must match when a search folder is resumed (``generations`` may grow).
 RESUME_KEYS = ("model", "task", "seed", "curve", "control_points", "task_options", "weights", "chat", "ga",
-               "n_per_depth", "prune", "objective", "shared_context")
+               "n_per_depth", "prune", "objective", "shared_context", "dtype")
 
 
 # -- the real search -----------------------------------------------------------------------------
@@ -68,16 +69,17 @@ class SearchResult:
 def build_fitness(model_spec: str, task: str, *, n_per_depth: int, seed: int, task_options: dict,
                   depths: Sequence[float] = DEFAULT_DEPTHS, weights=None, batch_size: int = 4,
                   chat: bool = False, model=None, tokenizer=None, objective: str = "accuracy",
-                  shared_context: bool = False):
-    """The teacher-forced fitness of ``model_spec`` on the *search* split of ``task`` (with
-    ``shared_context``: each search context asked at every depth, scored from one prefill)."""
+                  shared_context: bool = False, load=None):
+    """The teacher-forced fitness of ``model_spec`` (loaded with ``load``, a :class:`LoadOptions`) on
+    the *search* split of ``task`` (with ``shared_context``: each search context asked at every
+    depth, scored from one prefill)."""
     from posbias.evaluation.runner import check_fits
     from posbias.evaluation.session import build_instances
     from posbias.models import get_decoder_layers, load_model
     from posbias.search.fitness import TeacherForcedFitness
 
     if model is None:
-        model, tokenizer = load_model(model_spec)
+        model, tokenizer = load_model(model_spec, load)
     opts = {**task_options, "shared_context": True} if shared_context else task_options
     instances = build_instances(model, tokenizer, task, list(depths), n_per_depth, seed, "search", opts)
     check_fits(model, tokenizer, instances, chat)
@@ -94,7 +96,7 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
                overrides: dict | None = None, log: Callable[[dict], None] | None = None,
                loaded: tuple | None = None, prune: bool = True, backend: str = "processes",
                ray_address: str | None = None, objective: str = DEFAULT_OBJECTIVE,
-               shared_context: bool = True) -> SearchResult:
+               shared_context: bool = True, load: LoadOptions | None = None) -> SearchResult:
     """Search per-layer factors for ``model`` on ``task`` and write the run folder ``out``.
 
     Args:
@@ -111,6 +113,8 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
             every depth (tasks that offer it: ``kv``, multi-key ``niah``; ignored for the others and
             under ``chat``). The
             held-out table always uses the standard protocol (one question per prompt).
+        load: device, dtype and Hub revision of the model (:class:`LoadOptions`; default the CPU in
+            float32); every worker loads its model with them (on a CUDA machine, its own GPU).
     Returns:
         :class:`SearchResult`; the factors file is ``out/best_factors.json``.
     """
@@ -122,14 +126,15 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
     config = {"model": model, "task": task, "preset": preset, "seed": seed, "curve": curve,
               "control_points": control_points, "task_options": task_options, "weights": weights,
               "chat": chat, "ga": cfg.to_dict(), **{k: settings[k] for k in RUN_KEYS}, "workers": workers,
-              "prune": prune, "objective": objective, "shared_context": shared_context}
+              "prune": prune, "objective": objective, "shared_context": shared_context,
+              **load_settings(model, load)}
     folder = open_run(out, "search", config, check_keys=RESUME_KEYS)
     out = folder.path
     if not resume and (out / CHECKPOINT).exists():
         raise ValueError(already_searched(out))
     factory = functools.partial(build_fitness, model, task, n_per_depth=settings["n_per_depth"], seed=seed,
                                 task_options=task_options, weights=weights, batch_size=settings["batch_size"],
-                                chat=chat, objective=objective, shared_context=shared_context)
+                                chat=chat, objective=objective, shared_context=shared_context, load=load)
     evaluator, num_layers = _make_evaluator(factory, workers, backend, ray_address, loaded)
     meta = {"model": model, "task": task, "seed": seed, "preset": preset, "task_options": task_options,
             "n_per_depth": settings["n_per_depth"], "generations_planned": settings["generations"],

@@ -33,7 +33,7 @@ DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
     )],
     "moice": [{"top_k": k} for k in (7, 1, 2, 3)],
 }
-TUNE_KEYS = ("model", "task", "seed", "n_per_depth", "task_options", "base_options")
+TUNE_KEYS = ("model", "task", "seed", "n_per_depth", "task_options", "base_options", "dtype")
 
 
 def setting_key(method: str, setting: dict) -> str:
@@ -62,16 +62,18 @@ def score_setting(model, tokenizer, method: str, options: dict, instances, batch
 def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int, out: str | Path, seed: int = 0,
                  batch_size: int = 8, task_options: dict | None = None, grids: dict | None = None,
                  base_options: dict | None = None, loaded=None, log=print,
-                 objective: str = DEFAULT_OBJECTIVE) -> dict[str, dict]:
+                 objective: str = DEFAULT_OBJECTIVE, load=None) -> dict[str, dict]:
     """Score each method's grid on the search split; returns ``{method: best options}``, chosen by
     ``objective`` (the LPES search's; scores do not depend on it, so a rerun with another objective
     re-chooses from the same results).
 
     ``base_options[method]`` are fixed options merged under every grid setting (e.g. MoICE's
     ``routers``). MoICE is only tuned with trained routers (``base_options["moice"]["routers"]``).
+    ``load``: the model's :class:`posbias.models.LoadOptions` (device, dtype, Hub revision).
     """
     from posbias.evaluation.session import build_instances, check_method
     from posbias.models import load_model
+    from posbias.models.options import load_settings
     from posbias.tasks.registry import supports_shared_context
     from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
     from posbias.utils.run_folder import open_run
@@ -88,9 +90,10 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
         for setting in grids[m]:
             check_method(m, {**base_options.get(m, {}), **setting})
     config = {"model": model, "task": task, "seed": seed, "n_per_depth": n_per_depth, "task_options": task_options,
-              "base_options": base_options, "methods": methods, "grids": grids, "objective": objective}
+              "base_options": base_options, "methods": methods, "grids": grids, "objective": objective,
+              **load_settings(model, load)}
     folder = open_run(out, "tune", config, check_keys=TUNE_KEYS)
-    lm, tok = loaded or load_model(model)
+    lm, tok = loaded or load_model(model, load)
     opts = {**task_options, "shared_context": True} if supports_shared_context(task, task_options) else task_options
     instances = build_instances(lm, tok, task, list(DEFAULT_DEPTHS), n_per_depth, seed, "search", opts)
     results = folder.path / "results.jsonl"
