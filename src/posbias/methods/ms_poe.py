@@ -106,7 +106,7 @@ class MsPoE:
         """The (B, H) ratios used at the last call of ``layer`` (None before the first call)."""
         return self.current.get(layer)
 
-    def attention(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
+    def attention(self, module, query, key, value, attention_mask, scaling=None, native=None, **kwargs):
         b, h, q_len, d = query.shape
         kv_len = key.shape[2]
         n_rep = h // key.shape[1]
@@ -129,8 +129,9 @@ class MsPoE:
             return A.rotate(A.repeat_kv(key[:, :, start:], n_rep), ck, sk)
 
         k_rot = rotate_keys(0) if self.rotated is None else self.rotated.keys(module, "k", key, q_len, rotate_keys)
-        out = A.attend(A.rotate(query, cq, sq), k_rot, v_rep, mask, scaling)
-        return out.transpose(1, 2).contiguous(), None
+        out = A.attend_as_model(native, module, A.rotate(query, cq, sq), k_rot, v_rep, attention_mask, scaling,
+                                per_query_head=True, **kwargs)
+        return out, None
 
     def _ratios(self, layer, b, h, q_len, kv_len, query, key, n_rep, q_pos, k_pos, mask, inv, att_scale, scaling):
         if self.fixed is not None:
