@@ -135,7 +135,7 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
     factory = functools.partial(build_fitness, model, task, n_per_depth=settings["n_per_depth"], seed=seed,
                                 task_options=task_options, weights=weights, batch_size=settings["batch_size"],
                                 chat=chat, objective=objective, shared_context=shared_context, load=load)
-    evaluator, num_layers = _make_evaluator(factory, workers, backend, ray_address, loaded)
+    evaluator, num_layers = _make_evaluator(factory, workers, backend, ray_address, loaded, load)
     meta = {"model": model, "task": task, "seed": seed, "preset": preset, "task_options": task_options,
             "n_per_depth": settings["n_per_depth"], "generations_planned": settings["generations"],
             "curve": curve, "round_to_grid": list(cfg.grid) if round_to_grid else None}
@@ -207,14 +207,29 @@ def _check_request(task: str, *, preset, workers, backend, loaded, overrides, co
     return settings, cfg, task_options, shared_context
 
 
-def _make_evaluator(factory, workers: int, backend: str, ray_address, loaded):
+def _make_evaluator(factory, workers: int, backend: str, ray_address, loaded, load=None):
     """``(evaluator, num_layers)``: Ray actors or a process pool for ``workers > 1`` / Ray, else one
-    fitness in this process (on an already ``loaded`` model when given)."""
+    fitness in this process (on an already ``loaded`` model when given). A model placed on ``auto``
+    or ``cuda`` of a CUDA machine gives each worker a GPU of its own (one per visible GPU, in turn)."""
     if workers > 1 or backend == "ray":
-        evaluator = RayEvaluator(factory, workers, ray_address) if backend == "ray" else PoolEvaluator(factory, workers)
+        gpus = worker_gpus(load, workers)
+        if backend == "ray":
+            evaluator = RayEvaluator(factory, workers, ray_address, gpus_per_worker=1.0 if gpus else 0.0)
+        else:
+            evaluator = PoolEvaluator(factory, workers, gpus=gpus)
         return evaluator, evaluator.num_layers()
     fit = factory(model=loaded[0], tokenizer=loaded[1]) if loaded is not None else factory()
     return SerialEvaluator(fit), fit.num_layers
+
+
+def worker_gpus(load: LoadOptions | None, workers: int) -> list[str] | None:
+    """One ``CUDA_VISIBLE_DEVICES`` value per worker when the model goes to ``auto`` / ``cuda`` on a
+    CUDA machine (each worker then loads it on its own ``cuda:0``); None otherwise (an explicit
+    ``cuda:N`` keeps every worker on that GPU)."""
+    from posbias.utils.workers import gpu_slots
+
+    device = str((load or LoadOptions()).device).strip().lower()
+    return gpu_slots(workers) if device in ("auto", "cuda") else None
 
 
 def _write_factors(path: Path, res: GAResult, *, meta: dict) -> None:
