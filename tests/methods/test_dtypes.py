@@ -73,18 +73,33 @@ def logits(model, batch):
         return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()[mask.bool()]
 
 
+def prefill_and_step(model, batch) -> list[torch.Tensor]:
+    """Logits of a left-padded prefill and of one cached decoding step (grouped-query attention takes
+    another kernel path for a single query)."""
+    ids, mask, pos = batch
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        nxt = out.logits[:, -1:].argmax(-1)
+        step = model(input_ids=nxt, attention_mask=torch.cat([mask, torch.ones_like(nxt)], 1),
+                     position_ids=pos[:, -1:] + 1, cache=out.past_key_values, use_cache=True)
+    return [out.logits[mask.bool()], step.logits]
+
+
 @pytest.mark.filterwarnings("ignore:moice")
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", list(IDENTITY))
-def test_identity_settings_in_bf16_are_bit_identical(name, arch, impl, tmp_path):
-    model = model_of(arch, impl, torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_identity_settings_are_bit_identical(dtype, name, arch, impl, tmp_path):
+    """Prefill and a cached decoding step, eager and sdpa attention, bf16 and fp32."""
+    model = model_of(arch, impl, dtype)
     batch = left_padded_batch(t=24)
-    ref = logits(model, batch)
+    ref = prefill_and_step(model, batch)
     with apply_method(model, name, **options(name, IDENTITY, tmp_path)) as h:
-        assert next(h.base_model.parameters()).dtype == torch.bfloat16
-        out = logits(h.model, batch)
-    assert torch.equal(out, ref), (out - ref).abs().max()
+        assert next(h.base_model.parameters()).dtype == dtype
+        out = prefill_and_step(h.model, batch)
+    for got, want in zip(out, ref):
+        assert got.dtype == dtype and torch.equal(got, want), (got.float() - want.float()).abs().max()
 
 
 @pytest.mark.filterwarnings("ignore:moice")
