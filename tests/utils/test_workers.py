@@ -61,9 +61,24 @@ def test_search_with_two_workers_equals_one(tmp_path):
 
 
 def _untimed(value):
-    """A metrics record without its timings (``*_s``: seconds, which differ between runs)."""
+    """A record without its timings (``*_s``, ``seconds``: they differ between runs)."""
     if isinstance(value, dict):
-        return {k: _untimed(v) for k, v in value.items() if not k.endswith("_s")}
+        return {k: _untimed(v) for k, v in value.items() if not (k.endswith("_s") or k == "seconds")}
     if isinstance(value, list):
         return [_untimed(v) for v in value]
     return value
+
+
+def test_tune_with_two_workers_equals_one(tmp_path):
+    """The baselines' tuning scores the same settings to the same records with 1 or 2 spawned workers."""
+    from posbias.search.tune import tune_methods
+    from posbias.utils.io import read_jsonl
+
+    model = save_tiny_folder(tmp_path / "tiny", max_positions=4096)
+    grids = {"pi": [{"factor": 1.0}, {"factor": 1.5}, {"factor": 2.0}]}
+    runs = {}
+    for workers in (1, 2):
+        best = tune_methods(model=model, task="kv", methods=["pi"], n_per_depth=1, out=tmp_path / f"w{workers}",
+                            task_options={"num_keys": 4}, grids=grids, log=lambda _: None, workers=workers)
+        runs[workers] = (best, [_untimed(r) for r in read_jsonl(tmp_path / f"w{workers}" / "results.jsonl")])
+    assert runs[1] == runs[2] and len(runs[1][1]) == 3

@@ -93,6 +93,8 @@ def tune_command(
     n_per_depth: int = Count(8, help="search-split instances (contexts) per depth"),
     routers: Optional[str] = typer.Option(None, help="trained MoICE routers (needed to tune moice)"),
     batch_size: int = Count(8, help="instances per forward pass"),
+    workers: int = Count(1, help="processes scoring settings in parallel, one model each (one GPU each on a "
+                                 "CUDA machine)"),
     objective: str = typer.Option("logprob", help="how the best setting is chosen: logprob | accuracy (as the "
                                                   "LPES search's --objective)"),
     seed: int = Seed,
@@ -111,7 +113,7 @@ def tune_command(
     best = tune_methods(model=model, task=task, methods=names, n_per_depth=n_per_depth, out=out, seed=seed,
                         batch_size=batch_size, base_options=base, log=typer.echo, objective=objective,
                         task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
-                        load=load)
+                        load=load, workers=workers)
     typer.echo((Path(out) / "tune.md").read_text())
     typer.echo(f"best settings -> {Path(out) / 'best_settings.json'}: {json.dumps(best)}")
     return best
