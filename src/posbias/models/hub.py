@@ -46,7 +46,9 @@ def hub_cache_dir() -> Path:
 
 
 def hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    """``HF_HUB_OFFLINE`` (or transformers' ``TRANSFORMERS_OFFLINE``) is set: nothing is downloaded."""
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def download_hint(repo_id: str, revision: str | None) -> str:
@@ -66,8 +68,8 @@ def resolve_hub_model(repo_id: str, revision: str | None = None) -> HubSnapshot:
         path = snapshot_download(**kwargs, local_files_only=True)
     except Exception:  # noqa: BLE001 - huggingface_hub raises several kinds for "not cached"
         if hub_offline():
-            raise ModelLoadError(f"model {repo_id!r}{_at(revision)} is not in the Hugging Face cache "
-                                 f"({hub_cache_dir()}) and HF_HUB_OFFLINE=1: fetch it with "
+            raise ModelLoadError(f"model {repo_id!r}{_at(revision)}: no such folder, and not in the Hugging Face "
+                                 f"cache ({hub_cache_dir()}) with HF_HUB_OFFLINE=1: fetch it with "
                                  f"{download_hint(repo_id, revision)}") from None
         path = _download(kwargs, repo_id, revision)
     path = Path(path)
