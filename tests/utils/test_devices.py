@@ -23,7 +23,8 @@ def test_dtype_names(name, dtype):
 
 
 def test_cpu_is_accepted_in_every_spelling():
-    assert resolve_device("cpu") == resolve_device(torch.device("cpu")) == resolve_device(" CPU ") == torch.device("cpu")
+    cpu = torch.device("cpu")
+    assert resolve_device("cpu") == resolve_device(cpu) == resolve_device(" CPU ") == cpu
     assert Placement("cpu", "bfloat16").resolve().dtype == torch.bfloat16
 
 

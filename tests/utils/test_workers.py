@@ -3,7 +3,6 @@ GPUs), the CPU threads split on a machine without; a search gives the same resul
 import json
 import os
 
-import pytest
 import torch
 
 from conftest import save_tiny_folder

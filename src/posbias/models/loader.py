@@ -24,13 +24,8 @@ from pathlib import Path
 
 import torch
 
-from posbias.architecture.layers import (  # noqa: F401 (re-exported)
-    SUPPORTED_HINT,
-    ModelLoadError,
-    get_decoder_layers,
-)
+from posbias.architecture.layers import SUPPORTED_HINT, ModelLoadError, get_decoder_layers  # noqa: F401 (re-exported)
 from posbias.models.options import LoadOptions
-
 
 @dataclass(frozen=True)
 class PackagedModel:
