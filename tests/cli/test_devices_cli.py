@@ -103,3 +103,14 @@ def test_auto_resolves_on_this_machine(tiny, tmp_path):
     want = ("cuda:0", "bfloat16") if torch.cuda.is_available() else ("cpu", "float32")
     assert (load["device"], load["dtype"]) == ("auto", "auto")
     assert (load["resolved_device"], load["resolved_dtype"]) == want
+
+
+def test_a_run_given_a_loaded_model_records_where_that_model_is(tiny, tmp_path):
+    from posbias.evaluation.session import run_eval
+    from posbias.models import LoadOptions, load_model
+
+    loaded = load_model(tiny, LoadOptions("cpu", "bfloat16"))
+    run_eval(model=tiny, task="kv", depths=[0.0], n=1, out=tmp_path / "run", task_options={"num_keys": 4},
+             loaded=loaded)
+    load = json.loads((tmp_path / "run" / "config.json").read_text())["config"]["load"]
+    assert (load["resolved_device"], load["resolved_dtype"]) == ("cpu", "bfloat16")

@@ -10,7 +10,7 @@ from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.session import plan_eval, run_planned
 from posbias.evaluation.stats import paired_difference, percent_cell
 from posbias.methods.registry import variant_options
-from posbias.models.options import LoadOptions, load_settings
+from posbias.models.options import LoadOptions, load_settings, options_for
 from posbias.utils.io import append_jsonl, atomic_write_text, read_json, read_jsonl
 from posbias.utils.run_folder import INVOCATIONS, open_run
 
@@ -36,6 +36,7 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
 
     method_options = method_options or {}
     task_options = dict(task_options or {})
+    load = options_for(load, loaded)
     check_method_list(methods)
     top = open_run(out, "compare", {"model": model, "task": task, "methods": methods, "depths": depths, "n": n,
                                     "seed": seed, "mode": mode, "chat": chat, "task_options": task_options,

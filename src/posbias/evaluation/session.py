@@ -15,7 +15,7 @@ from typing import Any
 
 from posbias.evaluation.modes import canonical_mode
 from posbias.evaluation.runner import check_mode, evaluate
-from posbias.models.options import LoadOptions, load_settings
+from posbias.models.options import LoadOptions, load_settings, options_for
 from posbias.tasks.base import check_int
 from posbias.utils.run_folder import RunFolder, open_run
 
@@ -132,7 +132,7 @@ def run_eval(*, model: str, task: str, depths: list[float], n: int, out: str | P
     """
     plan = plan_eval(model=model, task=task, depths=depths, n=n, out=out, seed=seed, split=split, mode=mode,
                      batch_size=batch_size, chat=chat, max_new_tokens=max_new_tokens, method=method,
-                     method_options=method_options, task_options=task_options, load=load)
+                     method_options=method_options, task_options=task_options, load=options_for(load, loaded))
     return run_planned(plan, loaded)
 
 

@@ -41,6 +41,15 @@ class LoadOptions:
         return record
 
 
+def options_for(load: LoadOptions | None, loaded=None) -> LoadOptions | None:
+    """``load``, or for a run given an already ``loaded=(model, tokenizer)`` without it, the device and
+    dtype that model is on (so its run folder records where it really ran)."""
+    if load is not None or loaded is None:
+        return load
+    param = next(loaded[0].parameters())
+    return LoadOptions(str(param.device), dtype_name(param.dtype))
+
+
 def _spelled(dtype) -> str:
     return dtype if isinstance(dtype, str) else dtype_name(dtype)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from posbias.models.options import LoadOptions, load_settings
+from posbias.models.options import LoadOptions, load_settings, options_for
 from posbias.search.evaluators import PoolEvaluator, RayEvaluator, SerialEvaluator
 from posbias.search.fitness import DEFAULT_DEPTHS, DEFAULT_OBJECTIVE, OBJECTIVES
 from posbias.search.ga import GAConfig
@@ -123,6 +123,7 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
         control_points=control_points, curve=curve, grid=grid, round_to_grid=round_to_grid,
         task_options=task_options, objective=objective, shared_context=shared_context, chat=chat,
         weights=weights, seed=seed)
+    load = options_for(load, loaded)
     config = {"model": model, "task": task, "preset": preset, "seed": seed, "curve": curve,
               "control_points": control_points, "task_options": task_options, "weights": weights,
               "chat": chat, "ga": cfg.to_dict(), **{k: settings[k] for k in RUN_KEYS}, "workers": workers,

@@ -116,7 +116,7 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
     """
     from posbias.evaluation.session import check_method
     from posbias.models import load_model
-    from posbias.models.options import load_settings
+    from posbias.models.options import load_settings, options_for
     from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
     from posbias.utils.run_folder import open_run
 
@@ -131,6 +131,7 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
             raise ValueError("tune: moice needs trained routers (--routers, from posbias train-moice)")
         for setting in grids[m]:
             check_method(m, {**base_options.get(m, {}), **setting})
+    load = options_for(load, loaded)
     config = {"model": model, "task": task, "seed": seed, "n_per_depth": n_per_depth, "task_options": task_options,
               "base_options": base_options, "methods": methods, "grids": grids, "objective": objective,
               **load_settings(model, load)}
