@@ -6,7 +6,16 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import Count, ModelOption, friendly_errors, method_options_from_flags
+from posbias.cli.common import (
+    Count,
+    Device,
+    Dtype,
+    ModelOption,
+    Revision,
+    friendly_errors,
+    load_options,
+    method_options_from_flags,
+)
 from posbias.utils.options import parse_names
 
 
@@ -27,6 +36,7 @@ def ability_command(
     include_path: Optional[str] = typer.Option(None, help="folder of lm-eval task YAMLs (local dataset_path)"),
     batch_size: int = Count(8, help="requests per forward pass"),
     out: str = typer.Option(..., help="folder: one subfolder per method, ability.md (re-running resumes)"),
+    device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
 ):
     """Score answer log-likelihood accuracy (lm-eval prompts, zero-shot) for each method on the same
     questions, with the paired difference to the first method and its 95% interval."""
@@ -36,6 +46,9 @@ def ability_command(
     from posbias.methods.registry import variant_options
     from posbias.utils.run_folder import open_run
 
+    from posbias.models.options import load_settings
+
+    load = load_options(device, dtype, revision)
     names = parse_names(methods)
     task_list = parse_names(tasks)
     if not task_list:
@@ -48,11 +61,13 @@ def ability_command(
     limit = limit or None
     resolved = {label: variant_options(label, options) for label in names}
     config = {"model": model, "tasks": task_list, "limit": limit, "data_root": root, "include_path": include_path,
-              "methods": names, "method_options": {label: opts for label, (_, opts) in resolved.items()}}
-    top = open_run(out, "ability", config, check_keys=("model", "tasks", "limit", "data_root", "include_path"))
+              "methods": names, "method_options": {label: opts for label, (_, opts) in resolved.items()},
+              **load_settings(model, load)}
+    top = open_run(out, "ability", config,
+                   check_keys=("model", "tasks", "limit", "data_root", "include_path", "dtype"))
     from posbias.models import load_model
 
-    lm, tok = load_model(model)
+    lm, tok = load_model(model, load)
     top.commit()
     folders = {}
     for label, (name, method_opts) in resolved.items():

@@ -45,6 +45,24 @@ def ModelOption(default: str = DEFAULT_MODEL):
     return typer.Option(default, help="HF folder, .gguf file or alias")
 
 
+# How every command that loads a model places it (posbias.utils.devices; train and study take --device).
+Device = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N | mps (auto: the first CUDA GPU, "
+                                               "else the CPU)")
+Dtype = typer.Option("auto", "--dtype", help="weights and compute: auto | float32 | bfloat16 | float16 "
+                                             "(auto: bfloat16 on a GPU, float32 on the CPU)")
+Revision = typer.Option(None, "--revision", help="branch, tag or commit of a Hugging Face Hub id given as --model")
+
+
+def load_options(device: str, dtype: str, revision: str | None = None):
+    """The :class:`posbias.models.LoadOptions` of ``--device`` / ``--dtype`` / ``--revision``, checked
+    on this machine now (one line and exit code 2 before any folder is touched when it cannot be used)."""
+    from posbias.models.options import LoadOptions
+
+    options = LoadOptions(device, dtype, revision)
+    options.placement()
+    return options
+
+
 def Count(default, *decls: str, minimum: int = 1, help: str | None = None):
     """A count option (instances, batch size, workers, steps, ...): a value below ``minimum`` is
     refused while the command line is parsed, with the option's name, before anything runs."""
@@ -64,6 +82,10 @@ def check_training_run(cfg: Any, kind: str, settings: dict, check_keys) -> bool:
 
     if hasattr(cfg, "validate"):
         cfg.validate()
+    if getattr(cfg, "device", None) is not None:
+        from posbias.utils.devices import resolve_device
+
+        resolve_device(cfg.device)
     parse_bpe_spec(cfg.tokenizer)
     corpus = cfg.corpus if isinstance(cfg.corpus, list) else [cfg.corpus]
     for flag, paths in (("--corpus", corpus), ("--heldout", [getattr(cfg, "heldout", None)])):

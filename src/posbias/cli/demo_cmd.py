@@ -6,10 +6,11 @@ lost-in-the-middle setting), then accuracy by depth before / after on held-out i
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import typer
 
-from posbias.cli.common import Count, ModelOption, Seed, friendly_errors
+from posbias.cli.common import Count, Device, Dtype, ModelOption, Revision, Seed, friendly_errors, load_options
 from posbias.cli.lpes_cmd import generation_line
 
 
@@ -19,6 +20,7 @@ def demo_command(
     preset: str = typer.Option("quick", help="search preset: quick | standard | paper"),
     n: int = Count(10, help="held-out instances per depth"),
     seed: int = Seed,
+    device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
 ):
     """Quick LPES search on the default model and task, then the held-out before/after table."""
     from posbias.models import load_model
@@ -28,13 +30,15 @@ def demo_command(
 
     start = time.time()
     out_dir = out_path(out)
-    loaded = load_model(model)
+    load = load_options(device, dtype, revision)
+    load.check(model)
+    loaded = load_model(model, load)
     typer.echo(f"[1/2] LPES search ({preset}) on {model}, task kv (30 word keys) -> {out_dir / 'search'}")
-    result = run_search(model, "kv", out=out_dir / "search", preset=preset, seed=seed, resume=True, loaded=loaded,
+    result = run_search(model, "kv", out=out_dir / "search", preset=preset, seed=seed, resume=True, loaded=loaded, load=load,
                         log=lambda rec: typer.echo(generation_line(rec)))
     typer.echo(f"[2/2] held-out accuracy by depth, before / after -> {out_dir / 'heldout'}")
     before_after(model=model, task="kv", factors_path=result.factors_path, out=out_dir / "heldout", n=n,
-                 seed=seed, loaded=loaded)
+                 seed=seed, loaded=loaded, load=load)
     typer.echo((out_dir / "heldout" / "comparison.md").read_text())
     typer.echo(f"factors: {result.factors_path}\nplots: {out_dir / 'search'}/*.png, {out_dir / 'heldout'}/comparison.png")
     typer.echo(f"wall time: {time.time() - start:.0f} s")

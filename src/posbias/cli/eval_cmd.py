@@ -9,6 +9,8 @@ import typer
 from posbias.cli.common import (
     Count,
     DataPath,
+    Device,
+    Dtype,
     ExtraOpts,
     Haystack,
     Length,
@@ -16,8 +18,10 @@ from posbias.cli.common import (
     NumDocs,
     NumKeys,
     NumNeedles,
+    Revision,
     Seed,
     friendly_errors,
+    load_options,
     method_options_from_flags,
     parse_key_values,
     parse_numbers,
@@ -44,10 +48,12 @@ def eval_command(
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
+    device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
 ):
     """Evaluate accuracy against the depth of the gold item; writes results, summary and plot to --out."""
     from posbias.evaluation.session import run_eval
 
+    load = load_options(device, dtype, revision)
     method_opts = parse_key_values(method_opt, "method-opt")
     if factors:
         method_opts["factors"] = factors
@@ -55,7 +61,7 @@ def eval_command(
         model=model, task=task, depths=parse_numbers(depths, "depths"), n=n, out=out, seed=seed, split=split,
         mode=mode, batch_size=batch_size, chat=chat, max_new_tokens=max_new_tokens, method=method,
         method_options=method_opts,
-        task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
+        task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt), load=load,
     )
     typer.echo((Path(out) / "summary.md").read_text())
     return summary
@@ -80,16 +86,19 @@ def compare_command(
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
+    device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
 ):
     """Evaluate several methods on the same held-out instances: joint table and plot in --out."""
     from posbias.evaluation.compare import compare_methods
 
+    load = load_options(device, dtype, revision)
     names = parse_names(methods)
     options = method_options_from_flags(names, factors=factors, pi_factor=pi_factor, routers=routers,
                                         settings=settings)
     compare_methods(model=model, task=task, methods=names, depths=parse_numbers(depths, "depths"), n=n, out=out,
                     method_options=options, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
-                    task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))
+                    task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
+                    load=load)
     typer.echo((Path(out) / "comparison.md").read_text())
 
 

@@ -9,6 +9,8 @@ import typer
 from posbias.cli.common import (
     Count,
     DataPath,
+    Device,
+    Dtype,
     ExtraOpts,
     Haystack,
     Length,
@@ -16,8 +18,10 @@ from posbias.cli.common import (
     NumDocs,
     NumKeys,
     NumNeedles,
+    Revision,
     Seed,
     friendly_errors,
+    load_options,
     parse_key_values,
     parse_numbers,
     task_options,
@@ -59,6 +63,7 @@ def search_command(
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
+    device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
 ):
     """Search per-layer RoPE factors (LPES GA over a curve) on the search split of a task, then
     compare accuracy by depth before / after on held-out instances (out/heldout)."""
@@ -67,6 +72,7 @@ def search_command(
     from posbias.search.runner import run_search
 
     console = Console()
+    load = load_options(device, dtype, revision)
     overrides = {k: v for k, v in {"population": population, "generations": generations,
                                     "n_per_depth": n_per_depth, "batch_size": batch_size}.items() if v is not None}
     topts = task_options(num_keys, num_docs, length, path, haystack, num_needles, opt)
@@ -83,7 +89,7 @@ def search_command(
                      grid=parse_numbers(grid, "grid") if grid else None, round_to_grid=round_to_grid,
                      overrides=overrides, log=lambda m: console.print(generation_line(m)), prune=prune,
                      backend=backend, ray_address=ray_address, objective=objective,
-                     shared_context=shared_context)
+                     shared_context=shared_context, load=load)
     base = f"{res.baseline_accuracy:.3f}" if res.baseline_accuracy is not None else "n/a"
     console.print(f"best search-split accuracy {res.accuracy:.3f} (unpatched {base}); factors: {res.factors_path}")
     console.print("factors: " + ", ".join(f"{f:.3f}" for f in res.factors))
@@ -92,7 +98,7 @@ def search_command(
 
         console.print(f"held-out accuracy by depth, before / after ({heldout_n} per depth) -> {Path(out) / 'heldout'}")
         before_after(model=model, task=task, factors_path=res.factors_path, out=Path(out) / "heldout", n=heldout_n,
-                     seed=seed, task_options=topts, chat=chat)
+                     seed=seed, task_options=topts, chat=chat, load=load)
         console.print((Path(out) / "heldout" / "comparison.md").read_text())
     return res
 
@@ -117,6 +123,7 @@ def apply_command(
     merge: bool = typer.Option(False, "--merge", help="write a standalone model folder (weights + tokenizer + "
                                                       "modeling_posbias.py) that transformers loads with the "
                                                       "scaling through trust_remote_code=True (lpes, pi)"),
+    device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
 ):
     """Write the method as an adapter folder (a few KB: settings, factors file, base model) that --model and
     posbias.models.load_model load as base model + method; --merge writes a standalone model folder."""
@@ -125,6 +132,8 @@ def apply_command(
     from posbias.models.export import check_apply_request, write_applied
     from posbias.utils.run_folder import open_run
 
+    load = load_options(device, dtype, revision)
+    load.check(model)
     options = parse_key_values(method_opt, "method-opt")
     if factors:
         options["factors"] = factors
@@ -132,7 +141,7 @@ def apply_command(
     name = check_apply_request(method, options, merge)  # before the model loads
     if read_adapter(Path(model).expanduser()) is not None:
         raise ValueError(f"--model {model} was written by posbias apply: give its base model")
-    m, tok = load_model(model)
+    m, tok = load_model(model, load)
     target = write_applied(out, spec=model, model=m, tokenizer=tok, method=name, options=options, merge=merge)
     what = ("a standalone model (weights + tokenizer + modeling_posbias.py; transformers loads it with the "
             "scaling through trust_remote_code=True)" if merge else "an adapter (--model or "
@@ -153,6 +162,7 @@ def analyze_command(
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
+    device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
 ):
     """Representation deviation (1 - linear CKA per layer) of found vs noisy vs shuffled factors."""
     import torch
@@ -166,13 +176,17 @@ def analyze_command(
     from posbias.utils.io import atomic_write_json, atomic_write_text
     from posbias.utils.run_folder import open_run
 
+    from posbias.models.options import load_settings
+
     opts = task_options(num_keys, num_docs, length, path, haystack, num_needles, opt)
     depths = [0.0, 0.5, 1.0]
+    load = load_options(device, dtype, revision)
     folder = open_run(out, "analyze", {"model": model, "factors": factors, "task": task, "n": n, "controls": controls,
-                                       "sigma": sigma, "seed": seed, "chat": chat, "task_options": opts})
+                                       "sigma": sigma, "seed": seed, "chat": chat, "task_options": opts,
+                                       **load_settings(model, load)})
     load_factors_file(factors)  # checked before the model loads
     insts = precheck_instances(task, n=n, depths=depths, seed=seed, split="eval", **opts)
-    m, tok = load_model(model)
+    m, tok = load_model(model, load)
     doc = load_factors_file(factors, num_layers=len(get_decoder_layers(m)))
     if insts is None:
         insts = build_instances(m, tok, task, depths, n, seed, "eval", opts)

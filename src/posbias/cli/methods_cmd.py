@@ -11,6 +11,8 @@ import typer
 from posbias.cli.common import (
     Count,
     DataPath,
+    Device,
+    Dtype,
     ExtraOpts,
     Haystack,
     Length,
@@ -18,8 +20,10 @@ from posbias.cli.common import (
     NumDocs,
     NumKeys,
     NumNeedles,
+    Revision,
     Seed,
     friendly_errors,
+    load_options,
     parse_numbers,
     task_options,
 )
@@ -45,6 +49,7 @@ def train_moice_command(
                                          "10000..25000 / 10000)"),
     hidden: Optional[int] = Count(None, help="router hidden size (default: the number of experts, as the reference)"),
     seed: int = Seed,
+    device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
 ):
     """Train MoICE routers on general text (the model stays frozen) and save them with the budget
     spent (use with --method moice --method-opt routers=OUT, or compare --routers OUT)."""
@@ -55,13 +60,16 @@ def train_moice_command(
     from posbias.utils.corpus import load_texts
     from posbias.utils.run_folder import open_run
 
+    from posbias.models.options import load_settings
+
+    load = load_options(device, dtype, revision)
     budget = RouterBudget(steps=steps, seq_len=seq_len, lr=lr, aux_coef=aux_coef, seed=seed, max_minutes=max_minutes)
     settings = {"model": model, "corpus": corpus, "steps": steps, "seq_len": seq_len, "lr": lr, "aux_coef": aux_coef,
                 "top_k": top_k, "multipliers": multipliers, "hidden": hidden, "seed": seed}
-    folder = open_run(out, "train-moice", {**settings, "max_minutes": max_minutes},
-                      check_keys=tuple(k for k in settings if k != "steps"))  # checked before the model loads
+    folder = open_run(out, "train-moice", {**settings, "max_minutes": max_minutes, **load_settings(model, load)},
+                      check_keys=tuple(k for k in settings if k != "steps") + ("dtype",))  # checked before the model loads
     texts = load_texts(corpus)
-    lm, tok = load_model(model)
+    lm, tok = load_model(model, load)
     windows = training_windows(tok, texts, seq_len, steps, seed=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -85,22 +93,27 @@ def tune_command(
     n_per_depth: int = Count(8, help="search-split instances (contexts) per depth"),
     routers: Optional[str] = typer.Option(None, help="trained MoICE routers (needed to tune moice)"),
     batch_size: int = Count(8, help="instances per forward pass"),
+    workers: int = Count(1, help="processes scoring settings in parallel, one model each (one GPU each on a "
+                                 "CUDA machine)"),
     objective: str = typer.Option("logprob", help="how the best setting is chosen: logprob | accuracy (as the "
                                                   "LPES search's --objective)"),
     seed: int = Seed,
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
+    device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
 ):
     """Choose each baseline's settings on the search split (a small grid per method), as LPES's search
     chooses its factors; `posbias compare --settings OUT/best_settings.json` uses them."""
     from posbias.search.tune import tune_methods
 
+    load = load_options(device, dtype, revision)
     names = parse_names(methods)
     base = {"moice": {"routers": routers}} if routers else {}
     best = tune_methods(model=model, task=task, methods=names, n_per_depth=n_per_depth, out=out, seed=seed,
                         batch_size=batch_size, base_options=base, log=typer.echo, objective=objective,
-                        task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))
+                        task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
+                        load=load, workers=workers)
     typer.echo((Path(out) / "tune.md").read_text())
     typer.echo(f"best settings -> {Path(out) / 'best_settings.json'}: {json.dumps(best)}")
     return best

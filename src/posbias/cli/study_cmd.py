@@ -8,6 +8,7 @@ import typer
 
 from posbias.cli.common import (
     Count,
+    Device,
     Seed,
     check_training_run,
     friendly_errors,
@@ -60,7 +61,7 @@ def study_command(
     ppl_tokens: Optional[int] = Count(None, help="held-out tokens for perplexity (default 4x the longest context)"),
     batch_size: int = Count(4, help="max batch; capped so batch x length <= --token-budget"),
     token_budget: int = Count(8192, help="most tokens in one evaluation batch (batch x length)"),
-    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    device: str = Device,
     train_workers: int = Count(1, help="schemes trained at once, each in its own process with an equal "
                                               "share of the CPU threads (CPU studies: one per core)"),
     tokenizer: Optional[str] = typer.Option(None, help="tokenizer of every model: a Hugging Face folder, or bpe:<N> = a "

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import Count, Seed, check_training_run, friendly_errors, parse_key_values
+from posbias.cli.common import Count, Device, Seed, check_training_run, friendly_errors, parse_key_values
 
 
 def train_command(
@@ -60,7 +60,7 @@ def train_command(
     log_every: int = Count(10, help="log metrics every N steps"),
     resume: bool = typer.Option(False, hidden=True, help="accepted for old scripts; re-running resumes anyway"),
     precision: str = typer.Option("auto", help="auto (bf16 on CUDA), bf16 or fp32"),
-    device: str = typer.Option("auto", help="auto, cpu, cuda"),
+    device: str = Device,
     model_opt: Optional[list[str]] = typer.Option(None, "--model-opt",
                                                   help="BamConfig override key=value (repeatable), e.g. "
                                                        "ggd_init=alibi, num_hidden_layers=2"),

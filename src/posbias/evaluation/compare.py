@@ -10,23 +10,25 @@ from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.session import plan_eval, run_planned
 from posbias.evaluation.stats import paired_difference, percent_cell
 from posbias.methods.registry import variant_options
+from posbias.models.options import LoadOptions, load_settings, options_for
 from posbias.utils.io import append_jsonl, atomic_write_text, read_json, read_jsonl
 from posbias.utils.run_folder import INVOCATIONS, open_run
 
 # Settings every method's results in a comparison folder share (each method's folder checks its
 # own method options; the method list may change between invocations).
-COMPARE_KEYS = ("model", "task", "depths", "seed", "mode", "chat", "task_options")
+COMPARE_KEYS = ("model", "task", "depths", "seed", "mode", "chat", "task_options", "dtype")
 
 
 def compare_methods(*, model: str, task: str, methods: list[str], depths: list[float], n: int, out: str | Path,
                     method_options: dict[str, dict[str, Any]] | None = None, seed: int = 0, mode: str = "teacher-forced",
-                    batch_size: int = 8, chat: bool = False, task_options: dict | None = None, loaded=None) -> dict:
+                    batch_size: int = 8, chat: bool = False, task_options: dict | None = None, loaded=None,
+                    load: LoadOptions | None = None) -> dict:
     """Evaluate every method in ``methods`` into ``out/<method>`` and write a joint table and plot.
 
     ``methods`` are names or variants ``name@key=value@...`` (:func:`posbias.methods.registry.variant_options`:
     the variant's options override ``method_options[name]``, so ``ms-poe@r_min=1.2@r_max=1.8`` beside a
     tuned ``ms-poe`` shows the published default next to the tuned setting). Returns ``{label:
-    summary}``. Each method's folder (``out/<label>``, :func:`method_folder`) resumes independently. Every method is
+    summary}``; ``load``: device, dtype and Hub revision of the model. Each method's folder (``out/<label>``, :func:`method_folder`) resumes independently. Every method is
     checked (name, options, factors file, its folder) before the model loads or anything is
     scored, and nothing is written before the first result.
     """
@@ -34,19 +36,21 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
 
     method_options = method_options or {}
     task_options = dict(task_options or {})
+    load = options_for(load, loaded)
     check_method_list(methods)
     top = open_run(out, "compare", {"model": model, "task": task, "methods": methods, "depths": depths, "n": n,
                                     "seed": seed, "mode": mode, "chat": chat, "task_options": task_options,
-                                    "method_options": method_options}, check_keys=COMPARE_KEYS)
+                                    "method_options": method_options, **load_settings(model, load)},
+                   check_keys=COMPARE_KEYS)
     plans, instances = {}, None
     for label in methods:
         name, options = variant_options(label, method_options)
         plans[label] = plan_eval(model=model, task=task, depths=depths, n=n, out=top.path / method_folder(label), seed=seed,
                                  split="eval", mode=mode, batch_size=batch_size, chat=chat, method=name,
                                  method_options=options,
-                                 task_options=task_options, parent=top, instances=instances)
+                                 task_options=task_options, parent=top, instances=instances, load=load)
         instances = plans[label].instances
-    loaded = loaded or load_model(model)
+    loaded = loaded or load_model(model, load)
     summaries = {}
     for name, plan in plans.items():
         start = time.time()

@@ -15,6 +15,7 @@ from typing import Any
 
 from posbias.evaluation.modes import canonical_mode
 from posbias.evaluation.runner import check_mode, evaluate
+from posbias.models.options import LoadOptions, load_settings, options_for
 from posbias.tasks.base import check_int
 from posbias.utils.run_folder import RunFolder, open_run
 
@@ -23,7 +24,7 @@ from posbias.utils.run_folder import RunFolder, open_run
 # another depth list can give another prompt under the same instance id. ``n`` may change: instance
 # ``i`` is the same for every ``n``, so a larger ``n`` scores only the new instances.
 RESUME_KEYS = ("model", "task", "depths", "seed", "split", "mode", "chat", "max_new_tokens", "method",
-               "method_options", "task_options")
+               "method_options", "task_options", "dtype")
 # Method options naming a file or folder that must exist.
 PATH_OPTIONS = {"lpes": "factors", "moice": "routers"}
 
@@ -36,13 +37,14 @@ class EvalPlan:
     config: dict
     folder: RunFolder
     instances: list | None = None
+    load: LoadOptions = LoadOptions()
 
 
 def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | Path, seed: int = 0,
               split: str = "eval", mode: str = "teacher-forced", batch_size: int = 8, chat: bool = False,
               max_new_tokens: int = 16, method: str = "none", method_options: dict | None = None,
               task_options: dict | None = None, parent: RunFolder | None = None,
-              instances: list | None = None) -> EvalPlan:
+              instances: list | None = None, load: LoadOptions | None = None) -> EvalPlan:
     """Check an evaluation request before any model is loaded; see :func:`run_eval` for the arguments.
 
     ``parent`` is the run folder this one lives in (a comparison); ``instances`` are ones already
@@ -67,11 +69,11 @@ def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | 
         raise ValueError("a shared context (shared_context=true) is scored without a chat template: drop --chat")
     config = {"model": model, "task": task, "depths": depths, "n": n, "seed": seed, "split": split, "mode": mode,
               "batch_size": batch_size, "chat": chat, "max_new_tokens": max_new_tokens, "method": method,
-              "method_options": method_options, "task_options": task_options}
+              "method_options": method_options, "task_options": task_options, **load_settings(model, load)}
     if adapter is not None:  # the model loads with the method active: recorded, not applied again
         config["adapter"] = adapter
     folder = open_run(out, "eval", config, check_keys=RESUME_KEYS, parent=parent)
-    return EvalPlan(config, folder, instances)
+    return EvalPlan(config, folder, instances, load or LoadOptions())
 
 
 def check_method(name: str, options: dict[str, Any]) -> None:
@@ -110,7 +112,7 @@ def run_planned(plan: EvalPlan, loaded=None, progress: bool = True) -> dict:
     if loaded is None:
         from posbias.models import load_model
 
-        loaded = load_model(c["model"])
+        loaded = load_model(c["model"], plan.load)
     lm, tok = loaded
     instances = plan.instances
     if instances is None:
@@ -126,16 +128,17 @@ def run_planned(plan: EvalPlan, loaded=None, progress: bool = True) -> dict:
 def run_eval(*, model: str, task: str, depths: list[float], n: int, out: str | Path, seed: int = 0,
              split: str = "eval", mode: str = "teacher-forced", batch_size: int = 8, chat: bool = False,
              max_new_tokens: int = 16, method: str = "none", method_options: dict | None = None,
-             task_options: dict | None = None, loaded=None) -> dict:
+             task_options: dict | None = None, loaded=None, load: LoadOptions | None = None) -> dict:
     """Evaluate ``model`` (spec, or ``loaded=(model, tokenizer)``) with ``method`` on ``task`` into the
-    run folder ``out`` (re-running resumes); returns the summary.
+    run folder ``out`` (re-running resumes); returns the summary. ``load``: device, dtype and Hub
+    revision of the model (default: the CPU in float32).
 
     Everything that can be checked without the model is checked before it loads, and nothing is
     written before the first result, so bad input never leaves a half-made run folder behind.
     """
     plan = plan_eval(model=model, task=task, depths=depths, n=n, out=out, seed=seed, split=split, mode=mode,
                      batch_size=batch_size, chat=chat, max_new_tokens=max_new_tokens, method=method,
-                     method_options=method_options, task_options=task_options)
+                     method_options=method_options, task_options=task_options, load=options_for(load, loaded))
     return run_planned(plan, loaded)
 
 

@@ -8,8 +8,10 @@ How it works, for each patched decoder layer:
   no-op, so the KV cache holds **un-rotated** keys;
 * the module gets a private copy of the config whose ``_attn_implementation`` names a function
   registered in transformers' ``AttentionInterface``; that function dispatches to the method's own
-  ``attention(module, query, key, value, mask, scaling, **kwargs)``, which rotates q and k as it
-  likes (per head, per base, ...) and computes the attention.
+  ``attention(module, query, key, value, mask, scaling, native=..., **kwargs)``, which rotates q and
+  k as it likes (per head, per base, ...) and computes the attention with ``native``, the function
+  the unpatched module calls (its modeling file's eager attention, SDPA, flash attention, ...;
+  :func:`attend_as_model`), so an identity setting reproduces the model bit for bit in any dtype.
 
 The model-level config is untouched, so the causal / padding mask is still built in the format of
 the model's own implementation (float additive for ``eager``, boolean or ``None`` for ``sdpa``);
@@ -29,7 +31,6 @@ import weakref
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from posbias.architecture.layers import get_decoder_layers
 
@@ -37,10 +38,49 @@ ATTN_NAME = "posbias_rope_override"
 
 
 def _dispatch(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    fn = module.__dict__.get("_posbias_attention")
-    if fn is None:  # pragma: no cover - only reachable if a patch was half-removed
+    patched = module.__dict__.get("_posbias_attention")
+    if patched is None:  # pragma: no cover - only reachable if a patch was half-removed
         raise RuntimeError(f"{ATTN_NAME} called on a module that is not patched by posbias.methods")
-    return fn(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    fn, native = patched
+    return fn(module, query, key, value, attention_mask, scaling=scaling, native=native, **kwargs)
+
+
+def native_attention(module, implementation: str) -> Callable:
+    """The attention function ``module`` calls unpatched under ``implementation``, chosen as the
+    modeling code chooses it: its modeling file's ``eager_attention_forward`` for ``eager``, else
+    transformers' registered function (``sdpa``, flash attention, ...)."""
+    import sys
+
+    from transformers import AttentionInterface
+
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise ValueError(f"{type(module).__name__}: its modeling file has no eager attention function to reproduce")
+    return AttentionInterface().get_interface(implementation, eager)
+
+
+class _KeysPerQueryHead:
+    """``module`` as an attention function sees it when the keys / values passed are already one per
+    query head (B, H, kv, d): no grouped-query repetition."""
+
+    num_key_value_groups = 1
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+def attend_as_model(native: Callable, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask, scaling, *, per_query_head: bool = False, **kwargs) -> torch.Tensor:
+    """Attention of rotated ``query`` (B, H, q, d) over rotated ``key`` / ``value`` (B, KV, kv, d), or
+    (B, H, kv, d) with ``per_query_head``, by the model's own function ``native`` with the model's own
+    mask: the same kernel, mask handling and dtype as the unpatched model. Returns (B, q, H, d)."""
+    target = _KeysPerQueryHead(module) if per_query_head else module
+    kwargs.pop("dropout", None)
+    out, _ = native(target, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
+    return out
 
 
 def _ensure_registered() -> None:
@@ -141,11 +181,6 @@ def float_mask(mask, q_len: int, kv_len: int, dtype: torch.dtype, device) -> tor
     return mask.to(dtype)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scaling) -> torch.Tensor:
-    """Softmax attention over already rotated (B, H, q, d) q and (B, H, kv, d) k / v; returns (B, H, q, d)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
-
-
 class RotatedKeyCache:
     """Rotated keys of the last call, per ``(layer, tag)``, so a decoding step rotates only its new keys.
 
@@ -227,11 +262,12 @@ class RopeAttentionPatch:
                 if "_posbias_attention" in attn.__dict__:
                     raise ValueError(f"layer {i} attention is already patched by another posbias method; "
                                      "remove that handle first")
+                native = native_attention(attn, attn.config._attn_implementation)
                 self._saved.append((attn, attn.config))
                 cfg = copy.copy(attn.config)
                 cfg.__dict__["_attn_implementation_internal"] = ATTN_NAME
                 attn.config = cfg
-                attn.__dict__["_posbias_attention"] = attention_fn
+                attn.__dict__["_posbias_attention"] = (attention_fn, native)
                 attn.forward = _identity_rope_forward(attn)
         except Exception:
             self.remove()

@@ -126,10 +126,8 @@ class MoICE:
         inv = self.layout.inv_freq(rope.layer_type).to(device)
         return A.base_inv_freq(inv, rope.theta, rope.theta * self.multipliers[e])
 
-    def attention(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
-        b, h, q_len, d = query.shape
-        kv_len = key.shape[2]
-        n_rep = h // key.shape[1]
+    def attention(self, module, query, key, value, attention_mask, scaling=None, native=None, **kwargs):
+        q_len = query.shape[2]
         scaling = module.scaling if scaling is None else scaling
         router = self.routers.routers[str(module.layer_idx)]
         n_exp, k = len(self.multipliers), min(self.routers.top_k, len(self.multipliers))
@@ -147,9 +145,8 @@ class MoICE:
             self.aux.append(n_exp * (frac.detach() * mean_p).sum())
         self.last_weights[module.layer_idx] = weights.detach()
 
-        mask = A.float_mask(attention_mask, q_len, kv_len, query.dtype, query.device)
         att_scale = self.layout.layers[module.layer_idx].attention_scaling
-        v_rep = A.repeat_kv(value, n_rep)
+        expert_weights = weights.transpose(1, 2)  # (B, q, H, E), the layout of the attention output
         used = (weights.reshape(-1, n_exp) > 0).any(0).tolist()
         out = None
         for e in range(n_exp):
@@ -163,11 +160,11 @@ class MoICE:
                 return A.rotate(key[:, :, start:], ck, sk)
 
             rotated = rotate_keys(0) if self.rotated is None else self.rotated.keys(module, e, key, q_len, rotate_keys)
-            k_rot = A.repeat_kv(rotated, n_rep)
-            o = A.attend(A.rotate(query, cq, sq), k_rot, v_rep, mask, scaling)  # (B, H, q, d)
-            term = weights[..., e, None].to(o.dtype) * o
+            o = A.attend_as_model(native, module, A.rotate(query, cq, sq), rotated, value, attention_mask, scaling,
+                                  **kwargs)  # (B, q, H, d)
+            term = expert_weights[..., e, None].to(o.dtype) * o
             out = term if out is None else out + term
-        return out.transpose(1, 2).contiguous(), None
+        return out, None
 
     def _router_input(self, layer: int, query: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
         """The query (B, H, q, d) rotated with the layer's own base at its positions."""

@@ -102,11 +102,22 @@ class MsPoE:
         self.current: dict[int, torch.Tensor] = {}  # layer -> (B, H) ratios of the current prompt
         self.rotated = A.RotatedKeyCache() if rotated_cache else None  # ratios are fixed after the prefill
 
+    def shared_by_groups(self, n_rep: int) -> bool:
+        """Whether the query heads of each key head (groups of ``n_rep``) always get one ratio (an
+        identity setting, or ratios repeated per group): then keys are rotated once per key head and
+        the model's own grouped-query attention runs, exactly as unpatched. Decided from the static
+        ratios on the CPU: the score order only permutes the grid, so a constant grid stays constant."""
+        source = self.fixed if self.fixed is not None else self.grid
+        if self.fixed is None and self.order != "index":
+            return bool((source == source[0]).all())
+        groups = source.reshape(-1, n_rep)
+        return bool((groups == groups[:, :1]).all())
+
     def head_ratios(self, layer: int) -> torch.Tensor | None:
         """The (B, H) ratios used at the last call of ``layer`` (None before the first call)."""
         return self.current.get(layer)
 
-    def attention(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
+    def attention(self, module, query, key, value, attention_mask, scaling=None, native=None, **kwargs):
         b, h, q_len, d = query.shape
         kv_len = key.shape[2]
         n_rep = h // key.shape[1]
@@ -116,21 +127,25 @@ class MsPoE:
         att_scale = rope.attention_scaling
         q_pos, k_pos = A.query_key_positions(query, key, kwargs.get("position_ids"))
         mask = A.float_mask(attention_mask, q_len, kv_len, query.dtype, query.device)
-        v_rep = A.repeat_kv(value, n_rep)  # query head h reads key / value head h // n_rep
         layer = module.layer_idx
 
         ratios = self._ratios(layer, b, h, q_len, kv_len, query, key, n_rep, q_pos, k_pos, mask, inv, att_scale,
                               scaling)
         inv_h = inv[None, None, :] / ratios[..., None].to(inv.dtype)  # (B, H, d/2)
         cq, sq = A.cos_sin(q_pos[:, None, :], inv_h, att_scale, query.dtype)  # (B, H, q, d)
+        grouped = n_rep > 1 and self.shared_by_groups(n_rep)
+        inv_k = inv_h[:, ::n_rep] if grouped else inv_h  # (B, KV, d/2): one ratio per key head
 
-        def rotate_keys(start: int) -> torch.Tensor:  # keys start.. expanded to query heads: (B, H, kv - start, d)
-            ck, sk = A.cos_sin(k_pos[:, None, start:], inv_h, att_scale, query.dtype)
-            return A.rotate(A.repeat_kv(key[:, :, start:], n_rep), ck, sk)
+        def rotate_keys(start: int) -> torch.Tensor:  # keys start..: (B, KV, kv - start, d) or per query head (B, H, ...)
+            ck, sk = A.cos_sin(k_pos[:, None, start:], inv_k, att_scale, query.dtype)
+            return A.rotate(key[:, :, start:] if grouped else A.repeat_kv(key[:, :, start:], n_rep), ck, sk)
 
         k_rot = rotate_keys(0) if self.rotated is None else self.rotated.keys(module, "k", key, q_len, rotate_keys)
-        out = A.attend(A.rotate(query, cq, sq), k_rot, v_rep, mask, scaling)
-        return out.transpose(1, 2).contiguous(), None
+        out = A.attend_as_model(native, module, A.rotate(query, cq, sq), k_rot,
+                                value if grouped else A.repeat_kv(value, n_rep),  # head h reads key head h // n_rep
+                               
+                                attention_mask, scaling, per_query_head=not grouped, **kwargs)
+        return out, None
 
     def _ratios(self, layer, b, h, q_len, kv_len, query, key, n_rep, q_pos, k_pos, mask, inv, att_scale, scaling):
         if self.fixed is not None:

@@ -6,5 +6,6 @@ from posbias.models.loader import (
     get_rotary_modules,
     load_model,
 )
+from posbias.models.options import LoadOptions
 
-__all__ = ["ModelLoadError", "check_rope_model", "get_decoder_layers", "get_rotary_modules", "load_model"]
+__all__ = ["LoadOptions", "ModelLoadError", "check_rope_model", "get_decoder_layers", "get_rotary_modules", "load_model"]

@@ -26,6 +26,7 @@ import torch
 
 from posbias.architecture.layers import SUPPORTED_HINT, ModelLoadError, get_decoder_layers  # noqa: F401 (re-exported)
 from posbias.models.adapter import read_adapter
+from posbias.models.options import LoadOptions
 from posbias.models.trained import register_folder_model_type
 
 @dataclass(frozen=True)
@@ -157,44 +158,57 @@ def _resolve_alias(packaged: PackagedModel) -> Path:
     return folder
 
 
-def resolve_spec(spec: str) -> Path:
-    """Turn an alias / path into a filesystem path (a folder or a ``.gguf`` file)."""
+def resolve_spec(spec: str, revision: str | None = None) -> Path:
+    """Turn an alias / path / Hugging Face Hub id (at ``revision``) into a filesystem path (a folder
+    or a ``.gguf`` file)."""
+    from posbias.models.hub import looks_like_hub_id, resolve_hub_model
+
     if spec in ALIASES:
         return _resolve_alias(ALIASES[spec])
+    if looks_like_hub_id(spec):
+        return resolve_hub_model(spec, revision).path
     path = Path(spec).expanduser()
     if not str(spec).strip() or not path.exists():
         known = ", ".join(ALIASES)
-        raise ModelLoadError(f"model {spec!r} not found: give a model folder, a .gguf file or an alias ({known})")
+        raise ModelLoadError(f"model {spec!r} not found: give a model folder, a .gguf file, a Hugging Face Hub "
+                             f"id (org/name) or an alias ({known})")
     return path
 
 
-def load_model(spec: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               require_rope: bool = True):
-    """Return ``(model, tokenizer)`` for ``spec``, in eval mode on ``device``.
+def load_model(spec: str, options: LoadOptions | None = None, *, dtype: torch.dtype | str | None = None,
+               device: str | torch.device | None = None, require_rope: bool = True):
+    """Return ``(model, tokenizer)`` for ``spec``, in eval mode, its weights loaded directly in the
+    options' dtype onto their device (no float32 copy on the CPU first).
 
     Args:
-        spec: Hugging Face model folder, ``.gguf`` file, or alias (``smollm2-135m``).
-        dtype: weight dtype (GGUF weights are dequantised to it).
+        spec: Hugging Face model folder, ``.gguf`` file, Hub id (``org/name``) or alias (``smollm2-135m``).
+        options: device, dtype and Hub revision (default: the CPU in float32); ``dtype`` / ``device``
+            given here override the options' (GGUF weights are dequantised to the dtype).
         require_rope: raise :class:`ModelLoadError` for a model without rotary embeddings.
     """
-    path = resolve_spec(spec)
+    options = options or LoadOptions()
+    placement = LoadOptions(device if device is not None else options.device,
+                            dtype if dtype is not None else options.dtype).placement()
+    path = resolve_spec(spec, options.revision)
     adapter = read_adapter(path)  # a folder written by posbias apply: base model + method
     if adapter is not None and not adapter.merged:
-        return adapter.apply(*load_model(adapter.base_spec(), dtype=dtype, device=device, require_rope=require_rope))
+        return adapter.apply(*load_model(adapter.base_spec(), options, dtype=dtype, device=device,
+                                         require_rope=require_rope))
     if path.is_file() and path.suffix == ".gguf":
         path = _cached_from_gguf(path)
     if register_folder_model_type(path):  # a posbias train / study model: its own positional scheme
         require_rope = False
-    model, tok = _load_hf_folder(path, dtype, config=adapter.base_config() if adapter else None)
+    config = adapter.base_config() if adapter else None
+    model, tok = _load_hf_folder(path, placement.dtype, placement.device, config=config)
     if require_rope:
         check_rope_model(model)
-    model.to(device).eval()
+    model.eval()
     if adapter is not None:  # merged by posbias apply --merge (or a full copy by an older posbias apply)
         adapter.apply(model)
     return model, tok
 
 
-def _load_hf_folder(path: Path, dtype: torch.dtype, config=None):
+def _load_hf_folder(path: Path, dtype: torch.dtype, device: torch.device, config=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not (path / "config.json").exists():
@@ -205,12 +219,19 @@ def _load_hf_folder(path: Path, dtype: torch.dtype, config=None):
         raise ModelLoadError(f"cannot load the tokenizer of {path} (tokenizer files missing or broken: "
                              f"{_first_line(e)})") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **({"config": config} if config else {}))
+        model = AutoModelForCausalLM.from_pretrained(path, **weight_placement(dtype, device),
+                                                     **({"config": config} if config else {}))
     except (ValueError, KeyError, OSError, RuntimeError) as e:
         raise ModelLoadError(f"cannot load {path}: {_first_line(e)}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok
+
+
+def weight_placement(dtype: torch.dtype, device: torch.device) -> dict:
+    """``from_pretrained`` arguments that read the weights straight into ``dtype`` on ``device``
+    (``device_map`` places each tensor as it is read; no float32 CPU copy is made first)."""
+    return {"dtype": dtype, "device_map": {"": str(device)}, "low_cpu_mem_usage": True}
 
 
 def _first_line(e: Exception) -> str:

@@ -131,7 +131,7 @@ class ScalingHandle:
             return tab[1], tab[2]
         size = max(256, 1 << (need - 1).bit_length())
         dims = self.layout.inv_freq(layer_type).numel() * 2
-        per = size * dims * 2 * torch.empty((), dtype=like.dtype).element_size()
+        per = size * dims * 2 * like.element_size()
         if per * max(len(self._distinct), 1) > self.max_table_bytes:
             return None
         cos, sin = self._direct(factor, torch.arange(have, size, device=like.device)[None], like, layer_type)

@@ -30,8 +30,9 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
 def layer_hidden_states(model, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Per layer output, all tokens of all ``inputs`` (1-D id tensors) stacked: ``L x (tokens, d)``."""
     per_layer: list[list[torch.Tensor]] = []
+    device = next(model.parameters()).device
     for ids in inputs:
-        hs = model(input_ids=ids[None], output_hidden_states=True).hidden_states[1:]
+        hs = model(input_ids=ids[None].to(device), output_hidden_states=True).hidden_states[1:]
         if not per_layer:
             per_layer = [[] for _ in hs]
         for acc, h in zip(per_layer, hs):

@@ -50,12 +50,13 @@ def _worker_num_layers(_=None) -> int:
 
 class PoolEvaluator:
     """Score individuals in parallel: ``workers`` spawned processes, each building its own fitness
-    (its own model) once with the picklable ``factory``; torch threads split evenly."""
+    (its own model) once with the picklable ``factory``; torch threads split evenly, and with ``gpus``
+    (:func:`posbias.utils.workers.gpu_slots`) each worker on its own GPU."""
 
-    def __init__(self, factory: Callable[[], Any], workers: int):
+    def __init__(self, factory: Callable[[], Any], workers: int, gpus: list[str] | None = None):
         from posbias.utils.workers import spawn_pool
 
-        self.pool = spawn_pool(workers, _worker_init, (factory,))
+        self.pool = spawn_pool(workers, _worker_init, (factory,), gpus=gpus)
 
     def num_layers(self) -> int:
         return self.pool.submit(_worker_num_layers).result()
@@ -87,12 +88,13 @@ class RayEvaluator:
     """Score individuals on a Ray cluster, across nodes: ``workers`` actors, one model each.
 
     Needs ``pip install 'posbias[ray]'``. ``address`` goes to ``ray.init`` (``"auto"`` joins a
-    running cluster started with ``ray start``; ``None`` starts a local one). Results come back
+    running cluster started with ``ray start``; ``None`` starts a local one). ``gpus_per_worker=1``
+    gives every actor a GPU of its own (Ray sets its ``CUDA_VISIBLE_DEVICES``). Results come back
     in job order, so a search gives the same result as with the serial evaluator.
     """
 
     def __init__(self, factory: Callable[[], Any], workers: int, address: str | None = None,
-                 cpus_per_worker: float = 1.0):
+                 cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0):
         try:
             import ray
         except ImportError:
@@ -100,7 +102,7 @@ class RayEvaluator:
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False, include_dashboard=False)
         self.ray = ray
-        actor = ray.remote(num_cpus=cpus_per_worker)(_RayWorker)
+        actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)(_RayWorker)
         self.actors = [actor.remote(factory) for _ in range(workers)]
 
     def num_layers(self) -> int:

@@ -12,13 +12,13 @@ HELDOUT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 def before_after(*, model: str, task: str, factors_path: str | Path, out: str | Path, n: int = 20,
                  depths: Sequence[float] = HELDOUT_DEPTHS, seed: int = 0, task_options: dict | None = None,
-                 chat: bool = False, batch_size: int = 4, loaded=None) -> dict:
+                 chat: bool = False, batch_size: int = 4, loaded=None, load=None) -> dict:
     """Evaluate ``none`` and ``lpes`` (the factors file) on the held-out split into ``out``.
 
     Writes ``out/comparison.md`` and ``out/comparison.png`` (accuracy by depth with 95% Wilson bands, and
     the paired difference to ``none``);
-    returns ``{"none": summary, "lpes": summary}``.
+    returns ``{"none": summary, "lpes": summary}``. ``load``: the model's :class:`LoadOptions`.
     """
     return compare_methods(model=model, task=task, methods=["none", "lpes"], depths=list(depths), n=n, out=out,
                            method_options={"lpes": {"factors": str(factors_path)}}, seed=seed,
-                           batch_size=batch_size, chat=chat, task_options=task_options, loaded=loaded)
+                           batch_size=batch_size, chat=chat, task_options=task_options, loaded=loaded, load=load)

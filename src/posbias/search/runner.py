@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from posbias.models.options import LoadOptions, load_settings, options_for
 from posbias.search.evaluators import PoolEvaluator, RayEvaluator, SerialEvaluator
 from posbias.search.fitness import DEFAULT_DEPTHS, DEFAULT_OBJECTIVE, OBJECTIVES
 from posbias.search.ga import GAConfig
@@ -47,7 +48,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 BEST = "best_factors.json"
 # Settings that must match when a search folder is resumed (``generations`` may grow).
 RESUME_KEYS = ("model", "task", "seed", "curve", "control_points", "task_options", "weights", "chat", "ga",
-               "n_per_depth", "prune", "objective", "shared_context")
+               "n_per_depth", "prune", "objective", "shared_context", "dtype")
 
 
 # -- the real search -----------------------------------------------------------------------------
@@ -68,16 +69,17 @@ class SearchResult:
 def build_fitness(model_spec: str, task: str, *, n_per_depth: int, seed: int, task_options: dict,
                   depths: Sequence[float] = DEFAULT_DEPTHS, weights=None, batch_size: int = 4,
                   chat: bool = False, model=None, tokenizer=None, objective: str = "accuracy",
-                  shared_context: bool = False):
-    """The teacher-forced fitness of ``model_spec`` on the *search* split of ``task`` (with
-    ``shared_context``: each search context asked at every depth, scored from one prefill)."""
+                  shared_context: bool = False, load=None):
+    """The teacher-forced fitness of ``model_spec`` (loaded with ``load``, a :class:`LoadOptions`) on
+    the *search* split of ``task`` (with ``shared_context``: each search context asked at every
+    depth, scored from one prefill)."""
     from posbias.evaluation.runner import check_fits
     from posbias.evaluation.session import build_instances
     from posbias.models import get_decoder_layers, load_model
     from posbias.search.fitness import TeacherForcedFitness
 
     if model is None:
-        model, tokenizer = load_model(model_spec)
+        model, tokenizer = load_model(model_spec, load)
     opts = {**task_options, "shared_context": True} if shared_context else task_options
     instances = build_instances(model, tokenizer, task, list(depths), n_per_depth, seed, "search", opts)
     check_fits(model, tokenizer, instances, chat)
@@ -94,7 +96,7 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
                overrides: dict | None = None, log: Callable[[dict], None] | None = None,
                loaded: tuple | None = None, prune: bool = True, backend: str = "processes",
                ray_address: str | None = None, objective: str = DEFAULT_OBJECTIVE,
-               shared_context: bool = True) -> SearchResult:
+               shared_context: bool = True, load: LoadOptions | None = None) -> SearchResult:
     """Search per-layer factors for ``model`` on ``task`` and write the run folder ``out``.
 
     Args:
@@ -111,6 +113,8 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
             every depth (tasks that offer it: ``kv``, multi-key ``niah``; ignored for the others and
             under ``chat``). The
             held-out table always uses the standard protocol (one question per prompt).
+        load: device, dtype and Hub revision of the model (:class:`LoadOptions`; default the CPU in
+            float32); every worker loads its model with them (on a CUDA machine, its own GPU).
     Returns:
         :class:`SearchResult`; the factors file is ``out/best_factors.json``.
     """
@@ -119,18 +123,20 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
         control_points=control_points, curve=curve, grid=grid, round_to_grid=round_to_grid,
         task_options=task_options, objective=objective, shared_context=shared_context, chat=chat,
         weights=weights, seed=seed)
+    load = options_for(load, loaded)
     config = {"model": model, "task": task, "preset": preset, "seed": seed, "curve": curve,
               "control_points": control_points, "task_options": task_options, "weights": weights,
               "chat": chat, "ga": cfg.to_dict(), **{k: settings[k] for k in RUN_KEYS}, "workers": workers,
-              "prune": prune, "objective": objective, "shared_context": shared_context}
+              "prune": prune, "objective": objective, "shared_context": shared_context,
+              **load_settings(model, load)}
     folder = open_run(out, "search", config, check_keys=RESUME_KEYS)
     out = folder.path
     if not resume and (out / CHECKPOINT).exists():
         raise ValueError(already_searched(out))
     factory = functools.partial(build_fitness, model, task, n_per_depth=settings["n_per_depth"], seed=seed,
                                 task_options=task_options, weights=weights, batch_size=settings["batch_size"],
-                                chat=chat, objective=objective, shared_context=shared_context)
-    evaluator, num_layers = _make_evaluator(factory, workers, backend, ray_address, loaded)
+                                chat=chat, objective=objective, shared_context=shared_context, load=load)
+    evaluator, num_layers = _make_evaluator(factory, workers, backend, ray_address, loaded, load)
     meta = {"model": model, "task": task, "seed": seed, "preset": preset, "task_options": task_options,
             "n_per_depth": settings["n_per_depth"], "generations_planned": settings["generations"],
             "curve": curve, "round_to_grid": list(cfg.grid) if round_to_grid else None}
@@ -202,14 +208,29 @@ def _check_request(task: str, *, preset, workers, backend, loaded, overrides, co
     return settings, cfg, task_options, shared_context
 
 
-def _make_evaluator(factory, workers: int, backend: str, ray_address, loaded):
+def _make_evaluator(factory, workers: int, backend: str, ray_address, loaded, load=None):
     """``(evaluator, num_layers)``: Ray actors or a process pool for ``workers > 1`` / Ray, else one
-    fitness in this process (on an already ``loaded`` model when given)."""
+    fitness in this process (on an already ``loaded`` model when given). A model placed on ``auto``
+    or ``cuda`` of a CUDA machine gives each worker a GPU of its own (one per visible GPU, in turn)."""
     if workers > 1 or backend == "ray":
-        evaluator = RayEvaluator(factory, workers, ray_address) if backend == "ray" else PoolEvaluator(factory, workers)
+        gpus = worker_gpus(load, workers)
+        if backend == "ray":
+            evaluator = RayEvaluator(factory, workers, ray_address, gpus_per_worker=1.0 if gpus else 0.0)
+        else:
+            evaluator = PoolEvaluator(factory, workers, gpus=gpus)
         return evaluator, evaluator.num_layers()
     fit = factory(model=loaded[0], tokenizer=loaded[1]) if loaded is not None else factory()
     return SerialEvaluator(fit), fit.num_layers
+
+
+def worker_gpus(load: LoadOptions | None, workers: int) -> list[str] | None:
+    """One ``CUDA_VISIBLE_DEVICES`` value per worker when the model goes to ``auto`` / ``cuda`` on a
+    CUDA machine (each worker then loads it on its own ``cuda:0``); None otherwise (an explicit
+    ``cuda:N`` keeps every worker on that GPU)."""
+    from posbias.utils.workers import gpu_slots
+
+    device = str((load or LoadOptions()).device).strip().lower()
+    return gpu_slots(workers) if device in ("auto", "cuda") else None
 
 
 def _write_factors(path: Path, res: GAResult, *, meta: dict) -> None:

@@ -9,7 +9,9 @@ over depths 0 / 0.5 / 1 with the log-prob tie-break). The best
 setting of each method goes to ``out/best_settings.json`` (``{method: options}``), which
 ``posbias compare --settings`` reads, so the held-out comparison runs every method at the setting
 chosen on data it never sees. Every scored setting is one line of ``out/results.jsonl`` (a rerun
-resumes) and ``out/tune.md`` is the table.
+resumes) and ``out/tune.md`` is the table. ``workers > 1`` scores the settings in that many spawned
+processes, one model each (on a CUDA machine one GPU each, as the LPES search's workers); the
+records are written in grid order, so the result is the same with any number of workers.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
     )],
     "moice": [{"top_k": k} for k in (7, 1, 2, 3)],
 }
-TUNE_KEYS = ("model", "task", "seed", "n_per_depth", "task_options", "base_options")
+TUNE_KEYS = ("model", "task", "seed", "n_per_depth", "task_options", "base_options", "dtype")
 
 
 def setting_key(method: str, setting: dict) -> str:
@@ -59,20 +61,62 @@ def score_setting(model, tokenizer, method: str, options: dict, instances, batch
             "seconds": round(time.perf_counter() - start, 1)}
 
 
+_WORKER: dict = {}  # a tuning worker's model, tokenizer and instances (set by _worker_init)
+
+
+def _search_split(model, tokenizer, task: str, n_per_depth: int, seed: int, task_options: dict) -> list:
+    """The search-split instances every setting is scored on (shared contexts where the task has them)."""
+    from posbias.evaluation.session import build_instances
+    from posbias.tasks.registry import supports_shared_context
+
+    opts = {**task_options, "shared_context": True} if supports_shared_context(task, task_options) else task_options
+    return build_instances(model, tokenizer, task, list(DEFAULT_DEPTHS), n_per_depth, seed, "search", opts)
+
+
+def _worker_init(model: str, load, task: str, n_per_depth: int, seed: int, task_options: dict) -> None:
+    from posbias.models import load_model
+
+    lm, tok = load_model(model, load)
+    _WORKER.update(model=lm, tokenizer=tok, instances=_search_split(lm, tok, task, n_per_depth, seed, task_options))
+
+
+def _worker_score(job: tuple[str, dict, int]) -> dict:
+    method, options, batch_size = job
+    return score_setting(_WORKER["model"], _WORKER["tokenizer"], method, options, _WORKER["instances"], batch_size)
+
+
+def _scored_in_order(jobs: list[tuple[str, dict]], *, workers: int, batch_size: int, local, pool_args: tuple):
+    """``score_setting`` of every ``(method, options)`` job, yielded in job order: here with ``local()``
+    (``(model, tokenizer, instances)``) for one worker, else in a pool of spawned workers."""
+    if workers <= 1 or len(jobs) <= 1:
+        lm, tok, instances = local()
+        for method, options in jobs:
+            yield score_setting(lm, tok, method, options, instances, batch_size)
+        return
+    from posbias.search.runner import worker_gpus
+    from posbias.utils.workers import spawn_pool
+
+    count = min(workers, len(jobs))
+    with spawn_pool(count, _worker_init, pool_args, gpus=worker_gpus(pool_args[1], count)) as pool:
+        yield from pool.map(_worker_score, [(m, o, batch_size) for m, o in jobs])
+
+
 def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int, out: str | Path, seed: int = 0,
                  batch_size: int = 8, task_options: dict | None = None, grids: dict | None = None,
                  base_options: dict | None = None, loaded=None, log=print,
-                 objective: str = DEFAULT_OBJECTIVE) -> dict[str, dict]:
+                 objective: str = DEFAULT_OBJECTIVE, load=None, workers: int = 1) -> dict[str, dict]:
     """Score each method's grid on the search split; returns ``{method: best options}``, chosen by
     ``objective`` (the LPES search's; scores do not depend on it, so a rerun with another objective
     re-chooses from the same results).
 
     ``base_options[method]`` are fixed options merged under every grid setting (e.g. MoICE's
     ``routers``). MoICE is only tuned with trained routers (``base_options["moice"]["routers"]``).
+    ``load``: the model's :class:`posbias.models.LoadOptions` (device, dtype, Hub revision);
+    ``workers``: processes scoring settings in parallel (``loaded`` is then not used).
     """
-    from posbias.evaluation.session import build_instances, check_method
+    from posbias.evaluation.session import check_method
     from posbias.models import load_model
-    from posbias.tasks.registry import supports_shared_context
+    from posbias.models.options import load_settings, options_for
     from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
     from posbias.utils.run_folder import open_run
 
@@ -87,28 +131,31 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
             raise ValueError("tune: moice needs trained routers (--routers, from posbias train-moice)")
         for setting in grids[m]:
             check_method(m, {**base_options.get(m, {}), **setting})
+    load = options_for(load, loaded)
     config = {"model": model, "task": task, "seed": seed, "n_per_depth": n_per_depth, "task_options": task_options,
-              "base_options": base_options, "methods": methods, "grids": grids, "objective": objective}
+              "base_options": base_options, "methods": methods, "grids": grids, "objective": objective,
+              **load_settings(model, load)}
     folder = open_run(out, "tune", config, check_keys=TUNE_KEYS)
-    lm, tok = loaded or load_model(model)
-    opts = {**task_options, "shared_context": True} if supports_shared_context(task, task_options) else task_options
-    instances = build_instances(lm, tok, task, list(DEFAULT_DEPTHS), n_per_depth, seed, "search", opts)
     results = folder.path / "results.jsonl"
     # rows written before the fitness record was kept are scored again
     done = {r["key"]: r for r in read_jsonl(results) if "fitness" in r} if results.exists() else {}
-    for m in methods:
-        for setting in grids[m]:
-            key = setting_key(m, setting)
-            if key in done:
-                continue
-            folder.commit()
-            rec = {"key": key, "method": m, "setting": setting,
-                   **score_setting(lm, tok, m, {**base_options.get(m, {}), **setting}, instances, batch_size)}
-            append_jsonl(results, rec)
-            done[key] = rec
-            log(f"{m:18s} {json.dumps(setting):48s} acc {rec['accuracy']:.3f}  "
-                f"({' '.join(f'{d}:{a:.2f}' for d, a in rec['per_depth'].items())})  "
-                f"lp {rec['weighted_logprob']:.3f}")
+    todo = [(m, setting) for m in methods for setting in grids[m] if setting_key(m, setting) not in done]
+
+    def local():
+        lm, tok = loaded or load_model(model, load)
+        return lm, tok, _search_split(lm, tok, task, n_per_depth, seed, task_options)
+
+    scored = _scored_in_order([(m, {**base_options.get(m, {}), **s}) for m, s in todo], workers=workers,
+                              batch_size=batch_size, local=local,
+                              pool_args=(model, load, task, n_per_depth, seed, task_options))
+    for (m, setting), score in zip(todo, scored):
+        folder.commit()
+        rec = {"key": setting_key(m, setting), "method": m, "setting": setting, **score}
+        append_jsonl(results, rec)
+        done[rec["key"]] = rec
+        log(f"{m:18s} {json.dumps(setting):48s} acc {rec['accuracy']:.3f}  "
+            f"({' '.join(f'{d}:{a:.2f}' for d, a in rec['per_depth'].items())})  "
+            f"lp {rec['weighted_logprob']:.3f}")
     best = {m: {**base_options.get(m, {}), **_best(done, m, grids[m], objective)["setting"]} for m in methods}
     folder.commit()
     atomic_write_json(folder.path / "best_settings.json", best)

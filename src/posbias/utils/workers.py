@@ -1,8 +1,10 @@
 """The one way posbias runs work in other processes on this machine: a spawn-context process pool
-whose workers split the command's CPU threads evenly between them (torch threads), used by the search's
-``--workers`` and the study's ``--train-workers``."""
+whose workers split the command's CPU threads evenly between them (torch threads) and, on a CUDA
+machine, each see one GPU of their own (``CUDA_VISIBLE_DEVICES``, :func:`gpu_slots`); used by the
+search's ``--workers`` and the study's ``--train-workers``."""
 from __future__ import annotations
 
+import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
 
@@ -15,7 +17,22 @@ def threads_per_worker(workers: int) -> int:
     return max(1, thread_budget() // max(1, workers))
 
 
-def _init(threads: int, initializer: Callable | None, initargs: tuple) -> None:
+def gpu_slots(workers: int) -> list[str] | None:
+    """The GPU each of ``workers`` workers sees alone (a ``CUDA_VISIBLE_DEVICES`` value): the visible
+    GPUs in turn (worker ``i`` gets GPU ``i mod count``); None on a machine without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    count = torch.cuda.device_count()
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    ids = visible[:count] if visible else [str(i) for i in range(count)]
+    return [ids[i % len(ids)] for i in range(workers)]
+
+
+def _init(threads: int, initializer: Callable | None, initargs: tuple, gpus=None) -> None:
+    if gpus is not None:  # before anything in this process initialises CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus.get(timeout=600)
     try:
         import torch
 
@@ -26,10 +43,19 @@ def _init(threads: int, initializer: Callable | None, initargs: tuple) -> None:
         initializer(*initargs)
 
 
-def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tuple = ()) -> ProcessPoolExecutor:
+def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tuple = (),
+               gpus: list[str] | None = None) -> ProcessPoolExecutor:
     """A ``ProcessPoolExecutor`` of ``workers`` spawned processes (safe with torch and CUDA), each with
-    ``cpu_count // workers`` torch threads, then ``initializer(*initargs)`` (which must be picklable)."""
+    ``cpu_count // workers`` torch threads and, given ``gpus`` (one ``CUDA_VISIBLE_DEVICES`` value per
+    worker, :func:`gpu_slots`), its own GPU as ``cuda:0``; then ``initializer(*initargs)`` (which must
+    be picklable)."""
     import multiprocessing as mp
 
-    return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init,
-                               initargs=(threads_per_worker(workers), initializer, initargs))
+    ctx = mp.get_context("spawn")
+    slots = None
+    if gpus:
+        slots = ctx.Queue()
+        for gpu in gpus:
+            slots.put(gpu)
+    return ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
+                               initargs=(threads_per_worker(workers), initializer, initargs, slots))

@@ -1,0 +1,212 @@
+"""The GPU check of the training-free side, in one run of under 10 minutes on one H100 (estimated):
+
+    python benchmarks/gpu_check.py --out $OUT/gpu_check          # on a CUDA machine
+    python benchmarks/gpu_check.py --dry-run --out /tmp/gpu_check  # the same steps on CPU, tiny and short
+
+On a model of a real 7B shape (``--config qwen2.5-7b``: random weights from Qwen2.5-7B's config, built
+on the GPU in bfloat16 by ``benchmarks/latency.py``'s ``random_model``; nothing is downloaded):
+
+1. identity: every method at its identity setting (pi factor 1, LPES factors all 1, Ms-PoE ratios 1,
+   Attention Buckets one base, MoICE one expert at the model's base) against the unpatched model on a
+   left-padded batch, prefill and one cached decoding step: ``torch.equal`` and the largest |difference|
+   of the logits;
+2. search: one ``quick``-preset LPES search end to end (``posbias.search.runner.run_search``) on the
+   kv task, with a byte-level BPE tokenizer trained here on the tasks' own text (the model's weights
+   are random: the search checks the GPU path and its time, not an accuracy);
+3. latency: ``benchmarks/latency.py`` for none / pi / lpes / ms-poe / attention-buckets / moice at 4K
+   and 16K tokens, prefill and decode as ratios to ``none``, interleaved with the order rotating;
+4. BAM: ``benchmarks/gpu_check_bam.py`` (FlexAttention against the exact chunked path, and training
+   throughput per scheme).
+
+The peak GPU memory of each step is recorded. ``--out`` receives ``gpu_check.json`` (everything),
+``gpu_check.md`` (the tables), ``latency.json`` and ``gpu_check_bam.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # latency.py, gpu_check_bam.py beside this file
+
+IDENTITY = {
+    "pi": {"factor": 1.0},
+    "lpes": {"factors": None},  # a factors file of ones, written for the model's layer count
+    "ms-poe": {"r_min": 1.0, "r_max": 1.0, "skip_layers": 0},
+    "attention-buckets": {"multipliers": [1.0]},
+    "moice": {"multipliers": [1.0], "top_k": 1},
+}
+FULL = {"config": "qwen2.5-7b", "device": "cuda", "identity_tokens": 1024, "lengths": "4096,16384", "reps": 2,
+        "decode": 16, "search_keys": 30, "search_overrides": {}}
+DRY = {"config": "tiny", "device": "cpu", "identity_tokens": 24, "lengths": "32,64", "reps": 1, "decode": 2,
+       "search_keys": 4, "search_overrides": {"population": 3, "generations": 1, "n_per_depth": 1, "batch_size": 3}}
+
+
+def peak_reset(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def ones_factors(model, folder: Path) -> str:
+    """A factors file of 1.0 per decoder layer (LPES's identity setting)."""
+    from posbias.patching.rope_scaling import save_factors_file
+
+    path = folder / "ones.factors.json"
+    save_factors_file(path, factors=[1.0] * model.config.num_hidden_layers)
+    return str(path)
+
+
+@torch.no_grad()
+def _prefill_and_step(model, ids, mask, pos, keep: int) -> list[torch.Tensor]:
+    """Logits of the last ``keep`` prefill positions and of one cached decoding step."""
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=keep)
+    nxt = out.logits[:, -1:].argmax(-1)
+    step = model(input_ids=nxt, attention_mask=torch.cat([mask, torch.ones_like(nxt)], 1),
+                 position_ids=pos[:, -1:] + 1, cache=out.past_key_values, use_cache=True, logits_to_keep=1)
+    return [out.logits, step.logits]
+
+
+def identity_checks(model, tokens: int, folder: Path) -> dict:
+    """``{method: {"equal": bool, "max_abs_diff": float}}`` of every method at its identity setting."""
+    from posbias.methods import apply_method
+
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (2, tokens), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, : tokens // 4] = 0  # the second row left-padded
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
+    keep = min(64, tokens - tokens // 4)
+    ref = _prefill_and_step(model, ids, mask, pos, keep)
+    results = {}
+    for name, options in IDENTITY.items():
+        options = {**options, "factors": ones_factors(model, folder)} if name == "lpes" else options
+        with apply_method(model, name, **options) as h:
+            got = _prefill_and_step(h.model, ids, mask, pos, keep)
+        diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, ref))
+        results[name] = {"equal": all(torch.equal(a, b) for a, b in zip(got, ref)), "max_abs_diff": diff}
+        print(f"identity {name:18s} equal={results[name]['equal']}  max|diff| {diff:.3g}", flush=True)
+    return results
+
+
+def search_check(model, config: str, folder: Path, keys: int, overrides: dict) -> dict:
+    """One quick-preset LPES search on ``model`` (kv task, ``keys`` word keys) into ``folder``."""
+    from posbias.search.runner import run_search
+    from posbias.training.tokenizer import synthetic_task_texts, train_bpe_tokenizer
+
+    tok = train_bpe_tokenizer(synthetic_task_texts(), 4096, folder / "tokenizer")
+    start = time.perf_counter()
+    res = run_search(f"random {config}", "kv", out=folder / "search", preset="quick", seed=0, resume=True,
+                     task_options={"num_keys": keys}, overrides=overrides, loaded=(model, tok))
+    return {"seconds": round(time.perf_counter() - start, 1), "generations": res.generations,
+            "factors": res.factors, "accuracy": res.accuracy, "num_keys": keys, "overrides": overrides}
+
+
+def latency_check(config: str, device: str, lengths: str, reps: int, decode: int, out: Path) -> dict:
+    import latency
+
+    return latency.main(["--random-config", config, "--device", device, "--dtype",
+                         "bfloat16" if device.startswith("cuda") else "float32", "--lengths", lengths,
+                         "--methods", "none,pi,lpes,ms-poe,attention-buckets,moice", "--reps", str(reps),
+                         "--decode", str(decode), "--warmup", "1", "--out", str(out)])
+
+
+def bam_check(device: str, out: Path, dry: bool) -> dict:
+    import gpu_check_bam
+
+    args = ["--device", "cpu", "--backends", "eager,chunked", "--throughput-backends", ""] if dry else []
+    return gpu_check_bam.main([*args, "--out", str(out)])
+
+
+def markdown(report: dict) -> str:
+    """The tables of ``report``: identity, latency ratios, search, BAM equivalence, peak memory."""
+    lines = [f"# GPU check: {report['model']} on {report['device_name']} ({report['dtype']})", "",
+             "| method | identity: logits equal | max abs diff |", "|---|---|---:|"]
+    lines += [f"| {m} | {'yes' if r['equal'] else 'NO'} | {r['max_abs_diff']:.3g} |"
+              for m, r in report["identity"].items()]
+    lat = report["latency"]["summary"]
+    lengths = list(next(iter(lat.values())))
+    lines += ["", "Latency, ratio to none (median of per-repetition ratios; "
+              f"{report['latency']['reps_done']} repetitions, rotating order):", "",
+              "| method | " + " | ".join(f"{n} prefill | {n} decode" for n in lengths) + " |",
+              "|---|" + "---:|" * (2 * len(lengths))]
+    for m, by_len in lat.items():
+        cells = [f"{by_len[n]['prefill_ratio_rep_median']:.2f} | {by_len[n]['decode_ratio_rep_median']:.2f}"
+                 for n in lengths]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    s = report["search"]
+    lines += ["", f"Quick-preset search (kv, {s['num_keys']} keys): {s['seconds']} s, {s['generations']} generations.",
+              "", "BAM, largest relative difference to the reference backend (output and gradients):", "",
+              "| setup | backend | max rel diff |", "|---|---|---:|"]
+    for setup, by_backend in report["bam"]["equivalence"].items():
+        for backend, diffs in by_backend.items():
+            lines.append(f"| {setup} | {backend} | {max(v['rel'] for v in diffs.values()):.3g} |")
+    lines += ["", "Peak GPU memory (GiB): " + ", ".join(
+        f"{k} {v:.1f}" if v is not None else f"{k} n/a" for k, v in report["peak_gib"].items()),
+        "", f"Wall time: {report['seconds']:.0f} s"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="folder for gpu_check.json / .md and the scripts' files")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny config, few tokens: checks the script")
+    ap.add_argument("--skip-bam", action="store_true", help="leave out benchmarks/gpu_check_bam.py")
+    a = ap.parse_args(argv)
+    plan = DRY if a.dry_run else FULL
+    if not a.dry_run and not torch.cuda.is_available():
+        raise SystemExit("error: no CUDA device here; run with --dry-run to check the script on the CPU")
+    import latency
+    from posbias.utils.devices import dtype_name
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(plan["device"])
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    start = time.perf_counter()
+    report: dict = {"model": plan["config"], "device": str(device), "dtype": dtype_name(dtype),
+                    "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+                    "torch": torch.__version__, "plan": plan, "peak_gib": {}}
+    peak_reset(device)
+    model = latency.random_model(plan["config"], str(device), dtype)
+    report["peak_gib"]["weights"] = peak_gib(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        report["identity"] = identity_checks(model, plan["identity_tokens"], Path(tmp))
+        report["peak_gib"]["identity"] = peak_gib(device)
+        peak_reset(device)
+        report["search"] = search_check(model, plan["config"], Path(tmp), plan["search_keys"],
+                                        plan["search_overrides"])
+        report["peak_gib"]["search"] = peak_gib(device)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    peak_reset(device)
+    report["latency"] = latency_check(plan["config"], str(device), plan["lengths"], plan["reps"], plan["decode"],
+                                      out / "latency.json")
+    report["peak_gib"]["latency"] = peak_gib(device)
+    if not a.skip_bam:
+        peak_reset(device)
+        report["bam"] = bam_check(str(device), out / "gpu_check_bam.json", a.dry_run)
+        report["peak_gib"]["bam"] = peak_gib(device)
+    else:
+        report["bam"] = {"equivalence": {}}
+    report["seconds"] = time.perf_counter() - start
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+    (out / "gpu_check.md").write_text(markdown(report))
+    print(markdown(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Where a model runs and in which dtype: the one resolution of ``--device`` and ``--dtype``.
+
+``--device``: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` | ``mps``; ``--dtype``: ``auto`` | ``float32`` |
+``bfloat16`` | ``float16``. ``auto`` is the first CUDA device in bfloat16 when one is present, else the
+CPU in float32 (:func:`resolve_placement`). A device or dtype this machine cannot use is a
+``ValueError`` of one line, raised before any model loads or any run folder is touched.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DEVICE_CHOICES = "auto | cpu | cuda | cuda:N | mps"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def resolve_device(name: str | torch.device = "auto") -> torch.device:
+    """The device ``name`` stands for on this machine; ``ValueError`` naming the problem if it has none.
+
+    ``auto``: ``cuda:0`` when CUDA is present, else ``cpu``; ``cuda``: ``cuda:0`` (the first visible GPU).
+    """
+    if isinstance(name, torch.device):
+        name = str(name)
+    text = str(name).strip().lower()
+    if text == "auto":
+        return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {name!r} is not a device: give {DEVICE_CHOICES}") from None
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type == "cuda":
+        return _cuda_device(name, device)
+    if device.type == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise ValueError(f"--device {name}: no Apple MPS device on this machine (use --device cpu)")
+        return device
+    raise ValueError(f"--device {name!r} is not supported: give {DEVICE_CHOICES}")
+
+
+def _cuda_device(name: str, device: torch.device) -> torch.device:
+    if not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ValueError(f"--device {name}: {why} (use --device cpu or auto)")
+    index = device.index or 0
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"--device {name}: only {count} CUDA device(s) visible (cuda:0..cuda:{count - 1})")
+    return torch.device("cuda", index)
+
+
+def resolve_dtype(name: str | torch.dtype = "auto", device: torch.device | None = None) -> torch.dtype:
+    """The weight dtype ``name`` stands for on ``device``; ``auto``: bfloat16 on CUDA, else float32.
+
+    ``ValueError`` for an unknown name, or bfloat16 on a GPU without bfloat16 support.
+    """
+    device = device if device is not None else torch.device("cpu")
+    if isinstance(name, torch.dtype):
+        name = dtype_name(name)
+    text = DTYPE_ALIASES.get(str(name).strip().lower(), str(name).strip().lower())
+    if text == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    if text not in DTYPES:
+        raise ValueError(f"--dtype {name!r} is not a dtype: give auto | {' | '.join(DTYPES)}")
+    dtype = DTYPES[text]
+    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"--dtype bfloat16: {torch.cuda.get_device_name(device)} has no bfloat16 support "
+                         "(use --dtype float16 or float32)")
+    return dtype
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A requested ``device`` / ``dtype`` pair (strings as the command line spells them)."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def resolve(self) -> ResolvedPlacement:
+        """This machine's device and dtype for the request (``ValueError`` when it has none)."""
+        device = resolve_device(self.device)
+        return ResolvedPlacement(self, device, resolve_dtype(self.dtype, device))
+
+
+@dataclass(frozen=True)
+class ResolvedPlacement:
+    """A :class:`Placement` resolved on this machine."""
+
+    requested: Placement
+    device: torch.device
+    dtype: torch.dtype
+
+    def record(self) -> dict:
+        """What a run folder records: the request and what it resolved to."""
+        return {"device": self.requested.device, "dtype": self.requested.dtype,
+                "resolved_device": str(self.device), "resolved_dtype": dtype_name(self.dtype)}
+
+
+def resolve_placement(device: str = "auto", dtype: str = "auto") -> ResolvedPlacement:
+    """``Placement(device, dtype).resolve()``: the first CUDA device in bf16 when present, else CPU fp32."""
+    return Placement(device, dtype).resolve()
