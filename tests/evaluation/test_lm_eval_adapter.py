@@ -189,7 +189,7 @@ def test_model_args_build_the_method(tmp_path):
                                           {"batch_size": "4", "device": None, "max_batch_size": None})
     assert lm.handle.name == "pi" and lm.handle.options == {"factor": 2.0} and lm.batch_size == 4
     lm.close()
-    with pytest.raises(ValueError, match="not a floating-point torch dtype"):
+    with pytest.raises(ValueError, match="is not a dtype"):
         PosbiasLM.create_from_arg_string(f"pretrained={model},dtype=int8")
 
 

@@ -90,14 +90,15 @@ class PosbiasLM(TemplateLM):
         there is one (else the CPU), ``dtype`` to bfloat16 on CUDA and float32 on the CPU; lm_eval's own
         ``--device`` / ``--batch_size`` apply where ``--model_args`` does not set them."""
         from posbias.models import load_model
+        from posbias.models.options import LoadOptions
 
         args = {**{k: v for k, v in (additional_config or {}).items() if v is not None}, **args}
         if "pretrained" not in args:
             raise ValueError("lm_eval --model posbias needs --model_args pretrained=MODEL (a folder, alias or "
                              ".gguf file)")
-        device, dtype = _device_and_dtype(args.get("device"), args.get("dtype"))
+        load = LoadOptions(str(args.get("device") or "auto"), str(args.get("dtype") or "auto"))
         options = {k: v for k, v in args.items() if k not in MODEL_ARGS}
-        model, tokenizer = load_model(str(args["pretrained"]), device=device, dtype=dtype)
+        model, tokenizer = load_model(str(args["pretrained"]), load)
         return cls(model, tokenizer, method=args.get("method") or "none", method_options=options,
                    batch_size=_batch_size(args.get("batch_size")), max_length=args.get("max_length"),
                    max_gen_toks=int(args.get("max_gen_toks", 64)))
@@ -241,19 +242,6 @@ class PosbiasLM(TemplateLM):
                     text = text.split(u)[0]
             texts.append(text)
         return texts
-
-
-def _device_and_dtype(device, dtype) -> tuple[str, torch.dtype]:
-    """``(device, dtype)`` from ``--model_args`` strings; unset or ``auto``: CUDA in bfloat16 when present,
-    else the CPU in float32."""
-    cuda = torch.cuda.is_available()
-    device = str(device) if device not in (None, "", "auto") else ("cuda" if cuda else "cpu")
-    if dtype in (None, "", "auto"):
-        return device, torch.bfloat16 if device.startswith("cuda") else torch.float32
-    value = getattr(torch, str(dtype).removeprefix("torch."), None)
-    if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise ValueError(f"dtype {dtype!r} is not a floating-point torch dtype (float32, bfloat16, float16, auto)")
-    return device, value
 
 
 def _batch_size(value) -> int:
