@@ -93,7 +93,8 @@ def open_run(out: str | Path, kind: str, config: dict, *, check_keys: Iterable[s
     if found is None:
         return RunFolder(path, kind, config, parent=parent)
     if kind != "apply":
-        old = _read_config(path).get("config", {})
+        check_keys = tuple(check_keys)
+        old = read_run_settings(path, required=bool(check_keys))
         diff = settings_diff(old, _roundtrip(config), check_keys)
         if diff:
             raise ValueError(f"{path} holds a run with other settings ({'; '.join(diff)}); "
@@ -156,6 +157,18 @@ def _shown(value: Any) -> str:
     if isinstance(value, float) and float(f"{value:.6g}") != value:
         return f"{value:.6g}"
     return repr(value)
+
+
+def read_run_settings(path: Path, *, required: bool = True) -> dict:
+    """The settings (``"config"``) that the run in folder ``path`` recorded; a ``ValueError`` naming the
+    file when they are missing or not an object, or (``required``) empty: such a file would match any
+    settings and mix other runs' results into the folder."""
+    settings = _read_config(path).get("config")
+    if not isinstance(settings, dict) or (required and not settings):
+        raise ValueError(f"{path / CONFIG} records no settings of its run (\"config\" is "
+                         f"{json.dumps(settings)[:40] if settings is not None else 'missing'}); "
+                         "fix or delete it, or use another --out")
+    return settings
 
 
 def _read_config(path: Path) -> dict:
