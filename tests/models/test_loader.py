@@ -158,3 +158,37 @@ def test_default_search_targets():
     assert target == ("kv", {"num_keys": 30})
     target[1]["num_keys"] = 5  # a copy: callers cannot change the table
     assert default_search_target("/some/folder") == ("kv", {"num_keys": 30})
+
+
+def test_gguf_cache_is_keyed_on_content_hashed_once_per_file_version(tmp_path, monkeypatch):
+    """Two GGUF files of one name and size but other bytes get their own converted model; a file is
+    hashed again only when its size or modification time changed (a touched copy reuses the entry)."""
+    import hashlib
+    import os
+
+    import posbias.models.loader as loader
+
+    monkeypatch.setenv("POSBIAS_CACHE", str(tmp_path / "cache"))
+    converted = []
+
+    def convert(gguf, target):  # stands in for the dequantisation
+        target.mkdir(parents=True)
+        (target / ".complete").write_text(str(gguf))
+        converted.append(gguf.read_bytes())
+
+    monkeypatch.setattr(loader, "_convert_gguf", convert)
+    hashed = []
+    real_sha = hashlib.sha256
+    monkeypatch.setattr(hashlib, "sha256", lambda *a: hashed.append(a) or real_sha(*a))
+    first, second = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
+    for path, fill in ((first, b"\1"), (second, b"\0")):
+        path.parent.mkdir()
+        path.write_bytes(fill * 4096)
+    a, b = loader._cached_from_gguf(first), loader._cached_from_gguf(second)
+    assert a != b and converted == [b"\1" * 4096, b"\0" * 4096]
+    contents = len([x for x in hashed if not x])  # hashlib.sha256() opened for a file's content
+    assert contents == 2
+    assert loader._cached_from_gguf(first) == a and len([x for x in hashed if not x]) == 2  # stored, not rehashed
+    os.utime(first, ns=(1, 1))
+    assert loader._cached_from_gguf(first) == a and len([x for x in hashed if not x]) == 3
+    assert len(converted) == 2

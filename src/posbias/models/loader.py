@@ -212,12 +212,35 @@ def _first_line(e: Exception) -> str:
 
 
 def _cached_from_gguf(gguf: Path) -> Path:
-    """Dequantise a GGUF once and cache it as a safetensors HF folder; return that folder."""
-    stat = gguf.stat()
-    target = cache_dir() / "models" / f"{gguf.stem}-{stat.st_size}"
+    """Dequantise a GGUF once and cache it as a safetensors HF folder; return that folder. The cache
+    entry is keyed on the file's content (its SHA-256, :func:`gguf_sha256`), so another file of the
+    same name and size is never taken for it."""
+    sha = gguf_sha256(gguf)
+    target = cache_dir() / "models" / f"{gguf.stem}-{sha[:16]}"
     if not (target / ".complete").exists():
         _convert_gguf(gguf, target)
     return target
+
+
+def gguf_sha256(path: Path) -> str:
+    """The SHA-256 of ``path``, hashed once per version of the file: the digest is stored in the cache
+    (``models/.sha256/``) under the file's resolved path, size and modification time, and read back
+    while these are unchanged."""
+    stat = path.stat()
+    where = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    record = cache_dir() / "models" / ".sha256" / where
+    if record.is_file():
+        known = record.read_text().strip()
+        if len(known) == 64:
+            return known
+    from posbias.utils.io import atomic_write_text
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            digest.update(chunk)
+    atomic_write_text(record, digest.hexdigest())
+    return digest.hexdigest()
 
 
 def _read_gguf(gguf: Path):
@@ -252,13 +275,21 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         raise ModelLoadError(f"GGUF conversion of {gguf} lost weights: missing={missing[:3]} unexpected={unexpected[:3]}")
     if getattr(fresh_cfg, "tie_word_embeddings", False):
         fresh.tie_weights()
-    tmp = target.with_name(target.name + ".partial")
+    tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")  # two first loads at once each write their own
     shutil.rmtree(tmp, ignore_errors=True)
-    fresh.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
-    (target / ".complete").write_text(str(gguf))
+    try:
+        fresh.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / ".complete").write_text(str(gguf))  # renamed with the folder: never a complete-looking half
+        if not (target / ".complete").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                if not (target / ".complete").exists():  # not another process's finished copy
+                    raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def get_rotary_modules(model) -> list[torch.nn.Module]:
