@@ -14,7 +14,9 @@ command line) only when :meth:`RunFolder.commit` is called, which a run does jus
 writes its first result; a run rejected while validating its input therefore leaves nothing
 behind and never claims the folder. A folder that a run opens (existing) or commits (new) is held by
 that process until it ends (:mod:`posbias.utils.folder_lock`): a second command pointed at it while the
-first still runs is refused with one line. On a resume ``commit`` records this invocation's settings,
+first still runs is refused with one line. ``commit`` checks the folder again once it holds it, so two
+runs started together on a new ``--out`` cannot mix: the later one resumes the earlier one's run when
+the settings agree and is refused otherwise. On a resume ``commit`` records this invocation's settings,
 the ones the run's summary then describes; every committed invocation is also appended to
 ``invocations.jsonl`` (time, command line, settings), the record of a folder that several
 invocations filled (e.g. a study evaluated one scheme per invocation).
@@ -50,11 +52,14 @@ class RunFolder:
     config: dict
     resuming: bool = False
     parent: Optional["RunFolder"] = None
+    check_keys: tuple[str, ...] = ()
     _committed: bool = field(default=False, repr=False)
 
     def commit(self) -> Path:
         """Write ``config.json`` and append to ``invocations.jsonl`` (once; the parent run's first)
-        and return the folder."""
+        and return the folder. The folder is checked again once this process holds it: a run that
+        another command wrote there since :func:`open_run` looked (two runs started together on a
+        new ``--out``) is resumed if it has these settings and refused otherwise."""
         if not self._committed:
             import time
 
@@ -64,6 +69,7 @@ class RunFolder:
                 self.parent.commit()
             self.path.mkdir(parents=True, exist_ok=True)
             hold(self.path)
+            self.resuming = _check_folder(self.path, self.kind, self.config, self.check_keys)
             record = {"kind": self.kind, "config": self.config, "versions": versions(), "argv": sys.argv}
             atomic_write_json(self.path / CONFIG, record)
             append_jsonl(self.path / INVOCATIONS, {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -85,21 +91,30 @@ def open_run(out: str | Path, kind: str, config: dict, *, check_keys: Iterable[s
     if kind not in KINDS:
         raise ValueError(f"unknown run kind {kind!r}; known: {', '.join(KINDS)}")
     path = out_path(out)
+    check_keys = tuple(check_keys)
+    if path.is_dir():  # an existing folder is claimed now (and checked again once held); a new one when committed
+        _check_folder(path, kind, config, check_keys)
+        hold(path)
+    resuming = _check_folder(path, kind, config, check_keys)
+    return RunFolder(path, kind, config, resuming=resuming, parent=parent, check_keys=check_keys)
+
+
+def _check_folder(path: Path, kind: str, config: dict, check_keys: tuple[str, ...]) -> bool:
+    """Whether ``path`` holds a ``kind`` run that a run with ``config`` resumes (False: missing or
+    empty); a ``ValueError`` for another kind of run, other settings under ``check_keys`` or a folder
+    that holds no run."""
     found = folder_kind(path)
     if found not in (None, kind):
         raise ValueError(f"{path} holds {_describe(found)}, not {_describe(kind)}; use another --out")
-    if path.is_dir():  # an existing folder is claimed now; a new one when it is committed
-        hold(path)
     if found is None:
-        return RunFolder(path, kind, config, parent=parent)
+        return False
     if kind != "apply":
-        check_keys = tuple(check_keys)
         old = read_run_settings(path, required=bool(check_keys))
         diff = settings_diff(old, _roundtrip(config), check_keys)
         if diff:
             raise ValueError(f"{path} holds a run with other settings ({'; '.join(diff)}); "
                              "rerun with its settings to resume, or use another --out")
-    return RunFolder(path, kind, config, resuming=True, parent=parent)
+    return True
 
 
 def prepare_run_dir(out: str | Path, config: dict, *, kind: str, check_keys: Iterable[str] = ()) -> Path:
