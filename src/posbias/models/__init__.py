@@ -5,6 +5,7 @@ from posbias.models.loader import (
     get_decoder_layers,
     get_rotary_modules,
     load_model,
+    model_identity,
 )
 
-__all__ = ["ModelLoadError", "check_rope_model", "get_decoder_layers", "get_rotary_modules", "load_model"]
+__all__ = ["ModelLoadError", "check_rope_model", "get_decoder_layers", "get_rotary_modules", "load_model", "model_identity"]

@@ -155,6 +155,14 @@ def _resolve_alias(packaged: PackagedModel) -> Path:
     return folder
 
 
+def model_identity(spec: str) -> str:
+    """What a run folder records as the model a ``spec`` names, beside the spec itself: an alias as
+    it is, a path resolved (a relative ``--model`` re-run from another folder names another model)."""
+    if spec in ALIASES:
+        return spec
+    return str(Path(spec).expanduser().resolve())
+
+
 def resolve_spec(spec: str) -> Path:
     """Turn an alias / path into a filesystem path (a folder or a ``.gguf`` file)."""
     if spec in ALIASES:
@@ -178,7 +186,7 @@ def load_model(spec: str, *, dtype: torch.dtype = torch.float32, device: str | t
     path = resolve_spec(spec)
     if path.is_file() and path.suffix == ".gguf":
         path = _cached_from_gguf(path)
-    model, tok = _load_hf_folder(path, dtype)
+    model, tok = load_hf_folder(path, dtype)
     if require_rope:
         check_rope_model(model)
     model.to(device).eval()
@@ -186,11 +194,32 @@ def load_model(spec: str, *, dtype: torch.dtype = torch.float32, device: str | t
     return model, tok
 
 
-def _load_hf_folder(path: Path, dtype: torch.dtype):
+JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def load_hf_folder(path: Path, dtype: torch.dtype = torch.float32):
+    """``(model, tokenizer)`` of a Hugging Face model folder (also the study's trained BAM models); a
+    damaged JSON or weights file is a :class:`ModelLoadError` naming it, and weights stored only as a
+    pickle (``pytorch_model.bin``, which can run code when loaded) are refused."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from posbias.utils.io import read_json
+
+    path = Path(path)
     if not (path / "config.json").exists():
         raise ModelLoadError(f"{path} is not a Hugging Face model folder (no config.json)")
+    for name in JSON_FILES:
+        if (path / name).exists():
+            try:
+                read_json(path / name)
+            except ValueError as e:
+                raise ModelLoadError(f"{e}; the model folder is damaged") from None
+    pickled = sorted(p.name for p in path.glob("*.bin"))
+    if pickled and not any(path.glob("*.safetensors")):
+        raise ModelLoadError(f"{path} holds its weights only as {', '.join(pickled)}, a Python pickle that can run "
+                             "code when loaded; posbias loads safetensors only (convert the folder where you trust "
+                             "it: AutoModelForCausalLM.from_pretrained(...).save_pretrained(..., safe_serialization=True))")
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (ValueError, KeyError, OSError, TypeError) as e:
@@ -198,8 +227,9 @@ def _load_hf_folder(path: Path, dtype: torch.dtype):
                              f"{_first_line(e)})") from None
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except (ValueError, KeyError, OSError, RuntimeError) as e:
-        raise ModelLoadError(f"cannot load {path}: {_first_line(e)}") from None
+    except (ValueError, KeyError, OSError, RuntimeError, SafetensorError) as e:
+        weights = ", ".join(sorted(p.name for p in path.glob("*.safetensors"))) or "its weights"
+        raise ModelLoadError(f"cannot load {path} ({weights} truncated or damaged?): {_first_line(e)}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok

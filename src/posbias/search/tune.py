@@ -33,7 +33,7 @@ DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
     )],
     "moice": [{"top_k": k} for k in (7, 1, 2, 3)],
 }
-TUNE_KEYS = ("model", "task", "seed", "n_per_depth", "task_options", "base_options")
+TUNE_KEYS = ("model", "model_path", "task", "seed", "n_per_depth", "task_options", "base_options")
 
 
 def setting_key(method: str, setting: dict) -> str:
@@ -87,7 +87,9 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
             raise ValueError("tune: moice needs trained routers (--routers, from posbias train-moice)")
         for setting in grids[m]:
             check_method(m, {**base_options.get(m, {}), **setting})
-    config = {"model": model, "task": task, "seed": seed, "n_per_depth": n_per_depth, "task_options": task_options,
+    from posbias.models import model_identity
+
+    config = {"model": model, "model_path": model_identity(model), "task": task, "seed": seed, "n_per_depth": n_per_depth, "task_options": task_options,
               "base_options": base_options, "methods": methods, "grids": grids, "objective": objective}
     folder = open_run(out, "tune", config, check_keys=TUNE_KEYS)
     lm, tok = loaded or load_model(model)
@@ -95,7 +97,12 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
     instances = build_instances(lm, tok, task, list(DEFAULT_DEPTHS), n_per_depth, seed, "search", opts)
     results = folder.path / "results.jsonl"
     # rows written before the fitness record was kept are scored again
-    done = {r["key"]: r for r in read_jsonl(results) if "fitness" in r} if results.exists() else {}
+    done = {r["key"]: r for r in read_jsonl(results, key="key") if "fitness" in r}
+    for r in done.values():
+        try:
+            FitnessResult.from_dict(r["fitness"])
+        except ValueError as e:
+            raise ValueError(f"{results}: the row of {r['key']!r}: {e}; delete the row to score it again") from None
     for m in methods:
         for setting in grids[m]:
             key = setting_key(m, setting)

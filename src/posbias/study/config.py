@@ -43,6 +43,21 @@ def training_settings(config: dict) -> dict:
     return out
 
 
+def read_models_file(out: str | Path) -> dict[str, str]:
+    """A study folder's ``models.json`` (``{scheme: model folder}``; empty when there is none); a damaged
+    one is a ``ValueError`` naming it."""
+    from posbias.utils.io import read_json
+
+    path = Path(out) / MODELS_FILE
+    if not path.exists():
+        return {}
+    models = read_json(path)
+    if not isinstance(models, dict) or not all(isinstance(v, str) for v in models.values()):
+        raise ValueError(f"{path}: expected an object mapping each scheme to its model folder; fix or delete it "
+                         "(the trained models stay in models/ and are found again)")
+    return models
+
+
 def split_files(out: str | Path) -> tuple[Path, Path]:
     """``(training part, held-out part)`` of a study folder's corpus split (see
     :func:`posbias.study.data.prepare_data`)."""

@@ -2,8 +2,9 @@
 
 Every command that writes into ``--out`` goes through :func:`open_run`, which only *reads*:
 
-* an empty (or missing) folder is a fresh run; files whose names start with a dot do not count
-  (a killed atomic write can leave a ``.name.tmp`` behind);
+* an empty (or missing) folder is a fresh run; the temporaries of killed atomic writes
+  (``.name.XXXX.tmp``, :func:`posbias.utils.io.atomic_write_bytes`) do not count, other files do,
+  dotfiles too (a home folder of dotfiles is not empty);
 * a folder holding a ``config.json`` of the same kind of run is a resume, provided the settings
   under ``check_keys`` are equal (otherwise a ``ValueError`` lists only the values that differ);
 * anything else is refused, saying what was found: another kind of run, a Hugging Face model, a
@@ -27,6 +28,7 @@ invocations filled (e.g. a study evaluated one scheme per invocation).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,12 +72,28 @@ class RunFolder:
             self.path.mkdir(parents=True, exist_ok=True)
             hold(self.path)
             self.resuming = _check_folder(self.path, self.kind, self.config, self.check_keys)
+            remove_temporaries(self.path)
             record = {"kind": self.kind, "config": self.config, "versions": versions(), "argv": sys.argv}
             atomic_write_json(self.path / CONFIG, record)
             append_jsonl(self.path / INVOCATIONS, {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                                    "resumed": self.resuming, **record})
             self._committed = True
         return self.path
+
+
+def announce_resume(done: int, total: int, what: str, out: Path) -> None:
+    """One line on stderr: a run that continues an earlier one says how much of it was done
+    (``resuming 120 of 250 instances already in runs/x``)."""
+    print(f"resuming {done} of {total} {what} already in {out}", file=sys.stderr)
+
+
+def safe_name(label: str) -> str:
+    """A user-supplied name (a method label, a variant naming a file: ``lpes@factors=../a.json``) as one
+    file or folder name inside a run folder: every character other than letters, digits and
+    ``. _ = @ + -`` written as ``_``, and a leading dot as ``_`` too, so the name never climbs out
+    (``..``), hides (``.x``) or is empty. The one place such names become paths."""
+    name = re.sub(r"[^A-Za-z0-9._=@+-]", "_", str(label))
+    return "_" + name[1:] if name.startswith(".") else (name or "_")
 
 
 def out_path(out: str | Path, flag: str = "--out") -> Path:
@@ -129,7 +147,7 @@ def folder_kind(path: Path) -> str | None:
         return None
     if not path.is_dir():
         raise ValueError(f"{path} is a file, not a folder; give --out a folder")
-    entries = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+    entries = sorted(p.name for p in path.iterdir() if not is_temporary(p.name))
     if not entries:
         return None
     if CONFIG not in entries:
@@ -146,6 +164,20 @@ def folder_kind(path: Path) -> str | None:
     if kind not in KINDS:
         raise ValueError(f"{path / CONFIG} is not the config of a posbias run; use another --out")
     return kind
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is the temporary of an atomic write (``.name.XXXX.tmp``)."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def remove_temporaries(folder: Path) -> int:
+    """Delete the temporaries that killed atomic writes left anywhere below ``folder`` (a folder this
+    process holds: no write of another command is under way there); returns how many."""
+    stale = [p for p in folder.rglob(".*.tmp") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return len(stale)
 
 
 def settings_diff(old: dict, new: dict, keys: Iterable[str]) -> list[str]:
