@@ -350,3 +350,12 @@ def test_on_a_tie_the_factors_nearest_identity_win():
     (in the initial population), not whichever genome sorted first."""
     res = run_ga(SerialEvaluator(SyntheticFitness(lambda f: 0.0)), GAConfig(**CFG), num_layers=8, generations=2, seed=1)
     assert res.best_factors == [1.0] * 8
+
+
+def test_a_resumed_search_says_how_far_it_was(tmp_path, capsys):
+    cfg = GAConfig(**CFG)
+    run_ga(SerialEvaluator(SyntheticFitness(bump_objective)), cfg, num_layers=6, generations=2, seed=0, out=tmp_path)
+    assert "resuming" not in capsys.readouterr().err
+    run_ga(SerialEvaluator(SyntheticFitness(bump_objective)), cfg, num_layers=6, generations=3, seed=0, out=tmp_path,
+           resume=True)
+    assert f"resuming 2 of 3 generations already in {tmp_path}" in capsys.readouterr().err
