@@ -166,7 +166,7 @@ def test_gguf_cache_is_keyed_on_content_hashed_once_per_file_version(tmp_path, m
     import hashlib
     import os
 
-    import posbias.models.loader as loader
+    from posbias.models import loader
 
     monkeypatch.setenv("POSBIAS_CACHE", str(tmp_path / "cache"))
     converted = []
@@ -192,3 +192,22 @@ def test_gguf_cache_is_keyed_on_content_hashed_once_per_file_version(tmp_path, m
     os.utime(first, ns=(1, 1))
     assert loader._cached_from_gguf(first) == a and len([x for x in hashed if not x]) == 3
     assert len(converted) == 2
+
+
+def test_a_conversion_that_finds_another_process_finished_first_keeps_its_copy(tmp_path, monkeypatch, tiny_tokenizer):
+    """Two first loads of one GGUF at once: each writes its own temporary folder; the later one finds
+    the finished copy and leaves it (no error, no half folder)."""
+    import os
+
+    from posbias.models import loader
+
+    monkeypatch.setattr(loader, "_read_gguf", lambda gguf: (make_tiny_model("llama"), tiny_tokenizer))
+    target = tmp_path / "models" / "m-abc"
+    other = tmp_path / "models" / f"m-abc.partial-{os.getpid() + 1}"  # the other process, still writing
+    other.mkdir(parents=True)
+    loader._convert_gguf(tmp_path / "m.gguf", target)
+    first = (target / "model.safetensors").stat().st_mtime_ns
+    loader._convert_gguf(tmp_path / "m.gguf", target)  # finished meanwhile by "another process": kept
+    assert (target / ".complete").exists() and (target / "model.safetensors").stat().st_mtime_ns == first
+    assert sorted(p.name for p in target.parent.iterdir()) == ["m-abc", other.name]
+    load_model(str(target))
