@@ -705,7 +705,10 @@ def test_a_curve_that_gives_no_factors_names_its_file(tmp_path):
     path = tmp_path / "f.json"
     path.write_text(json.dumps({"factors": [1.0, 1.0], "curve": {"type": "linear", "control_points": [[0, 1], [1, 1]],
                                                                  "round_to_grid": ["x"]}}))
-    with pytest.raises(ValueError, match="f.json: its curve gives no factors for 3 layers"):
+    with pytest.raises(ValueError, match="f.json: bad curve round_to_grid: could not convert"):
+        load_factors_file(path, num_layers=3)
+    path.write_text(json.dumps({"factors": [1.0, 1.0], "curve": {"type": "step", "control_points": [[0, 1], [1, 2000]]}}))
+    with pytest.raises(ValueError, match="f.json: its curve gives no factors for 3 layers .*from 0.001 to 1000"):
         load_factors_file(path, num_layers=3)
 
 

@@ -295,7 +295,7 @@ def save_factors_file(path: str | Path, *, factors: Sequence[float], curve: dict
 
 
 def _check_curve(curve: Any, path) -> None:
-    from posbias.patching.curves import CURVE_KINDS, check_control_points
+    from posbias.patching.curves import CURVE_KINDS, check_control_points, check_grid
 
     if not isinstance(curve, dict) or "type" not in curve or "control_points" not in curve:
         raise FactorsFileError(f"{path}: 'curve' must be an object with 'type' and 'control_points'")
@@ -305,6 +305,11 @@ def _check_curve(curve: Any, path) -> None:
         check_control_points(curve["control_points"])
     except ValueError as e:
         raise FactorsFileError(f"{path}: bad curve control points: {e}") from None
+    if curve.get("round_to_grid") is not None:
+        try:
+            check_grid(curve["round_to_grid"])
+        except (ValueError, TypeError) as e:
+            raise FactorsFileError(f"{path}: bad curve round_to_grid: {e}") from None
 
 
 def load_factors_file(path: str | Path, num_layers: int | None = None) -> dict:
