@@ -373,15 +373,15 @@ def test_factors_that_are_not_numbers_are_refused(tiny, tmp_path, command, value
     (["eval", *KV, "--method", "pi", "--method-opt", "nope=1"], "has no option(s) nope"),
     (["eval", *KV, "--method", "lpes"], "needs its factors file"),
     (["eval", *KV, "--method", "lpes", "--factors", "MISSING"], "does not exist"),
-    (["eval", *KV, "--method", "lpes", "--factors", "NEG"], "every factor must be a finite number > 0"),
+    (["eval", *KV, "--method", "lpes", "--factors", "NEG"], "every factor must be a number from 0.001 to 1000"),
     (["eval", *KV, "--mode", "sample"], "unknown mode 'sample'"),
     (["eval", "--task", "bogus", "--n", "1"], "unknown task"),
     (["compare", *KV, "--methods", "none,foo"], "unknown method 'foo'"),
-    (["compare", *KV, "--methods", "none,lpes", "--factors", "NEG"], "every factor must be a finite number > 0"),
+    (["compare", *KV, "--methods", "none,lpes", "--factors", "NEG"], "every factor must be a number from 0.001 to 1000"),
     (["compare", *KV, "--methods", "none,none"], "more than once"),
     (["compare", *KV, "--methods", "none,pi", "--pi-factor", "0"], "--pi-factor must be > 0"),
-    (["analyze", "--factors", "NEG"], "every factor must be a finite number > 0"),
-    (["apply", "--factors", "NEG"], "every factor must be a finite number > 0"),
+    (["analyze", "--factors", "NEG"], "every factor must be a number from 0.001 to 1000"),
+    (["apply", "--factors", "NEG"], "every factor must be a number from 0.001 to 1000"),
     (["search", *SEARCH, "--preset", "huge"], "unknown preset"),
     (["search", *SEARCH, "--weights", "1,2"], "fitness weights"),
     (["search", *SEARCH, "--backend", "mpi"], "unknown backend"),
@@ -516,3 +516,213 @@ def test_passkey_in_heldout_text_without_heldout_text_is_refused(tmp_path):
     refused(cli("study", "--passkey-heldout", "--ppl-multipliers", "", "--out", out), "passkey_heldout",
             "--heldout or keep --ppl-multipliers")
     assert not out.exists()
+
+
+# -- issue 52: resumes that must be refused, files named ------------------------------------------
+
+def test_a_relative_model_rerun_from_another_folder_is_refused(tiny, tmp_path, monkeypatch):
+    """The resolved model path is part of a run's identity: ``--model m`` names another model in
+    another working folder."""
+    import shutil
+
+    for where in ("a", "b"):
+        shutil.copytree(tiny, tmp_path / where / "m")
+    out = tmp_path / "run"
+    monkeypatch.chdir(tmp_path / "a")
+    assert _eval("m", out).exit_code == 0
+    before = snapshot(out)
+    monkeypatch.chdir(tmp_path / "b")
+    refused(_eval("m", out), "other settings", "model_path")
+    assert snapshot(out) == before
+
+
+def test_a_duplicated_result_line_counts_once(tiny, tmp_path):
+    out = tmp_path / "run"
+    assert _eval(tiny, out).exit_code == 0
+    lines = (out / "results.jsonl").read_text().splitlines()
+    (out / "results.jsonl").write_text("\n".join(lines + lines[:1]) + "\n")
+    assert _eval(tiny, out).exit_code == 0
+    assert json.loads((out / "summary.json").read_text())["n_instances"] == len(lines)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("[1, 2]", ":2: expected a JSON object, got list"),
+    ('{"depth": 0.5}', ":2: record without its 'id' field"),
+    ("[" * 100_000 + "]" * 100_000, ":2: JSON nested too deeply"),
+])
+def test_a_damaged_results_line_is_named(tiny, tmp_path, line, message):
+    out = tmp_path / "run"
+    assert _eval(tiny, out).exit_code == 0
+    lines = (out / "results.jsonl").read_text().splitlines()
+    (out / "results.jsonl").write_text("\n".join(lines[:1] + [line] + lines[1:]) + "\n")
+    refused(_eval(tiny, out), str(out / "results.jsonl") + message)
+
+
+def test_a_bad_byte_is_reported_on_its_line(tmp_path):
+    from posbias.utils.io import iter_jsonl_gz, read_text
+
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": 2}\n{"a": 3}\n{"a": "\xff"}\n')
+    with pytest.raises(ValueError, match="d.jsonl:4: not UTF-8"):
+        list(iter_jsonl_gz(path))
+    with pytest.raises(ValueError, match="d.jsonl:4: not UTF-8"):
+        read_text(path)
+
+
+def test_tilde_in_out_is_expanded_once_for_the_whole_run(tiny, tmp_path, monkeypatch):
+    """``--out=~/runs/x`` (the shell leaves ``~`` after ``=``): the run and its summary in the home
+    folder, no literal ``~`` folder."""
+    from posbias.cli.common import expand_user_paths
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    res = cli("eval", "--model", tiny, *KV, "--out=~/runs/x")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "home" / "runs" / "x" / "summary.md").exists() and not (tmp_path / "~").exists()
+    assert expand_user_paths({"corpus": ["~/a", "b"], "n": "~"}) == {"corpus": [str(tmp_path / "home" / "a"), "b"],
+                                                                      "n": "~"}
+
+
+def test_a_folder_of_dotfiles_is_not_empty_but_one_of_killed_temporaries_is(tiny, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text("x")
+    refused(_eval(tiny, home), "is not empty (.bashrc)")
+    assert sorted(p.name for p in home.iterdir()) == [".bashrc"]
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / ".config.json.k2j3.tmp").write_text("{")  # a run killed inside its first write
+    assert _eval(tiny, fresh).exit_code == 0
+    (fresh / ".results.jsonl.a1b2.tmp").write_text("[")
+    assert _eval(tiny, fresh).exit_code == 0
+    assert not list(fresh.rglob("*.tmp"))  # the next run removes what killed atomic writes left
+
+
+def test_ctrl_c_says_how_to_resume(tiny, tmp_path, monkeypatch):
+    import posbias.models
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(posbias.models, "load_model", interrupted)
+    res = cli("eval", "--model", tiny, *KV, "--out", tmp_path / "run")
+    assert res.exit_code == 130 and "interrupted: re-run the same command to resume" in res.output
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("value, shown", [(1e-300, "1e-300"), (5e-324, "5e-324"), (1e300, "1e+300"),
+                                          (10 ** 400, "100000000000... (401 digits)"), (2000, "2000")],
+                         ids=["1e-300", "5e-324", "1e300", "400-digits", "2000"])
+def test_factors_out_of_range_or_too_large_for_a_float_are_refused(tiny, tmp_path, value, shown):
+    """Factors are bounded to 1e-3 .. 1e3 (the help says so); 400 digits is one line, no OverflowError."""
+    path = tmp_path / "f.json"
+    path.write_text('{"format": "posbias-lpes-factors", "version": 1, "num_layers": 3, "factors": [1.0, %s, 1.0]}'
+                    % (str(value) if isinstance(value, int) else repr(value)))
+    refused(cli("eval", "--model", tiny, *KV, "--method", "lpes", "--factors", path, "--out", tmp_path / "run"),
+            f"factor {shown} for layer 1 is invalid", "a number from 0.001 to 1000")
+    assert not (tmp_path / "run").exists()
+    assert "1e-3 to 1e3" in text(cli("eval", "--help"))
+
+
+def test_an_oversized_or_deep_data_line_is_refused_before_tokenising(tmp_path, monkeypatch):
+    from posbias.utils import io
+
+    monkeypatch.setattr(io, "MAX_LINE_CHARS", 1000)
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(json.dumps({"text": "short"}) + "\n" + json.dumps({"text": "x" * 2000}) + "\n")
+    with pytest.raises(ValueError, match="corpus.jsonl:2: line of 2,01[0-9] characters, more than the 1,000"):
+        list(io.iter_jsonl_gz(path))
+    path.write_text('{"text": "a"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    monkeypatch.setattr(io, "MAX_LINE_CHARS", 16 * 2 ** 20)
+    with pytest.raises(ValueError, match="corpus.jsonl:2: JSON nested too deeply"):
+        list(io.iter_jsonl_gz(path))
+
+
+def _damaged_copy(tiny, where, damage):
+    import shutil
+
+    shutil.copytree(tiny, where)
+    damage(where)
+    return where
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _pickled_only(folder):
+    import torch
+
+    torch.save({}, folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda f: _truncate(f / "model.safetensors"), "model.safetensors truncated or damaged?"),
+    (lambda f: (f / "tokenizer.json").write_text('{"model": '), "tokenizer.json: not valid JSON"),
+    (lambda f: (f / "config.json").write_text("[" * 100_000), "config.json: JSON nested too deeply"),
+    (_pickled_only, "only as pytorch_model.bin, a Python pickle that can run code when loaded"),
+], ids=["truncated-safetensors", "tokenizer-json", "deep-config", "pickled-only"])
+def test_a_damaged_model_folder_is_one_line_naming_the_file(tiny, tmp_path, damage, message):
+    model = _damaged_copy(tiny, tmp_path / "m", damage)
+    refused(_eval(model, tmp_path / "run"), message)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_damaged_models_json_of_a_study_is_named(tmp_path):
+    from posbias.study.config import read_models_file
+
+    (tmp_path / "models.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="models.json: expected an object mapping each scheme"):
+        read_models_file(tmp_path)
+    (tmp_path / "models.json").write_text("{")
+    with pytest.raises(ValueError, match="models.json: not valid JSON"):
+        read_models_file(tmp_path)
+
+
+def test_a_tune_row_with_an_unknown_fitness_field_is_named(tmp_path):
+    from posbias.search.fitness import FitnessResult
+
+    with pytest.raises(ValueError, match="unknown field\\(s\\) 'bogus'"):
+        FitnessResult.from_dict({"bogus": 1})
+    with pytest.raises(ValueError, match="must be an object"):
+        FitnessResult.from_dict([1, 2])
+
+
+def test_a_damaged_search_checkpoint_names_its_file(tmp_path):
+    from posbias.search.ga import GAConfig
+    from posbias.search.loop import _start
+
+    (tmp_path / "checkpoint.json").write_text(json.dumps({"memo": []}))
+    with pytest.raises(ValueError, match="checkpoint.json: not a search checkpoint \\(no 'ga'\\)"):
+        _start(GAConfig(), 0, tmp_path, True)
+
+
+def test_a_curve_that_gives_no_factors_names_its_file(tmp_path):
+    from posbias.patching.rope_scaling import load_factors_file
+
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps({"factors": [1.0, 1.0], "curve": {"type": "linear", "control_points": [[0, 1], [1, 1]],
+                                                                 "round_to_grid": ["x"]}}))
+    with pytest.raises(ValueError, match="f.json: bad curve round_to_grid: could not convert"):
+        load_factors_file(path, num_layers=3)
+    path.write_text(json.dumps({"factors": [1.0, 1.0], "curve": {"type": "step", "control_points": [[0, 1], [1, 2000]]}}))
+    with pytest.raises(ValueError, match="f.json: its curve gives no factors for 3 layers .*from 0.001 to 1000"):
+        load_factors_file(path, num_layers=3)
+
+
+def test_include_path_help_says_it_runs_python_from_the_folder():
+    assert "run Python from that folder" in text(cli("ability", "--help"))
+
+
+def test_compare_skips_moice_without_routers_and_a_resume_says_so(tiny, factors, tmp_path):
+    """The default method list holds moice: without trained routers it is skipped in one line saying how
+    to train them (never scored with untrained ones); a re-run says how much it resumes."""
+    out = tmp_path / "cmp"
+    res = cli("compare", "--model", tiny, *KV, "--methods", "none,moice", "--out", out)
+    assert res.exit_code == 0, res.output
+    assert "moice skipped: MoICE needs routers trained for this model (posbias train-moice" in text(res)
+    assert not (out / "moice").exists() and (out / "none" / "summary.json").exists()
+    res = cli("compare", "--model", tiny, *KV, "--methods", "none", "--out", out)
+    assert res.exit_code == 0 and "resuming 2 of 2 instances already in" in text(res)

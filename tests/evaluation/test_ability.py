@@ -156,3 +156,29 @@ def test_mmlu_cloze_scores_answer_texts_and_picks_are_recorded(tmp_path, tiny_to
         top = summary["groups"][group]["most_picked"]
         assert summary["groups"][group]["most_picked_share"] == picks.count(top) / len(picks) == \
             max(picks.count(i) for i in range(4)) / len(picks)
+
+
+def test_a_method_label_naming_a_path_stays_inside_out(tmp_path, tiny_tokenizer, offline, monkeypatch):
+    """``lpes@factors=../../../f.json`` is one folder name inside --out (the helper compare uses too),
+    never a path that climbs out of it."""
+    from typer.testing import CliRunner
+
+    from posbias.cli.main import app
+    from posbias.utils.run_folder import safe_name
+
+    assert [safe_name(x) for x in ("..", ".", "", ".x", "a/b", "lpes@factors=../f.json")] == \
+        ["_.", "_", "_", "_x", "a_b", "lpes@factors=.._f.json"]
+    root = _fake_tree(tmp_path / "hf_datasets")
+    mdir = tmp_path / "m"
+    make_tiny_model("llama", layers=2).save_pretrained(mdir)
+    tiny_tokenizer.save_pretrained(mdir)
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "f.json").write_text(json.dumps({"format": "posbias-lpes-factors", "version": 1, "num_layers": 2,
+                                                 "factors": [1.0, 1.0]}))
+    monkeypatch.chdir(tmp_path / "a" / "b" / "c")
+    before = sorted(p for p in tmp_path.rglob("*") if "ability" not in p.parts)
+    res = CliRunner().invoke(app, ["ability", "--model", str(mdir), "--methods", "none,lpes@factors=../../../f.json",
+                                   "--tasks", "mmlu", "--limit", "1", "--data-root", str(root), "--out", "ability"])
+    assert res.exit_code == 0, res.output
+    assert sorted(p for p in tmp_path.rglob("*") if "ability" not in p.parts) == before  # nothing written outside
+    assert (tmp_path / "a" / "b" / "c" / "ability" / "lpes@factors=.._.._.._f.json" / "summary.json").exists()

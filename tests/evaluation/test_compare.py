@@ -113,3 +113,13 @@ def test_legend_labels_name_files_by_their_stem(label, short):
     from posbias.evaluation.plots import short_label
 
     assert short_label(label) == short
+
+
+def test_paired_intervals_stay_within_what_accuracy_allows():
+    """+50 points on 2 questions: the normal interval would reach +148; a difference of accuracies
+    cannot leave [-100, +100] points."""
+    from posbias.evaluation.stats import paired_difference
+
+    d = paired_difference([0, 0], [1, 0])
+    assert d["diff"] == 0.5 and d["ci95"][1] == 1.0 and -1.0 <= d["ci95"][0] < 0.5
+    assert paired_difference([1, 1, 1], [0, 0, 0])["ci95"] == [-1.0, -1.0]

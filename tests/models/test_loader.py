@@ -158,3 +158,56 @@ def test_default_search_targets():
     assert target == ("kv", {"num_keys": 30})
     target[1]["num_keys"] = 5  # a copy: callers cannot change the table
     assert default_search_target("/some/folder") == ("kv", {"num_keys": 30})
+
+
+def test_gguf_cache_is_keyed_on_content_hashed_once_per_file_version(tmp_path, monkeypatch):
+    """Two GGUF files of one name and size but other bytes get their own converted model; a file is
+    hashed again only when its size or modification time changed (a touched copy reuses the entry)."""
+    import hashlib
+    import os
+
+    from posbias.models import loader
+
+    monkeypatch.setenv("POSBIAS_CACHE", str(tmp_path / "cache"))
+    converted = []
+
+    def convert(gguf, target):  # stands in for the dequantisation
+        target.mkdir(parents=True)
+        (target / ".complete").write_text(str(gguf))
+        converted.append(gguf.read_bytes())
+
+    monkeypatch.setattr(loader, "_convert_gguf", convert)
+    hashed = []
+    real_sha = hashlib.sha256
+    monkeypatch.setattr(hashlib, "sha256", lambda *a: hashed.append(a) or real_sha(*a))
+    first, second = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
+    for path, fill in ((first, b"\1"), (second, b"\0")):
+        path.parent.mkdir()
+        path.write_bytes(fill * 4096)
+    a, b = loader._cached_from_gguf(first), loader._cached_from_gguf(second)
+    assert a != b and converted == [b"\1" * 4096, b"\0" * 4096]
+    contents = len([x for x in hashed if not x])  # hashlib.sha256() opened for a file's content
+    assert contents == 2
+    assert loader._cached_from_gguf(first) == a and len([x for x in hashed if not x]) == 2  # stored, not rehashed
+    os.utime(first, ns=(1, 1))
+    assert loader._cached_from_gguf(first) == a and len([x for x in hashed if not x]) == 3
+    assert len(converted) == 2
+
+
+def test_a_conversion_that_finds_another_process_finished_first_keeps_its_copy(tmp_path, monkeypatch, tiny_tokenizer):
+    """Two first loads of one GGUF at once: each writes its own temporary folder; the later one finds
+    the finished copy and leaves it (no error, no half folder)."""
+    import os
+
+    from posbias.models import loader
+
+    monkeypatch.setattr(loader, "_read_gguf", lambda gguf: (make_tiny_model("llama"), tiny_tokenizer))
+    target = tmp_path / "models" / "m-abc"
+    other = tmp_path / "models" / f"m-abc.partial-{os.getpid() + 1}"  # the other process, still writing
+    other.mkdir(parents=True)
+    loader._convert_gguf(tmp_path / "m.gguf", target)
+    first = (target / "model.safetensors").stat().st_mtime_ns
+    loader._convert_gguf(tmp_path / "m.gguf", target)  # finished meanwhile by "another process": kept
+    assert (target / ".complete").exists() and (target / "model.safetensors").stat().st_mtime_ns == first
+    assert sorted(p.name for p in target.parent.iterdir()) == ["m-abc", other.name]
+    load_model(str(target))

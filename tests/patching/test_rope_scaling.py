@@ -162,11 +162,11 @@ def test_validation_errors():
     model = make_tiny_model("llama")
     with pytest.raises(ValueError, match="2 factors .* 3 decoder layers"):
         apply_layer_scaling(model, [1.0, 1.0])
-    with pytest.raises(ValueError, match="finite number > 0"):
+    with pytest.raises(ValueError, match="a number from 0.001 to 1000"):
         apply_layer_scaling(model, [1.0, 0.0, 1.0])
-    with pytest.raises(ValueError, match="finite number > 0"):
+    with pytest.raises(ValueError, match="a number from 0.001 to 1000"):
         apply_layer_scaling(model, [1.0, -2.0, 1.0])
-    with pytest.raises(ValueError, match="finite number > 0"):
+    with pytest.raises(ValueError, match="a number from 0.001 to 1000"):
         apply_layer_scaling(model, [1.0, float("nan"), 1.0])
     assert not hasattr(model, "_posbias_scaling")
 
@@ -217,7 +217,7 @@ def test_factors_file_errors(tmp_path):
     with pytest.raises(FactorsFileError, match="missing the list 'factors'"):
         load_factors_file(bad)
     bad.write_text(json.dumps({"factors": [1.0, -1.0]}))
-    with pytest.raises(FactorsFileError, match="finite number > 0"):
+    with pytest.raises(FactorsFileError, match="a number from 0.001 to 1000"):
         load_factors_file(bad)
     bad.write_text(json.dumps({"factors": [1.0, 1.0], "num_layers": 3}))
     with pytest.raises(FactorsFileError, match="num_layers is 3 but the file lists 2"):
@@ -323,3 +323,44 @@ def test_works_under_inference_mode():
         b = model(input_ids=IDS).logits
         h2 = h.cos_sin(0.9, torch.arange(5)[None], a)
     assert torch.equal(a, b) and not torch.allclose(a, ref) and h2[0].shape == (1, 5, 8)
+
+
+def test_a_killed_apply_leaves_no_folder_and_the_next_one_writes(tmp_path, tiny_tokenizer, monkeypatch):
+    """The patched model is written under a temporary name and renamed when complete: a kill while the
+    weights are written leaves no output folder (never one that loads unpatched)."""
+    from posbias.patching.rope_scaling import save_patched_model
+
+    model = make_tiny_model("llama")
+    fpath = tmp_path / "f.json"
+    save_factors_file(fpath, factors=[0.8, 1.0, 1.5], curve=None, model="m")
+    out = tmp_path / "patched"
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tiny_tokenizer, "save_pretrained", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save_patched_model(model, tiny_tokenizer, fpath, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+    monkeypatch.undo()
+    (tmp_path / ".patched.partial-999999999").mkdir()  # what a killed process (long gone) left
+    save_patched_model(model, tiny_tokenizer, fpath, out)
+    save_patched_model(model, tiny_tokenizer, fpath, out)  # re-applied over its own output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json", "patched"]
+    assert (out / "posbias_factors.json").exists() and (out / "model.safetensors").exists()
+
+
+def test_resampling_for_another_layer_count_is_announced_and_recorded(tmp_path, tiny_tokenizer, capsys):
+    from posbias.patching.rope_scaling import save_patched_model
+
+    fpath = tmp_path / "f.json"
+    save_factors_file(fpath, factors=[1.0, 1.2, 1.4, 1.6, 1.8], model="five-layer-model",
+                      curve={"type": "linear", "control_points": [[0, 1.0], [1, 1.8]]})
+    model = make_tiny_model("llama")  # 3 layers
+    model.config._name_or_path = "three-layer-model"
+    out = save_patched_model(model, tiny_tokenizer, fpath, tmp_path / "patched")
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("note:")]
+    assert len(err) == 1 and "holds 5 factors (found on five-layer-model); the model has 3 decoder layers" in err[0]
+    saved = json.loads((out / "posbias_factors.json").read_text())
+    assert saved["model"] == "three-layer-model" and saved["num_layers"] == 3
+    assert saved["resampled_from"] == {"model": "five-layer-model", "num_layers": 5}

@@ -287,7 +287,7 @@ def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer, saved_
             "--population", "3", "--n-per-depth", "2", "--batch-size", "2", "--curve", "linear"]
     r = runner.invoke(app, args + ["--generations", "2", "--heldout-n", "1"])
     assert r.exit_code == 0, r.output
-    assert "gen  1" in r.output and "best search-split accuracy" in r.output
+    assert "gen  1" in r.output and "winner chosen by log-prob (accuracy breaks ties); its search-split accuracy" in text_of(r)
     table = (out / "heldout" / "comparison.md").read_text()
     assert "| none |" in table and "| lpes |" in table and (out / "heldout" / "comparison.png").exists()
     args += ["--heldout-n", "0"]
@@ -338,3 +338,24 @@ def test_linear_cka_properties():
     assert linear_cka(x, x) == pytest.approx(1.0)
     assert linear_cka(x, 3 * x @ q + 1) == pytest.approx(1.0)  # invariant to rotation, scale, shift
     assert linear_cka(x, torch.randn(50, 8, generator=g)) < 0.5
+
+
+def text_of(res) -> str:
+    """CLI output with rich's line wrapping undone."""
+    return " ".join(res.output.split())
+
+
+def test_on_a_tie_the_factors_nearest_identity_win():
+    """A model on which every genome scores the same: the search returns the unpatched model's factors
+    (in the initial population), not whichever genome sorted first."""
+    res = run_ga(SerialEvaluator(SyntheticFitness(lambda f: 0.0)), GAConfig(**CFG), num_layers=8, generations=2, seed=1)
+    assert res.best_factors == [1.0] * 8
+
+
+def test_a_resumed_search_says_how_far_it_was(tmp_path, capsys):
+    cfg = GAConfig(**CFG)
+    run_ga(SerialEvaluator(SyntheticFitness(bump_objective)), cfg, num_layers=6, generations=2, seed=0, out=tmp_path)
+    assert "resuming" not in capsys.readouterr().err
+    run_ga(SerialEvaluator(SyntheticFitness(bump_objective)), cfg, num_layers=6, generations=3, seed=0, out=tmp_path,
+           resume=True)
+    assert f"resuming 2 of 3 generations already in {tmp_path}" in capsys.readouterr().err

@@ -758,3 +758,36 @@ def test_resume_may_add_perplexity_contexts_on_the_same_tokens(tmp_path, fake_tr
     run(out=str(other), ppl_multipliers=[])
     with pytest.raises(ValueError, match="measured perplexity on None .*trained on the whole corpus"):
         run(out=str(other), ppl_multipliers=[1])
+
+
+def test_evaluation_only_change_keeps_unfinished_training_and_training_change_says_it_discards(tmp_path, fake_train):
+    """A study killed while training, re-run with other evaluation settings (depths, perplexity tokens, a
+    logging option), resumes its partial training; other training settings discard it, in one line."""
+    from posbias.study.runner import StudyConfig, run_study
+
+    train, calls = fake_train
+    out = tmp_path / "study"
+    kw = dict(out=str(out), schemes="rope", train_steps=3, train_context=160, multipliers=[1], depths=[0.5], n=1,
+              corpus=_corpus(tmp_path), heldout=_corpus(tmp_path), ppl_multipliers=[1], ppl_tokens=400)
+
+    def killed(config):  # the trainer wrote its first checkpoint, then the study was killed
+        Path(config["out"]).mkdir(parents=True, exist_ok=True)
+        (Path(config["out"]) / "checkpoint.pt").write_text("step 2")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_study(StudyConfig(**kw), train_fn=killed, progress=False, log=lambda *a: None)
+    lines = []
+    changed = {"depths": [0.0, 1.0], "ppl_tokens": 300, "train_options": {"log_every": 1}}
+    run_study(StudyConfig(**{**kw, **changed}, resume=True), train_fn=train, progress=False, log=lines.append)
+    assert calls[-1]["resume"] is True and calls[-1]["log_every"] == 1  # the partial training was kept
+    assert not [x for x in lines if "removed" in x]
+
+    kw["out"] = str(out := tmp_path / "study2")
+    with pytest.raises(KeyboardInterrupt):
+        run_study(StudyConfig(**kw), train_fn=killed, progress=False, log=lambda *a: None)
+    lines.clear()
+    run_study(StudyConfig(**{**kw, "train_steps": 4}, resume=True), train_fn=train, progress=False, log=lines.append)
+    said = [x for x in lines if "removed" in x]
+    assert len(said) == 1 and "train_steps: 3 -> 4" in said[0] and "models/" in said[0]
+    assert calls[-1]["resume"] is False and calls[-1]["steps"] == 4

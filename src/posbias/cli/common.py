@@ -14,16 +14,41 @@ from posbias.utils.options import parse_key_values, parse_names, parse_numbers  
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError, RuntimeError, OSError, EOFError)
 
 
+# Parameters of the commands that name files or folders: ``~`` is expanded in them here, once, for
+# every command (the shell leaves ``--out=~/runs/x`` as it is).
+PATH_PARAMETERS = ("out", "model", "factors", "corpus", "heldout", "routers", "settings", "path", "data_root",
+                   "include_path", "folders", "tokenizer", "haystack")
+INTERRUPTED = "interrupted: re-run the same command to resume"
+
+
+def expand_user_paths(kwargs: dict) -> dict:
+    """``kwargs`` with a leading ``~`` of every :data:`PATH_PARAMETERS` value (or list element)
+    expanded to the home folder."""
+    import os
+
+    def expand(v):
+        return os.path.expanduser(v) if isinstance(v, str) and v.startswith("~") else v
+
+    return {k: ([expand(x) for x in v] if isinstance(v, (list, tuple)) else expand(v))
+            if k in PATH_PARAMETERS else v for k, v in kwargs.items()}
+
+
 def friendly_errors(fn: Callable) -> Callable:
-    """Turn user errors into one red line and exit code 2 instead of a traceback
-    (set POSBIAS_DEBUG=1 to see the traceback)."""
+    """Every command's wrapper: ``~`` expanded in its path options (:func:`expand_user_paths`); user
+    errors as one red line and exit code 2 instead of a traceback (set POSBIAS_DEBUG=1 to see the
+    traceback); Ctrl-C as one line saying how to resume, exit code 130."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         import os
 
         try:
-            return fn(*args, **kwargs)
+            return fn(*args, **expand_user_paths(kwargs))
+        except KeyboardInterrupt:
+            if os.environ.get("POSBIAS_DEBUG"):
+                raise
+            typer.secho(INTERRUPTED, fg="yellow", err=True)
+            sys.exit(130)
         except USER_ERRORS as e:
             if os.environ.get("POSBIAS_DEBUG"):
                 raise
@@ -35,6 +60,9 @@ def friendly_errors(fn: Callable) -> Callable:
 
     return wrapper
 
+
+FACTORS_HELP = ("factors file for lpes (best_factors.json of posbias search): one RoPE factor per decoder layer, "
+                "each a number from 1e-3 to 1e3")
 
 DEFAULT_MODEL = "smollm2-135m"  # the packaged model a command uses without --model
 
@@ -113,6 +141,23 @@ Haystack = typer.Option(None, "--haystack", help="passkey / niah filler: noise |
 NumNeedles = Count(None, "--num-needles", help="niah: number of needles (multi-key)")
 Seed = Count(0, "--seed", minimum=0, help="random seed of the instances (and of the search / training)")
 ExtraOpts = typer.Option(None, "--opt", help="other task option as key=value (repeatable)")
+
+
+def ready_methods(names: list[str], routers: str | None) -> list[str]:
+    """``names`` less the methods that are not ready to score: MoICE without trained routers (neither
+    ``--routers`` nor a ``moice@routers=...`` variant) would run untrained ones; each is skipped with
+    one line saying how to train them."""
+    from posbias.methods.registry import split_variant
+
+    kept = []
+    for label in names:
+        name, opts = split_variant(label)
+        if name == "moice" and not routers and "routers" not in opts:
+            typer.secho(f"{label} skipped: MoICE needs routers trained for this model (posbias train-moice "
+                        "--model MODEL --out ROUTERS, then --routers ROUTERS)", fg="yellow", err=True)
+            continue
+        kept.append(label)
+    return kept
 
 
 def method_options_from_flags(names: list[str], *, factors: str | None, pi_factor: float, routers: str | None,

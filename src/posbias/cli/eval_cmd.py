@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from posbias.cli.common import (
+    FACTORS_HELP,
     Count,
     DataPath,
     Device,
@@ -25,6 +26,7 @@ from posbias.cli.common import (
     method_options_from_flags,
     parse_key_values,
     parse_numbers,
+    ready_methods,
     task_options,
 )
 from posbias.utils.options import parse_names
@@ -44,7 +46,7 @@ def eval_command(
     max_new_tokens: int = Count(16, help="greedy generation: tokens generated at most"),
     method: str = typer.Option("none", help="none | pi | lpes | ms-poe | attention-buckets | moice"),
     method_opt: Optional[list[str]] = typer.Option(None, "--method-opt", help="method option key=value (repeatable)"),
-    factors: Optional[str] = typer.Option(None, help="factors file (for --method lpes)"),
+    factors: Optional[str] = typer.Option(None, help=FACTORS_HELP),
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
@@ -71,7 +73,7 @@ def compare_command(
     model: str = ModelOption(),
     task: str = typer.Option("kv"),
     methods: str = typer.Option("none,pi,ms-poe,attention-buckets,moice,lpes", help="comma-separated methods"),
-    factors: Optional[str] = typer.Option(None, help="factors file for lpes"),
+    factors: Optional[str] = typer.Option(None, help=FACTORS_HELP),
     pi_factor: float = typer.Option(1.1, help="global factor for pi"),
     routers: Optional[str] = typer.Option(None, help="router weights for moice (posbias train-moice)"),
     settings: Optional[str] = typer.Option(None, help="best_settings.json from posbias tune: each listed method's "
@@ -92,7 +94,7 @@ def compare_command(
     from posbias.evaluation.compare import compare_methods
 
     load = load_options(device, dtype, revision)
-    names = parse_names(methods)
+    names = ready_methods(parse_names(methods), routers)
     options = method_options_from_flags(names, factors=factors, pi_factor=pi_factor, routers=routers,
                                         settings=settings)
     compare_methods(model=model, task=task, methods=names, depths=parse_numbers(depths, "depths"), n=n, out=out,

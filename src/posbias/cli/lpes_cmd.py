@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from posbias.cli.common import (
+    FACTORS_HELP,
     Count,
     DataPath,
     Device,
@@ -91,7 +92,9 @@ def search_command(
                      backend=backend, ray_address=ray_address, objective=objective,
                      shared_context=shared_context, load=load)
     base = f"{res.baseline_accuracy:.3f}" if res.baseline_accuracy is not None else "n/a"
-    console.print(f"best search-split accuracy {res.accuracy:.3f} (unpatched {base}); factors: {res.factors_path}")
+    chosen = "log-prob (accuracy breaks ties)" if res.objective == "logprob" else "accuracy (log-prob breaks ties)"
+    console.print(f"winner chosen by {chosen}; its search-split accuracy {res.accuracy:.3f} (unpatched {base}); "
+                  f"factors: {res.factors_path}")
     console.print("factors: " + ", ".join(f"{f:.3f}" for f in res.factors))
     if heldout_n > 0:
         from posbias.search.heldout import before_after
@@ -116,7 +119,7 @@ def generation_line(m: dict) -> str:
 
 def apply_command(
     model: str = ModelOption(),
-    factors: Optional[str] = typer.Option(None, help="factors file (best_factors.json of a search), for lpes"),
+    factors: Optional[str] = typer.Option(None, help=f"{FACTORS_HELP}, for lpes"),
     out: str = typer.Option(..., help="output folder (an earlier apply's folder there is replaced)"),
     method: str = typer.Option("lpes", help="lpes | pi | ms-poe (methods that patch the model in place)"),
     method_opt: Optional[list[str]] = typer.Option(None, "--method-opt", help="method option key=value (repeatable)"),
@@ -151,7 +154,7 @@ def apply_command(
 
 def analyze_command(
     model: str = ModelOption(),
-    factors: str = typer.Option(..., help="factors file"),
+    factors: str = typer.Option(..., help=FACTORS_HELP),
     task: str = typer.Option("kv", help="task whose prompts are fed to the model"),
     out: str = typer.Option(..., help="output folder"),
     n: int = Count(2, help="prompts per depth (depths 0, 0.5, 1)"),

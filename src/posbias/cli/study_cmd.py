@@ -73,10 +73,10 @@ def study_command(
 ):
     """Train each positional scheme on one budget and evaluate it from 1x to Kx its training length."""
     from posbias.study.runner import (
-        CHECK_KEYS,
         StudyConfig,
         discard_unfinished,
         run_study,
+        study_check_keys,
         study_settings,
     )
 
@@ -97,7 +97,7 @@ def study_command(
 
     settings = study_settings(cfg)
     discard_unfinished(out_path(out), settings)  # a study without results does not lock its folder
-    cfg.resume = check_training_run(cfg, "study", settings, CHECK_KEYS) or resume
+    cfg.resume = check_training_run(cfg, "study", settings, study_check_keys(out_path(out))) or resume
     result = run_study(cfg)
     typer.echo(open(result["summary"], encoding="utf-8").read())
 

@@ -1,7 +1,6 @@
 """Several methods side by side on the same held-out instances (one model load)."""
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -12,11 +11,11 @@ from posbias.evaluation.stats import paired_difference, percent_cell
 from posbias.methods.registry import variant_options
 from posbias.models.options import LoadOptions, load_settings, options_for
 from posbias.utils.io import append_jsonl, atomic_write_text, read_json, read_jsonl
-from posbias.utils.run_folder import INVOCATIONS, open_run
+from posbias.utils.run_folder import INVOCATIONS, open_run, safe_name
 
 # Settings every method's results in a comparison folder share (each method's folder checks its
 # own method options; the method list may change between invocations).
-COMPARE_KEYS = ("model", "task", "depths", "seed", "mode", "chat", "task_options", "dtype")
+COMPARE_KEYS = ("model", "model_path", "task", "depths", "seed", "mode", "chat", "task_options", "dtype")
 
 
 def compare_methods(*, model: str, task: str, methods: list[str], depths: list[float], n: int, out: str | Path,
@@ -32,13 +31,13 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
     checked (name, options, factors file, its folder) before the model loads or anything is
     scored, and nothing is written before the first result.
     """
-    from posbias.models import load_model
+    from posbias.models import load_model, model_identity
 
     method_options = method_options or {}
     task_options = dict(task_options or {})
     load = options_for(load, loaded)
     check_method_list(methods)
-    top = open_run(out, "compare", {"model": model, "task": task, "methods": methods, "depths": depths, "n": n,
+    top = open_run(out, "compare", {"model": model, "model_path": model_identity(model), "task": task, "methods": methods, "depths": depths, "n": n,
                                     "seed": seed, "mode": mode, "chat": chat, "task_options": task_options,
                                     "method_options": method_options, **load_settings(model, load)},
                    check_keys=COMPARE_KEYS)
@@ -145,7 +144,7 @@ def paired_by_depth(recs: dict[str, dict[str, dict]]) -> dict[str, list[dict]]:
 def folder_records(folders: dict[str, Path]) -> dict[str, dict[str, dict]]:
     """``{label: {instance id: record}}`` from each method folder's ``results.jsonl``, read once for the
     table and the plot."""
-    return {lab: {r["id"]: r for r in read_jsonl(Path(f) / "results.jsonl")} for lab, f in folders.items()}
+    return {lab: {r["id"]: r for r in read_jsonl(Path(f) / "results.jsonl", key="id")} for lab, f in folders.items()}
 
 
 def _depths(records: dict[str, dict]) -> list[float]:
@@ -179,9 +178,9 @@ def paired_cell(base: dict, other: dict, ids: Sequence[str], *, correct_key: str
 
 
 def method_folder(label: str) -> str:
-    """The subfolder name of a method label: the label, with every character other than letters,
-    digits and ``. _ = @ + -`` written as ``_`` (a variant may name a file: ``lpes@factors=runs/a.json``)."""
-    return re.sub(r"[^A-Za-z0-9._=@+-]", "_", label)
+    """The subfolder name of a method label (:func:`posbias.utils.run_folder.safe_name`; a variant may
+    name a file: ``lpes@factors=runs/a.json``)."""
+    return safe_name(label)
 
 
 def comparison_table(summaries: dict[str, dict]) -> str:

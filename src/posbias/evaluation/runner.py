@@ -97,8 +97,13 @@ def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *
     commit = before_write or (lambda: None)
     out = Path(out)
     results_path = out / "results.jsonl"
-    done = {r["id"] for r in repair_jsonl(results_path)}
+    repair_jsonl(results_path)
+    done = {r["id"] for r in read_jsonl(results_path, key="id")}
     todo = depth_interleaved([i for i in instances if i.id not in done])
+    if len(todo) < len(instances):
+        from posbias.utils.run_folder import announce_resume
+
+        announce_resume(len(instances) - len(todo), len(instances), "instances", out)
     if todo:
         check_fits(model, tokenizer, todo, chat, max_new_tokens if mode != "teacher-forced" else 0)
     start = time.time()
@@ -120,7 +125,7 @@ def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *
 def summarise(out: Path, instances: Sequence[Instance], *, mode: str, label: str, seconds: float) -> dict:
     """Write summary.json, summary.md and the depth plot from ``results.jsonl``."""
     wanted = {i.id for i in instances}
-    records = [r for r in read_jsonl(out / "results.jsonl") if r["id"] in wanted]
+    records = [r for r in read_jsonl(out / "results.jsonl", key="id") if r["id"] in wanted]
     rows = accuracy_by_depth(records)
     summary = {"label": label, "mode": mode, "n_instances": len(records), "by_depth": rows,
                "overall": sum(r["correct"] for r in records) / max(1, len(records)),

@@ -23,7 +23,7 @@ from posbias.utils.run_folder import RunFolder, open_run
 # depth list is one of them: passkey and niah fit their haystack over all requested depths, so
 # another depth list can give another prompt under the same instance id. ``n`` may change: instance
 # ``i`` is the same for every ``n``, so a larger ``n`` scores only the new instances.
-RESUME_KEYS = ("model", "task", "depths", "seed", "split", "mode", "chat", "max_new_tokens", "method",
+RESUME_KEYS = ("model", "model_path", "task", "depths", "seed", "split", "mode", "chat", "max_new_tokens", "method",
                "method_options", "task_options", "dtype")
 # Method options naming a file or folder that must exist.
 PATH_OPTIONS = {"lpes": "factors", "moice": "routers"}
@@ -67,7 +67,9 @@ def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | 
     check_method(method, method_options)
     if chat and task_options.get("shared_context"):
         raise ValueError("a shared context (shared_context=true) is scored without a chat template: drop --chat")
-    config = {"model": model, "task": task, "depths": depths, "n": n, "seed": seed, "split": split, "mode": mode,
+    from posbias.models import model_identity
+
+    config = {"model": model, "model_path": model_identity(model), "task": task, "depths": depths, "n": n, "seed": seed, "split": split, "mode": mode,
               "batch_size": batch_size, "chat": chat, "max_new_tokens": max_new_tokens, "method": method,
               "method_options": method_options, "task_options": task_options, **load_settings(model, load)}
     if adapter is not None:  # the model loads with the method active: recorded, not applied again

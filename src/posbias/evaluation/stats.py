@@ -52,9 +52,10 @@ def format_table(rows: list[dict], title: str = "") -> str:
     return "\n".join(lines)
 
 
-def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict:
+def paired_difference(a: Sequence[float], b: Sequence[float], bounds: tuple[float, float] = (-1.0, 1.0)) -> dict:
     """Mean of ``b - a`` over paired items (the same questions under two methods) with a 95% normal
-    interval; ``n`` 0 gives NaN."""
+    interval, clipped to ``bounds``: the differences of scores in [0, 1] lie in [-1, 1] (+-100 points),
+    which the normal approximation overshoots for few items; ``n`` 0 gives NaN."""
     d = [y - x for x, y in zip(a, b)]
     n = len(d)
     if not n:
@@ -62,4 +63,5 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict:
     mean = sum(d) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
     half = 1.96 * sd / math.sqrt(n) if n else 0.0
-    return {"n": n, "diff": mean, "ci95": [mean - half, mean + half]}
+    low, high = bounds
+    return {"n": n, "diff": mean, "ci95": [max(low, mean - half), min(high, mean + half)]}

@@ -5,7 +5,9 @@ from posbias.models.loader import (
     get_decoder_layers,
     get_rotary_modules,
     load_model,
+    model_identity,
 )
 from posbias.models.options import LoadOptions
 
-__all__ = ["LoadOptions", "ModelLoadError", "check_rope_model", "get_decoder_layers", "get_rotary_modules", "load_model"]
+__all__ = ["LoadOptions", "ModelLoadError", "check_rope_model", "get_decoder_layers", "get_rotary_modules", "load_model",
+           "model_identity"]

@@ -158,6 +158,17 @@ def _resolve_alias(packaged: PackagedModel) -> Path:
     return folder
 
 
+def model_identity(spec: str) -> str:
+    """What a run folder records as the model a ``spec`` names, beside the spec itself: an alias or a
+    Hub id as it is (its revision and commit are recorded with the load settings), a path resolved (a
+    relative ``--model`` re-run from another folder names another model)."""
+    from posbias.models.hub import looks_like_hub_id
+
+    if spec in ALIASES or looks_like_hub_id(spec):
+        return spec
+    return str(Path(spec).expanduser().resolve())
+
+
 def resolve_spec(spec: str, revision: str | None = None) -> Path:
     """Turn an alias / path / Hugging Face Hub id (at ``revision``) into a filesystem path (a folder
     or a ``.gguf`` file)."""
@@ -199,7 +210,7 @@ def load_model(spec: str, options: LoadOptions | None = None, *, dtype: torch.dt
     if register_folder_model_type(path):  # a posbias train / study model: its own positional scheme
         require_rope = False
     config = adapter.base_config() if adapter else None
-    model, tok = _load_hf_folder(path, placement.dtype, placement.device, config=config)
+    model, tok = load_hf_folder(path, placement.dtype, placement.device, config=config)
     if require_rope:
         check_rope_model(model)
     model.eval()
@@ -208,11 +219,33 @@ def load_model(spec: str, options: LoadOptions | None = None, *, dtype: torch.dt
     return model, tok
 
 
-def _load_hf_folder(path: Path, dtype: torch.dtype, device: torch.device, config=None):
+JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def load_hf_folder(path: Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", config=None):
+    """``(model, tokenizer)`` of a Hugging Face model folder (also the study's trained BAM models), the
+    weights read straight into ``dtype`` on ``device``; a damaged JSON or weights file is a
+    :class:`ModelLoadError` naming it, and weights stored only as a pickle (``pytorch_model.bin``, which
+    can run code when loaded) are refused. ``config``: a config object to load the weights with."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from posbias.utils.io import read_json
+
+    path = Path(path)
     if not (path / "config.json").exists():
         raise ModelLoadError(f"{path} is not a Hugging Face model folder (no config.json)")
+    for name in JSON_FILES:
+        if (path / name).exists():
+            try:
+                read_json(path / name)
+            except ValueError as e:
+                raise ModelLoadError(f"{e}; the model folder is damaged") from None
+    pickled = sorted(p.name for p in path.glob("*.bin"))
+    if pickled and not any(path.glob("*.safetensors")):
+        raise ModelLoadError(f"{path} holds its weights only as {', '.join(pickled)}, a Python pickle that can run "
+                             "code when loaded; posbias loads safetensors only (convert the folder where you trust "
+                             "it: AutoModelForCausalLM.from_pretrained(...).save_pretrained(..., safe_serialization=True))")
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (ValueError, KeyError, OSError, TypeError) as e:
@@ -221,8 +254,9 @@ def _load_hf_folder(path: Path, dtype: torch.dtype, device: torch.device, config
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **weight_placement(dtype, device),
                                                      **({"config": config} if config else {}))
-    except (ValueError, KeyError, OSError, RuntimeError) as e:
-        raise ModelLoadError(f"cannot load {path}: {_first_line(e)}") from None
+    except (ValueError, KeyError, OSError, RuntimeError, SafetensorError) as e:
+        weights = ", ".join(sorted(p.name for p in path.glob("*.safetensors"))) or "its weights"
+        raise ModelLoadError(f"cannot load {path} ({weights} truncated or damaged?): {_first_line(e)}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok
@@ -241,12 +275,35 @@ def _first_line(e: Exception) -> str:
 
 
 def _cached_from_gguf(gguf: Path) -> Path:
-    """Dequantise a GGUF once and cache it as a safetensors HF folder; return that folder."""
-    stat = gguf.stat()
-    target = cache_dir() / "models" / f"{gguf.stem}-{stat.st_size}"
+    """Dequantise a GGUF once and cache it as a safetensors HF folder; return that folder. The cache
+    entry is keyed on the file's content (its SHA-256, :func:`gguf_sha256`), so another file of the
+    same name and size is never taken for it."""
+    sha = gguf_sha256(gguf)
+    target = cache_dir() / "models" / f"{gguf.stem}-{sha[:16]}"
     if not (target / ".complete").exists():
         _convert_gguf(gguf, target)
     return target
+
+
+def gguf_sha256(path: Path) -> str:
+    """The SHA-256 of ``path``, hashed once per version of the file: the digest is stored in the cache
+    (``models/.sha256/``) under the file's resolved path, size and modification time, and read back
+    while these are unchanged."""
+    stat = path.stat()
+    where = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    record = cache_dir() / "models" / ".sha256" / where
+    if record.is_file():
+        known = record.read_text().strip()
+        if len(known) == 64:
+            return known
+    from posbias.utils.io import atomic_write_text
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            digest.update(chunk)
+    atomic_write_text(record, digest.hexdigest())
+    return digest.hexdigest()
 
 
 def _read_gguf(gguf: Path):
@@ -281,13 +338,21 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         raise ModelLoadError(f"GGUF conversion of {gguf} lost weights: missing={missing[:3]} unexpected={unexpected[:3]}")
     if getattr(fresh_cfg, "tie_word_embeddings", False):
         fresh.tie_weights()
-    tmp = target.with_name(target.name + ".partial")
+    tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")  # two first loads at once each write their own
     shutil.rmtree(tmp, ignore_errors=True)
-    fresh.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
-    (target / ".complete").write_text(str(gguf))
+    try:
+        fresh.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / ".complete").write_text(str(gguf))  # renamed with the folder: never a complete-looking half
+        if not (target / ".complete").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                if not (target / ".complete").exists():  # not another process's finished copy
+                    raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def get_rotary_modules(model) -> list[torch.nn.Module]:

@@ -32,7 +32,6 @@ Factors files (JSON) store the found curve::
 """
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from pathlib import Path
@@ -43,6 +42,9 @@ import torch
 FACTORS_FORMAT = "posbias-lpes-factors"
 FACTORS_VERSION = 1
 SAVED_FACTORS_NAME = "posbias_factors.json"
+# The factors a layer may get: positions m / s_l with s_l outside this range are no interpolation any
+# model was measured with (1e-300 makes every log-prob NaN; 1e300 maps every position to 0).
+FACTOR_MIN, FACTOR_MAX = 1e-3, 1e3
 
 __all__ = [
     "ScalingHandle", "apply_layer_scaling", "remove_layer_scaling", "validate_factors",
@@ -62,7 +64,8 @@ def _layout(model):
 
 
 def validate_factors(factors: Sequence[float], num_layers: int) -> tuple[float, ...]:
-    """Check one positive finite factor per layer; return them as a tuple of floats."""
+    """Check one factor per layer, each in ``[FACTOR_MIN, FACTOR_MAX]`` (1e-3 .. 1e3); return them as a
+    tuple of floats. A number too large for a float is refused like any other out of range."""
     if isinstance(factors, (str, bytes, dict)) or not hasattr(factors, "__iter__"):
         raise ValueError(f"factors must be a list of numbers, got {factors!r}")
     items = list(factors.tolist() if hasattr(factors, "tolist") else factors)
@@ -70,14 +73,18 @@ def validate_factors(factors: Sequence[float], num_layers: int) -> tuple[float, 
     if not_numbers:
         f = not_numbers[0]
         raise ValueError(f"factors must be numbers, got {f!r} ({type(f).__name__})")
-    out = tuple(float(f) for f in items)
-    if len(out) != num_layers:
-        raise ValueError(f"got {len(out)} factors for a model with {num_layers} decoder layers; give one per layer")
-    bad = [(i, f) for i, f in enumerate(out) if not math.isfinite(f) or f <= 0]
-    if bad:
-        i, f = bad[0]
-        raise ValueError(f"factor {f} for layer {i} is invalid: every factor must be a finite number > 0")
-    return out
+    if len(items) != num_layers:
+        raise ValueError(f"got {len(items)} factors for a model with {num_layers} decoder layers; give one per layer")
+    for i, f in enumerate(items):
+        try:
+            value = float(f)
+        except OverflowError:
+            value = math.inf
+        if not (math.isfinite(value) and FACTOR_MIN <= value <= FACTOR_MAX):
+            shown = f"{str(f)[:12]}... ({len(str(f))} digits)" if len(str(f)) > 24 else str(f)
+            raise ValueError(f"factor {shown} for layer {i} is invalid: every factor must be a number from "
+                             f"{FACTOR_MIN:g} to {FACTOR_MAX:g}")
+    return tuple(float(f) for f in items)
 
 
 def _version(t: torch.Tensor) -> int:
@@ -243,7 +250,7 @@ def apply_layer_scaling(model, factors: Sequence[float]) -> ScalingHandle:
 
     Raises:
         ValueError: a model without rotary embeddings, a wrong number of factors, or a factor that is
-            not a finite number > 0.
+            not a number from 1e-3 to 1e3.
     """
     from posbias.architecture.layers import get_decoder_layers
 
@@ -288,7 +295,7 @@ def save_factors_file(path: str | Path, *, factors: Sequence[float], curve: dict
 
 
 def _check_curve(curve: Any, path) -> None:
-    from posbias.patching.curves import CURVE_KINDS, check_control_points
+    from posbias.patching.curves import CURVE_KINDS, check_control_points, check_grid
 
     if not isinstance(curve, dict) or "type" not in curve or "control_points" not in curve:
         raise FactorsFileError(f"{path}: 'curve' must be an object with 'type' and 'control_points'")
@@ -298,6 +305,11 @@ def _check_curve(curve: Any, path) -> None:
         check_control_points(curve["control_points"])
     except ValueError as e:
         raise FactorsFileError(f"{path}: bad curve control points: {e}") from None
+    if curve.get("round_to_grid") is not None:
+        try:
+            check_grid(curve["round_to_grid"])
+        except (ValueError, TypeError) as e:
+            raise FactorsFileError(f"{path}: bad curve round_to_grid: {e}") from None
 
 
 def load_factors_file(path: str | Path, num_layers: int | None = None) -> dict:
@@ -307,13 +319,15 @@ def load_factors_file(path: str | Path, num_layers: int | None = None) -> dict:
     matches the file, re-evaluated from the curve otherwise (``FactorsFileError`` if the file has no
     curve). The file's own factors stay under ``saved_factors``.
     """
+    from posbias.utils.io import read_json
+
     path = Path(path)
     if not path.exists():
         raise FactorsFileError(f"factors file not found: {path}")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise FactorsFileError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+        doc = read_json(path)
+    except ValueError as e:
+        raise FactorsFileError(str(e)) from None
     if not isinstance(doc, dict):
         raise FactorsFileError(f"{path}: expected a JSON object with 'factors', got {type(doc).__name__}")
     if "factors" not in doc or not isinstance(doc["factors"], list):
@@ -331,7 +345,25 @@ def load_factors_file(path: str | Path, num_layers: int | None = None) -> dict:
     doc["saved_factors"] = list(facs)
     if num_layers is not None and num_layers != len(facs):
         doc["factors"] = list(factors_for_model(doc, num_layers, path=path))
+        _announce_resampling(path, doc, num_layers)
     return doc
+
+
+_ANNOUNCED: set = set()
+
+
+def _announce_resampling(path: Path, doc: dict, num_layers: int) -> None:
+    """One line on stderr (once per file and layer count in a process): the factors used are not the
+    file's but its curve re-evaluated for another depth."""
+    import sys
+
+    key = (str(Path(path).resolve()), num_layers)
+    if key in _ANNOUNCED:
+        return
+    _ANNOUNCED.add(key)
+    found = f" (found on {doc['model']})" if doc.get("model") else ""
+    print(f"note: {path} holds {len(doc['saved_factors'])} factors{found}; the model has {num_layers} decoder "
+          f"layers, so its curve is resampled at their normalised depths", file=sys.stderr)
 
 
 def factors_for_model(doc: dict, num_layers: int, *, path: Any = "<factors>") -> tuple[float, ...]:
@@ -347,9 +379,12 @@ def factors_for_model(doc: dict, num_layers: int, *, path: Any = "<factors>") ->
         )
     from posbias.patching.curves import curve_factors
 
-    vals = curve_factors(curve["type"], curve["control_points"], num_layers,
-                         round_to_grid=curve.get("round_to_grid"))
-    return tuple(float(v) for v in vals)
+    try:
+        vals = curve_factors(curve["type"], curve["control_points"], num_layers,
+                             round_to_grid=curve.get("round_to_grid"))
+        return validate_factors([float(v) for v in vals], num_layers)
+    except (ValueError, TypeError) as e:
+        raise FactorsFileError(f"{path}: its curve gives no factors for {num_layers} layers ({e})") from None
 
 
 def apply_factors_file(model, path: str | Path) -> ScalingHandle:
@@ -367,30 +402,68 @@ def save_patched_model(model, tokenizer, factors_path: str | Path, out: str | Pa
     ``posbias apply`` before adapters: :mod:`posbias.models.adapter` reads it as merged lpes).
 
     ``posbias.models.load_model(out)`` reloads it with the scaling active; plain transformers loads
-    the (unchanged) weights. The weights are saved without hooks (they change no parameter).
+    the (unchanged) weights. The weights are saved without hooks (they change no parameter). The
+    folder is written beside ``out`` under a temporary name (factors file first) and renamed to
+    ``out`` when complete, so a killed write leaves no ``out`` at all, never a folder that loads
+    unpatched; the temporaries of killed writes are removed by the next one.
     """
+    import os
+    import shutil
+
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
-    write_model_factors(model, factors_path, out / SAVED_FACTORS_NAME)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_killed_writes(out)
+    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        write_model_factors(model, factors_path, tmp / SAVED_FACTORS_NAME)
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        if out.exists():
+            os.replace(out, old)  # a folder this command wrote before (open_run checked it)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
+def _remove_killed_writes(out: Path) -> None:
+    """Remove the temporary folders (``.<name>.partial-<pid>``) of killed writes of ``out`` whose
+    process has ended."""
+    import os
+    import shutil
+
+    for p in out.parent.glob(f".{out.name}.partial-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        try:
+            os.kill(int(pid), 0)
+        except (ValueError, ProcessLookupError):
+            shutil.rmtree(p, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
 def write_model_factors(model, factors_path: str | Path, target: str | Path) -> list[float]:
-    """Write the factors file ``factors_path`` as it applies to ``model`` into ``target`` (a copy, or
-    the curve re-evaluated for the model's layer count); returns the factors."""
+    """Write the factors file ``factors_path`` as it applies to ``model`` into ``target``: a copy, or
+    the curve re-evaluated for the model's layer count, naming this model and (``resampled_from``) the
+    model and layer count the curve was found on. Returns the factors."""
     import shutil
 
     from posbias.architecture.layers import get_decoder_layers
 
     doc = load_factors_file(factors_path, num_layers=len(get_decoder_layers(model)))
+    model_name = getattr(getattr(model, "config", None), "_name_or_path", None) or None
     if doc["factors"] == doc["saved_factors"]:
         shutil.copyfile(factors_path, target)
     else:  # re-evaluated for this model's depth: store the factors actually used
         extra = {k: v for k, v in doc.items() if k not in ("format", "version", "num_layers", "factors",
-                                                             "saved_factors", "curve", "model", "task", "score")}
-        save_factors_file(target, factors=doc["factors"], curve=doc.get("curve"), model=doc.get("model"),
+                                                             "saved_factors", "curve", "model", "task", "score",
+                                                             "resampled_from")}
+        extra["resampled_from"] = {"model": doc.get("model"), "num_layers": len(doc["saved_factors"])}
+        save_factors_file(target, factors=doc["factors"], curve=doc.get("curve"), model=model_name,
                           task=doc.get("task"), score=doc.get("score"), **extra)
     return list(doc["factors"])

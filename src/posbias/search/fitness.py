@@ -131,7 +131,19 @@ class FitnessResult:
 
     @classmethod
     def from_dict(cls, d: dict) -> "FitnessResult":
-        return cls(**d)
+        """The result :meth:`to_dict` wrote; a ``ValueError`` naming the fields for anything else (the
+        caller adds the file)."""
+        import dataclasses
+
+        if not isinstance(d, dict):
+            raise ValueError(f"a fitness record must be an object, got {type(d).__name__}")
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"fitness record with unknown field(s) {', '.join(map(repr, unknown))}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ValueError(f"fitness record: {e}") from None
 
     def summary(self) -> dict:
         return {"objective": self.objective, "value": self.value, "accuracy": self.accuracy,

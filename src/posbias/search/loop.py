@@ -53,6 +53,19 @@ def _save_checkpoint(path: Path, ga: GeneticAlgorithm, memo: dict, best: Genome 
     })
 
 
+def identity_distance(factors) -> float:
+    """How far per-layer factors are from the unpatched model: ``sum |log f|`` (0 for all ones)."""
+    import math
+
+    return sum(abs(math.log(f)) for f in factors)
+
+
+def _damaged(ckpt: Path, e: Exception) -> ValueError:
+    what = f"no {e}" if isinstance(e, KeyError) else str(e)
+    return ValueError(f"{ckpt}: not a search checkpoint ({what}); delete it to start the search afresh, "
+                      "or use another --out")
+
+
 def _start(cfg: GAConfig, seed: int, out: Path | None, resume: bool):
     """``(ga, memo, best, history)``: from ``out/checkpoint.json`` when resuming (metrics of a generation
     logged but not checkpointed are dropped), else a fresh seeded GA (an old metrics log removed)."""
@@ -61,13 +74,19 @@ def _start(cfg: GAConfig, seed: int, out: Path | None, resume: bool):
         import json
 
         state = read_json(ckpt)
-        saved_cfg = state["ga"]["config"]
+        try:
+            saved_cfg = dict(state["ga"]["config"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise _damaged(ckpt, e) from None
         if saved_cfg != cfg.to_dict():
             diff = [k for k in saved_cfg if saved_cfg[k] != cfg.to_dict().get(k)]
             raise ValueError(f"{ckpt} was written with other GA settings ({', '.join(diff)}); use another out")
-        ga = GeneticAlgorithm.from_state(state["ga"], cfg)
-        memo = {Genome.from_list(g): FitnessResult.from_dict(r) for g, r in state["memo"]}
-        best = Genome.from_list(state["best"]) if state.get("best") else None
+        try:
+            ga = GeneticAlgorithm.from_state(state["ga"], cfg)
+            memo = {Genome.from_list(g): FitnessResult.from_dict(r) for g, r in state["memo"]}
+            best = Genome.from_list(state["best"]) if state.get("best") else None
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise _damaged(ckpt, e) from None
         history = [m for m in read_jsonl(out / METRICS) if m.get("generation", 0) < ga.generation]
         atomic_write_text(out / METRICS, "".join(json.dumps(m) + "\n" for m in history))
         return ga, memo, best, history
@@ -127,6 +146,10 @@ def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed:
     if ckpt is not None and ckpt.exists() and not resume:
         raise ValueError(already_searched(out))
     ga, memo, best, history = _start(cfg, seed, out, resume)
+    if ga.generation > 0:
+        from posbias.utils.run_folder import announce_resume
+
+        announce_resume(min(ga.generation, generations), generations, "generations", out)
     factors_of = functools.lru_cache(maxsize=None)(lambda g: [float(v) for v in genome_factors(g, cfg, num_layers)])
     result = None
     for gen in range(ga.generation, generations):
@@ -140,7 +163,8 @@ def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed:
         for g, r in zip(todo, evaluator.evaluate([(factors_of(g), thr, memo.get(g)) for g in todo])):
             memo[g] = r
         fitness = {g: memo[g].key for g in unique}
-        ranked = sorted(unique, key=lambda g: fitness[g], reverse=True)
+        # on a tie, the factors nearest to the unpatched model (identity) win
+        ranked = sorted(unique, key=lambda g: (fitness[g], -identity_distance(factors_of(g))), reverse=True)
         best, br = ranked[0], memo[ranked[0]]
         record = {"generation": gen, **_generation_record(ranked, memo, todo, before, cfg, factors_of),
                   "population": len(pop), "threshold": thr, "wall_s": time.perf_counter() - t0}

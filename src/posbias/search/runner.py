@@ -47,8 +47,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 BEST = "best_factors.json"
 # Settings that must match when a search folder is resumed (``generations`` may grow).
-RESUME_KEYS = ("model", "task", "seed", "curve", "control_points", "task_options", "weights", "chat", "ga",
-               "n_per_depth", "prune", "objective", "shared_context", "dtype")
+RESUME_KEYS = ("model", "model_path", "task", "seed", "curve", "control_points", "task_options", "weights", "chat",
+               "ga", "n_per_depth", "prune", "objective", "shared_context", "dtype")
 
 
 # -- the real search -----------------------------------------------------------------------------
@@ -64,6 +64,7 @@ class SearchResult:
     baseline_accuracy: float | None
     generations: int
     history: list[dict]
+    objective: str = "accuracy"  # what chose the winner (FitnessResult.key: accuracy, or weighted log-prob)
 
 
 def build_fitness(model_spec: str, task: str, *, n_per_depth: int, seed: int, task_options: dict,
@@ -123,8 +124,11 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
         control_points=control_points, curve=curve, grid=grid, round_to_grid=round_to_grid,
         task_options=task_options, objective=objective, shared_context=shared_context, chat=chat,
         weights=weights, seed=seed)
+    from posbias.models import model_identity
+
     load = options_for(load, loaded)
-    config = {"model": model, "task": task, "preset": preset, "seed": seed, "curve": curve,
+    config = {"model": model, "model_path": model_identity(model), "task": task, "preset": preset, "seed": seed,
+              "curve": curve,
               "control_points": control_points, "task_options": task_options, "weights": weights,
               "chat": chat, "ga": cfg.to_dict(), **{k: settings[k] for k in RUN_KEYS}, "workers": workers,
               "prune": prune, "objective": objective, "shared_context": shared_context,
@@ -172,7 +176,7 @@ def _search_result(out: Path, res, cfg, curve: str) -> SearchResult:
                         curve=curve, accuracy=res.best_result.accuracy,
                         per_depth=res.best_result.per_depth_accuracy(),
                         baseline_accuracy=ident.accuracy if ident is not None and ident.complete else None,
-                        generations=res.generations, history=res.history)
+                        generations=res.generations, history=res.history, objective=res.best_result.objective)
 
 
 RUN_KEYS = ("generations", "n_per_depth", "batch_size")  # preset keys that are not GA settings

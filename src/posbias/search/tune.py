@@ -35,7 +35,7 @@ DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
     )],
     "moice": [{"top_k": k} for k in (7, 1, 2, 3)],
 }
-TUNE_KEYS = ("model", "task", "seed", "n_per_depth", "task_options", "base_options", "dtype")
+TUNE_KEYS = ("model", "model_path", "task", "seed", "n_per_depth", "task_options", "base_options", "dtype")
 
 
 def setting_key(method: str, setting: dict) -> str:
@@ -131,14 +131,22 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
             raise ValueError("tune: moice needs trained routers (--routers, from posbias train-moice)")
         for setting in grids[m]:
             check_method(m, {**base_options.get(m, {}), **setting})
+    from posbias.models import model_identity
+
     load = options_for(load, loaded)
-    config = {"model": model, "task": task, "seed": seed, "n_per_depth": n_per_depth, "task_options": task_options,
+    config = {"model": model, "model_path": model_identity(model), "task": task, "seed": seed,
+              "n_per_depth": n_per_depth, "task_options": task_options,
               "base_options": base_options, "methods": methods, "grids": grids, "objective": objective,
               **load_settings(model, load)}
     folder = open_run(out, "tune", config, check_keys=TUNE_KEYS)
     results = folder.path / "results.jsonl"
     # rows written before the fitness record was kept are scored again
-    done = {r["key"]: r for r in read_jsonl(results) if "fitness" in r} if results.exists() else {}
+    done = {r["key"]: r for r in read_jsonl(results, key="key") if "fitness" in r}
+    for r in done.values():
+        try:
+            FitnessResult.from_dict(r["fitness"])
+        except ValueError as e:
+            raise ValueError(f"{results}: the row of {r['key']!r}: {e}; delete the row to score it again") from None
     todo = [(m, setting) for m in methods for setting in grids[m] if setting_key(m, setting) not in done]
 
     def local():

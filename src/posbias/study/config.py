@@ -15,13 +15,47 @@ from posbias.utils.options import check_int
 MODELS_FILE = "models.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.md"
-CHECK_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "passkey_rate", "niah_rate",
-              "depths", "needle_draw",
-              "train_options", "model_options", "tokenizer",
-              "ppl_eval_tokens")  # not ppl_multipliers: a resume may add perplexity contexts (same eval tokens)
+# What the trained models depend on: a change discards a study's unfinished training (see
+# posbias.study.runner.discard_unfinished), and is refused once the study holds a result.
+TRAINING_KEYS = ("preset", "train_steps", "train_context", "seed", "corpus", "heldout", "passkey_rate", "niah_rate",
+                 "train_options", "model_options", "tokenizer")
+# What only the evaluation depends on: checked on the resume of a study that holds results, free before.
+EVALUATION_KEYS = ("depths", "needle_draw",
+                   "ppl_eval_tokens")  # not ppl_multipliers: a resume may add perplexity contexts (same eval tokens)
+CHECK_KEYS = TRAINING_KEYS + EVALUATION_KEYS
+# Training options that change how a run logs, checkpoints or probes, never the weights it trains.
+TRAIN_LOGGING_OPTIONS = ("log_every", "checkpoint_every", "probe_every", "probe_n", "probe_tasks", "progress",
+                         "stop_after", "device")
 DATA_DIR = "data"
 HELDOUT_CHARS_PER_TOKEN = 6  # generous: English BPE averages ~4-5 characters per token
 MAX_HELDOUT_FRACTION = 0.3
+
+
+def training_settings(config: dict) -> dict:
+    """The part of a study ``config`` dict its trained models depend on (:data:`TRAINING_KEYS`, the
+    training options less :data:`TRAIN_LOGGING_OPTIONS`; ``ppl_eval_tokens`` too when the held-out
+    text is the corpus's tail, cut off before training). Keys ``config`` lacks stay absent."""
+    out = {k: config[k] for k in TRAINING_KEYS if k in config}
+    if isinstance(out.get("train_options"), dict):
+        out["train_options"] = {k: v for k, v in out["train_options"].items() if k not in TRAIN_LOGGING_OPTIONS}
+    if not config.get("heldout") and "ppl_eval_tokens" in config:
+        out["ppl_eval_tokens"] = config["ppl_eval_tokens"]
+    return out
+
+
+def read_models_file(out: str | Path) -> dict[str, str]:
+    """A study folder's ``models.json`` (``{scheme: model folder}``; empty when there is none); a damaged
+    one is a ``ValueError`` naming it."""
+    from posbias.utils.io import read_json
+
+    path = Path(out) / MODELS_FILE
+    if not path.exists():
+        return {}
+    models = read_json(path)
+    if not isinstance(models, dict) or not all(isinstance(v, str) for v in models.values()):
+        raise ValueError(f"{path}: expected an object mapping each scheme to its model folder; fix or delete it "
+                         "(the trained models stay in models/ and are found again)")
+    return models
 
 
 def split_files(out: str | Path) -> tuple[Path, Path]:

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from posbias.study.grid import PPL_FILE, TRAIN_PPL_FILE, VIEW_FILES
 from posbias.utils.io import atomic_write_text, read_jsonl
-from posbias.study.config import METRICS_FILE, MODELS_FILE, SUMMARY_FILE, StudyConfig
+from posbias.study.config import METRICS_FILE, SUMMARY_FILE, StudyConfig, read_models_file
 from posbias.study.training import is_saved_model, model_dir_name
 
 
@@ -55,9 +55,7 @@ def _study_schemes(cfg: StudyConfig) -> list[str]:
     """Every model of the study folder, not only this invocation's (a later run may add lengths for
     a few schemes only); this invocation's schemes first, in their order."""
     schemes = list(cfg.schemes)
-    models_file = Path(cfg.out) / MODELS_FILE
-    if models_file.exists():
-        schemes += [m for m in json.loads(models_file.read_text()) if m not in schemes]
+    schemes += [m for m in read_models_file(cfg.out) if m not in schemes]
     return schemes
 
 

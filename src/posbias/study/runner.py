@@ -99,12 +99,13 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
     if (out / "config.json").exists() and not cfg.resume:
         raise ValueError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
     config = study_settings(cfg)
-    _check_n_grows(out, cfg.n)
-    _check_needle_draw(out, cfg.needle_draw)
     check_training_options(cfg)
-    discard_unfinished(out, config)
-    _check_ppl_tokens(out, cfg)
-    folder = open_run(out, "study", config, check_keys=CHECK_KEYS)
+    discard_unfinished(out, config, log=log)
+    if has_results(out):  # before the first result, evaluation settings may change freely
+        _check_n_grows(out, cfg.n)
+        _check_needle_draw(out, cfg.needle_draw)
+        _check_ppl_tokens(out, cfg)
+    folder = open_run(out, "study", config, check_keys=study_check_keys(out))
     train_corpus, heldout = prepare_data(cfg, log=log, before_write=folder.commit)
     folder.commit()
     prepare_tokenizer(cfg, train_corpus, log=log)
@@ -148,25 +149,46 @@ RESULT_FILES = (MODELS_FILE, METRICS_FILE, PPL_FILE, TRAIN_PPL_FILE, *(f for _v,
 DERIVED = (DATA_DIR, "tokenizer", "models")  # what a study derives before its first result
 
 
-def discard_unfinished(out: Path, config: dict) -> None:
+def has_results(out: Path) -> bool:
+    """Whether the study folder ``out`` holds a trained model or a score."""
+    return any((out / f).exists() for f in RESULT_FILES)
+
+
+def study_check_keys(out: Path) -> tuple[str, ...]:
+    """The settings a run into ``out`` must share with the study there: all of :data:`CHECK_KEYS` once
+    it holds a result; none before (:func:`discard_unfinished` has already removed the training of
+    other training settings, and evaluation settings may change until something is scored)."""
+    return CHECK_KEYS if has_results(out) else ()
+
+
+def discard_unfinished(out: Path, config: dict, log: Callable = print) -> None:
     """A study that produced no result (no trained model, no score) does not lock its folder: when
-    the settings differ (e.g. a corpus too small for the training context was rejected while training),
-    the inputs it derived (corpus split, tokenizer, unfinished model folders) and its config are
-    removed, so the corrected command starts afresh. Nothing else is touched."""
+    its *training* settings differ (:func:`posbias.study.config.training_settings`; e.g. a corpus too
+    small for the training context was rejected while training), the inputs it derived (corpus split,
+    tokenizer, unfinished model folders) and its config are removed, saying so in one line, so the
+    corrected command starts afresh. An evaluation-only change (depths, perplexity tokens, a logging
+    option) keeps the partial training, which the run resumes. Nothing else is touched."""
     import shutil
 
-    from posbias.utils.run_folder import CONFIG, INVOCATIONS, folder_kind, settings_diff
+    from posbias.study.config import TRAINING_KEYS, training_settings
+    from posbias.utils.folder_lock import hold
+    from posbias.utils.run_folder import CONFIG, INVOCATIONS, folder_kind, read_run_settings, settings_diff
 
     path = out / CONFIG
-    if folder_kind(out) != "study" or any((out / f).exists() for f in RESULT_FILES):
+    if folder_kind(out) != "study" or has_results(out):
         return
-    old = json.loads(path.read_text()).get("config", {})
-    if not settings_diff(old, json.loads(json.dumps(config)), CHECK_KEYS):
+    old = training_settings(read_run_settings(out))
+    diff = settings_diff(old, training_settings(json.loads(json.dumps(config))), (*TRAINING_KEYS, "ppl_eval_tokens"))
+    if not diff:
         return
-    for name in DERIVED:
+    hold(out)  # never under a study that is training there now
+    removed = [name for name in DERIVED if (out / name).exists()]
+    for name in removed:
         shutil.rmtree(out / name, ignore_errors=True)
     (out / INVOCATIONS).unlink(missing_ok=True)
     path.unlink()
+    log(f"[study] {out}: training settings changed ({'; '.join(diff)}); its unfinished training "
+        f"({', '.join(f'{n}/' for n in removed) or 'settings only'}) was removed and training starts afresh")
 
 
 def _check_n_grows(out: Path, n: int) -> None:
@@ -189,8 +211,9 @@ def _check_needle_draw(out: Path, needle_draw: str) -> None:
 
 def _saved_config(out: Path) -> dict:
     """The settings an earlier invocation recorded in ``out/config.json`` (empty when there is none)."""
-    path = out / "config.json"
-    return json.loads(path.read_text()).get("config", {}) if path.exists() else {}
+    from posbias.utils.run_folder import folder_kind, read_run_settings
+
+    return read_run_settings(out) if folder_kind(out) == "study" else {}
 
 
 def study_settings(cfg: StudyConfig) -> dict:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from posbias.study.grid import (parse_scheme)
 from posbias.utils.io import atomic_write_json
 from posbias.utils.options import refuse_unknown
-from posbias.study.config import MODELS_FILE, StudyConfig
+from posbias.study.config import MODELS_FILE, StudyConfig, read_models_file
 from posbias.study.data import _load_texts
 
 
@@ -115,7 +115,7 @@ def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus:
     """
     out = Path(cfg.out)
     path = out / MODELS_FILE
-    models: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    models = read_models_file(out)
     todo = []
     for scheme in cfg.schemes:
         known = models.get(scheme)
@@ -149,7 +149,7 @@ def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus:
 def _record_model(path: Path, scheme: str, folder: str) -> None:
     """Add one trained model to models.json, re-reading the file first: another study invocation
     on the same folder (e.g. one training a different scheme at the same time) keeps its entries."""
-    on_disk = json.loads(path.read_text()) if path.exists() else {}
+    on_disk = read_models_file(path.parent)
     atomic_write_json(path, {**on_disk, scheme: folder})
 
 

@@ -101,34 +101,60 @@ def _is_json(data: bytes) -> bool:
         return False
 
 
-def read_jsonl(path: str | Path, *, strict: bool = False) -> list[dict]:
+def read_jsonl(path: str | Path, *, strict: bool = False, key: str | None = None) -> list[dict]:
     """Read a jsonl file written by :func:`append_jsonl`.
 
     A torn *last* line (a kill mid-write) is skipped unless ``strict``; a malformed line anywhere
-    else raises ``ValueError`` naming the file and line.
+    else, a line that is not a JSON object or (with ``key``) one without the field ``key`` raises
+    ``ValueError`` naming the file and line. With ``key`` a record whose ``key`` an earlier line
+    already holds (a duplicated line) is counted once: the first is kept.
     """
     path = Path(path)
     if not path.exists():
         return []
     lines = read_text(path).splitlines()
-    out = []
+    out, seen = [], set()
     for no, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
+            rec = loads_json(line)
         except json.JSONDecodeError as e:
             if no == len(lines) and not strict:
                 break
             raise ValueError(f"{path}:{no}: malformed JSON line ({e.msg})") from None
+        except ValueError as e:
+            raise ValueError(f"{path}:{no}: {e}") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}:{no}: expected a JSON object, got {type(rec).__name__}")
+        if key is not None:
+            if key not in rec:
+                raise ValueError(f"{path}:{no}: record without its {key!r} field")
+            ident = json.dumps(rec[key], sort_keys=True)
+            if ident in seen:
+                continue
+            seen.add(ident)
+        out.append(rec)
     return out
+
+
+MAX_JSON_DEPTH_MESSAGE = "JSON nested too deeply"
+
+
+def loads_json(text: str | bytes) -> Any:
+    """``json.loads``; JSON nested deeper than Python's recursion limit is a ``ValueError`` (callers
+    add the file) rather than a ``RecursionError``."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(MAX_JSON_DEPTH_MESSAGE) from None
 
 
 def repair_jsonl(path: str | Path) -> list[dict]:
     """Read a jsonl log for resuming and drop a torn last line (a kill mid-write) from the file,
     so the next append starts on a fresh line. Returns the intact records."""
     path = Path(path)
-    records = read_jsonl(path)
+    records = read_jsonl(path)  # every intact line (duplicates too: the lines are rewritten as they are)
     if path.exists():
         text = read_text(path)
         intact = [ln for ln in text.splitlines() if ln.strip()][: len(records)]
@@ -154,26 +180,35 @@ def versions() -> dict[str, str]:
 def read_text(path: str | Path) -> str:
     """A UTF-8 text file; a file that is not UTF-8 is a ``ValueError`` naming it."""
     path = Path(path)
+    data = path.read_bytes()
     try:
-        return path.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def read_json(path: str | Path) -> Any:
     """A JSON file; malformed JSON (or text that is not UTF-8) is a ``ValueError`` naming the file."""
     path = Path(path)
+    text = read_text(path)
     try:
-        return json.loads(read_text(path))
+        return loads_json(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+MAX_LINE_CHARS = 16 * 2 ** 20  # a data line longer than this (16 Mi characters) is refused before any tokenizer sees it
 
 
 def iter_jsonl_gz(path: str | Path) -> Iterator[tuple[int, dict]]:
     """Yield ``(line_number, record)`` from a ``.jsonl`` or ``.jsonl.gz`` file.
 
-    A malformed line raises ``ValueError("<file>:<line>: ...")``; so do a truncated or invalid
-    gzip file and text that is not UTF-8.
+    A malformed line raises ``ValueError("<file>:<line>: ...")``; so do a line longer than
+    :data:`MAX_LINE_CHARS`, JSON nested too deeply, a truncated or invalid gzip file and text that is
+    not UTF-8.
     """
     import gzip
     import zlib
@@ -184,14 +219,20 @@ def iter_jsonl_gz(path: str | Path) -> Iterator[tuple[int, dict]]:
     opener = gzip.open if path.suffix == ".gz" else open
     no = 0
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for no, line in enumerate(f, 1):
+        with opener(path, "rb") as f:
+            for no, raw in enumerate(f, 1):  # decoded line by line: a bad byte is reported on its own line
+                line = raw.decode("utf-8")
+                if len(line) > MAX_LINE_CHARS:
+                    raise ValueError(f"{path}:{no}: line of {len(line):,} characters, more than the "
+                                     f"{MAX_LINE_CHARS:,} a data line may hold")
                 if not line.strip():
                     continue
                 try:
-                    rec = json.loads(line)
+                    rec = loads_json(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}:{no}: malformed JSON line ({e.msg})") from None
+                except ValueError as e:
+                    raise ValueError(f"{path}:{no}: {e}") from None
                 if not isinstance(rec, dict):
                     raise ValueError(f"{path}:{no}: expected a JSON object, got {type(rec).__name__}")
                 yield no, rec
@@ -201,4 +242,4 @@ def iter_jsonl_gz(path: str | Path) -> Iterator[tuple[int, dict]]:
     except (gzip.BadGzipFile, zlib.error) as e:
         raise ValueError(f"{path}: not a valid gzip file ({e})") from None
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}:{no + 1}: not UTF-8 text ({e.reason})") from None
+        raise ValueError(f"{path}:{no}: not UTF-8 text ({e.reason})") from None

@@ -2,8 +2,9 @@
 
 Every command that writes into ``--out`` goes through :func:`open_run`, which only *reads*:
 
-* an empty (or missing) folder is a fresh run; files whose names start with a dot do not count
-  (a killed atomic write can leave a ``.name.tmp`` behind);
+* an empty (or missing) folder is a fresh run; the temporaries of killed atomic writes
+  (``.name.XXXX.tmp``, :func:`posbias.utils.io.atomic_write_bytes`) do not count, other files do,
+  dotfiles too (a home folder of dotfiles is not empty);
 * a folder holding a ``config.json`` of the same kind of run is a resume, provided the settings
   under ``check_keys`` are equal (otherwise a ``ValueError`` lists only the values that differ);
 * anything else is refused, saying what was found: another kind of run, a Hugging Face model, a
@@ -14,7 +15,9 @@ command line) only when :meth:`RunFolder.commit` is called, which a run does jus
 writes its first result; a run rejected while validating its input therefore leaves nothing
 behind and never claims the folder. A folder that a run opens (existing) or commits (new) is held by
 that process until it ends (:mod:`posbias.utils.folder_lock`): a second command pointed at it while the
-first still runs is refused with one line. On a resume ``commit`` records this invocation's settings,
+first still runs is refused with one line. ``commit`` checks the folder again once it holds it, so two
+runs started together on a new ``--out`` cannot mix: the later one resumes the earlier one's run when
+the settings agree and is refused otherwise. On a resume ``commit`` records this invocation's settings,
 the ones the run's summary then describes; every committed invocation is also appended to
 ``invocations.jsonl`` (time, command line, settings), the record of a folder that several
 invocations filled (e.g. a study evaluated one scheme per invocation).
@@ -26,6 +29,7 @@ never commits a posbias config.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,11 +56,14 @@ class RunFolder:
     config: dict
     resuming: bool = False
     parent: Optional["RunFolder"] = None
+    check_keys: tuple[str, ...] = ()
     _committed: bool = field(default=False, repr=False)
 
     def commit(self) -> Path:
         """Write ``config.json`` and append to ``invocations.jsonl`` (once; the parent run's first)
-        and return the folder."""
+        and return the folder. The folder is checked again once this process holds it: a run that
+        another command wrote there since :func:`open_run` looked (two runs started together on a
+        new ``--out``) is resumed if it has these settings and refused otherwise."""
         if not self._committed:
             import time
 
@@ -66,12 +73,29 @@ class RunFolder:
                 self.parent.commit()
             self.path.mkdir(parents=True, exist_ok=True)
             hold(self.path)
+            self.resuming = _check_folder(self.path, self.kind, self.config, self.check_keys)
+            remove_temporaries(self.path)
             record = {"kind": self.kind, "config": self.config, "versions": versions(), "argv": sys.argv}
             atomic_write_json(self.path / CONFIG, record)
             append_jsonl(self.path / INVOCATIONS, {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                                    "resumed": self.resuming, **record})
             self._committed = True
         return self.path
+
+
+def announce_resume(done: int, total: int, what: str, out: Path) -> None:
+    """One line on stderr: a run that continues an earlier one says how much of it was done
+    (``resuming 120 of 250 instances already in runs/x``)."""
+    print(f"resuming {done} of {total} {what} already in {out}", file=sys.stderr)
+
+
+def safe_name(label: str) -> str:
+    """A user-supplied name (a method label, a variant naming a file: ``lpes@factors=../a.json``) as one
+    file or folder name inside a run folder: every character other than letters, digits and
+    ``. _ = @ + -`` written as ``_``, and a leading dot as ``_`` too, so the name never climbs out
+    (``..``), hides (``.x``) or is empty. The one place such names become paths."""
+    name = re.sub(r"[^A-Za-z0-9._=@+-]", "_", str(label))
+    return "_" + name[1:] if name.startswith(".") else (name or "_")
 
 
 def out_path(out: str | Path, flag: str = "--out") -> Path:
@@ -87,20 +111,30 @@ def open_run(out: str | Path, kind: str, config: dict, *, check_keys: Iterable[s
     if kind not in KINDS:
         raise ValueError(f"unknown run kind {kind!r}; known: {', '.join(KINDS)}")
     path = out_path(out)
+    check_keys = tuple(check_keys)
+    if path.is_dir():  # an existing folder is claimed now (and checked again once held); a new one when committed
+        _check_folder(path, kind, config, check_keys)
+        hold(path)
+    resuming = _check_folder(path, kind, config, check_keys)
+    return RunFolder(path, kind, config, resuming=resuming, parent=parent, check_keys=check_keys)
+
+
+def _check_folder(path: Path, kind: str, config: dict, check_keys: tuple[str, ...]) -> bool:
+    """Whether ``path`` holds a ``kind`` run that a run with ``config`` resumes (False: missing or
+    empty); a ``ValueError`` for another kind of run, other settings under ``check_keys`` or a folder
+    that holds no run."""
     found = folder_kind(path)
     if found not in (None, kind):
         raise ValueError(f"{path} holds {_describe(found)}, not {_describe(kind)}; use another --out")
-    if path.is_dir():  # an existing folder is claimed now; a new one when it is committed
-        hold(path)
     if found is None:
-        return RunFolder(path, kind, config, parent=parent)
+        return False
     if kind != "apply":
-        old = _read_config(path).get("config", {})
+        old = read_run_settings(path, required=bool(check_keys))
         diff = settings_diff(old, _roundtrip(config), check_keys)
         if diff:
             raise ValueError(f"{path} holds a run with other settings ({'; '.join(diff)}); "
                              "rerun with its settings to resume, or use another --out")
-    return RunFolder(path, kind, config, resuming=True, parent=parent)
+    return True
 
 
 def prepare_run_dir(out: str | Path, config: dict, *, kind: str, check_keys: Iterable[str] = ()) -> Path:
@@ -115,7 +149,7 @@ def folder_kind(path: Path) -> str | None:
         return None
     if not path.is_dir():
         raise ValueError(f"{path} is a file, not a folder; give --out a folder")
-    entries = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+    entries = sorted(p.name for p in path.iterdir() if not is_temporary(p.name))
     if not entries:
         return None
     if _ADAPTER_MARKER in entries:
@@ -134,6 +168,20 @@ def folder_kind(path: Path) -> str | None:
     if kind not in KINDS:
         raise ValueError(f"{path / CONFIG} is not the config of a posbias run; use another --out")
     return kind
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is the temporary of an atomic write (``.name.XXXX.tmp``)."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def remove_temporaries(folder: Path) -> int:
+    """Delete the temporaries that killed atomic writes left anywhere below ``folder`` (a folder this
+    process holds: no write of another command is under way there); returns how many."""
+    stale = [p for p in folder.rglob(".*.tmp") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return len(stale)
 
 
 def settings_diff(old: dict, new: dict, keys: Iterable[str]) -> list[str]:
@@ -160,6 +208,18 @@ def _shown(value: Any) -> str:
     if isinstance(value, float) and float(f"{value:.6g}") != value:
         return f"{value:.6g}"
     return repr(value)
+
+
+def read_run_settings(path: Path, *, required: bool = True) -> dict:
+    """The settings (``"config"``) that the run in folder ``path`` recorded; a ``ValueError`` naming the
+    file when they are missing or not an object, or (``required``) empty: such a file would match any
+    settings and mix other runs' results into the folder."""
+    settings = _read_config(path).get("config")
+    if not isinstance(settings, dict) or (required and not settings):
+        raise ValueError(f"{path / CONFIG} records no settings of its run (\"config\" is "
+                         f"{json.dumps(settings)[:40] if settings is not None else 'missing'}); "
+                         "fix or delete it, or use another --out")
+    return settings
 
 
 def _read_config(path: Path) -> dict:
