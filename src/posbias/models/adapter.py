@@ -19,11 +19,12 @@ method and its settings (:func:`eval_settings`).
 """
 from __future__ import annotations
 
-import json
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from posbias.utils.io import read_json
 
 ADAPTER_FILE = "posbias_adapter.json"
 ADAPTER_FORMAT = "posbias-adapter"
@@ -72,7 +73,7 @@ class Adapter:
             return None
         from posbias.models.modeling_posbias import base_config
 
-        return base_config(json.loads((self.folder / "config.json").read_text(encoding="utf-8")))
+        return base_config(read_json(self.folder / "config.json"))
 
     def apply(self, model, tokenizer=None):
         """Apply the method to ``model`` (kept active while the model lives); returns ``(model, tokenizer)``."""
@@ -103,7 +104,7 @@ def read_adapter(path: str | Path) -> Adapter | None:
 
 def _parse(folder: Path, file: Path) -> Adapter:
     try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
+        doc = read_json(file)
     except (ValueError, OSError) as e:
         raise AdapterError(f"{file}: not a readable posbias adapter file ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != ADAPTER_FORMAT:

@@ -24,10 +24,15 @@ from pathlib import Path
 
 import torch
 
-from posbias.architecture.layers import SUPPORTED_HINT, ModelLoadError, get_decoder_layers  # noqa: F401 (re-exported)
+from posbias.architecture.layers import (  # noqa: F401 (re-exported)
+    SUPPORTED_HINT,
+    ModelLoadError,
+    get_decoder_layers,
+)
 from posbias.models.adapter import read_adapter
 from posbias.models.options import LoadOptions
 from posbias.models.trained import register_folder_model_type
+
 
 @dataclass(frozen=True)
 class PackagedModel:

@@ -8,8 +8,9 @@ are refused on them with one line (:func:`check_method_fits`).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from posbias.utils.io import read_json
 
 BAM_MODEL_TYPE = "posbias-bam"
 
@@ -17,7 +18,7 @@ BAM_MODEL_TYPE = "posbias-bam"
 def folder_model_type(path: str | Path) -> str | None:
     """The ``model_type`` in ``path/config.json`` (None without a readable one)."""
     try:
-        doc = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        doc = read_json(Path(path) / "config.json")
     except (OSError, ValueError):
         return None
     return doc.get("model_type") if isinstance(doc, dict) else None
