@@ -10,7 +10,7 @@ Every command that writes into ``--out`` goes through :func:`open_run`, which on
   ``config.json`` that is not valid JSON, or files without any run config.
 
 The returned :class:`RunFolder` writes ``config.json`` (``kind``, settings, library versions,
-command line) only when :meth:`RunFolder.commit` is called, which a run does just before it
+the git commit of the posbias checkout (:func:`git_commit`), command line) only when :meth:`RunFolder.commit` is called, which a run does just before it
 writes its first result; a run rejected while validating its input therefore leaves nothing
 behind and never claims the folder. A folder that a run opens (existing) or commits (new) is held by
 that process until it ends (:mod:`posbias.utils.folder_lock`): a second command pointed at it while the
@@ -24,7 +24,9 @@ invocations filled (e.g. a study evaluated one scheme per invocation).
 """
 from __future__ import annotations
 
+import functools
 import json
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,12 +66,33 @@ class RunFolder:
                 self.parent.commit()
             self.path.mkdir(parents=True, exist_ok=True)
             hold(self.path)
-            record = {"kind": self.kind, "config": self.config, "versions": versions(), "argv": sys.argv}
+            record = {"kind": self.kind, "config": self.config, "versions": versions(), "git": git_commit(),
+                      "argv": sys.argv}
             atomic_write_json(self.path / CONFIG, record)
             append_jsonl(self.path / INVOCATIONS, {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                                    "resumed": self.resuming, **record})
             self._committed = True
         return self.path
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str:
+    """The commit of the git checkout this posbias runs from (``git rev-parse HEAD``), with ``+dirty``
+    when tracked files differ from it, or ``"not a git checkout"`` (an installed package, no git).
+    Recorded in every run's ``config.json`` beside the settings; not part of the resume check."""
+    package = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(package), *args], capture_output=True, text=True, check=True,
+                              timeout=10).stdout.strip()
+
+    try:
+        git("ls-files", "--error-unmatch", "__init__.py")  # the package is tracked by this checkout
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "not a git checkout"
+    return head + ("+dirty" if dirty else "")
 
 
 def out_path(out: str | Path, flag: str = "--out") -> Path:
