@@ -1,8 +1,8 @@
 """Length-extrapolation benchmark (BAM paper, small scale): a thin wrapper over ``posbias study``.
 
-    python benchmarks/extrapolation.py --preset tiny --out runs/study --train-steps 2000 --n 2 --resume
+    python benchmarks/extrapolation.py --preset tiny --out runs/study --train-steps 2000 --n 2
     python benchmarks/extrapolation.py --preset 120m --corpus /data/corpus.jsonl \\
-        --out runs/study-120m --train-steps 20000 --n 20 --niah --resume      # GPU node
+        --out runs/study-120m --train-steps 20000 --n 20 --niah      # GPU node
 
 Takes exactly the options of ``posbias study --help`` (see ``posbias.study.runner``).
 """

@@ -455,8 +455,8 @@ def test_study_end_to_end_and_resume(tmp_path, fake_train):
             "attention_rope.png", "attention_ggd_ssmax.png"} <= plots
     assert all(_png_ok(out / "plots" / p) for p in plots)
 
-    # without --resume an existing study is refused; with it nothing is retrained or rescored
-    with pytest.raises(ValueError, match="--resume"):
+    # without resume=True an existing study is refused; with it nothing is retrained or rescored
+    with pytest.raises(ValueError, match="resume=True"):
         run_study(StudyConfig(**kw), train_fn=train, progress=False, log=lambda *a: None)
     run_study(StudyConfig(**kw, resume=True), train_fn=train, progress=False, log=lambda *a: None)
     assert len(calls) == 2

@@ -36,8 +36,6 @@ def search_command(
                                              "(kv, multi-key niah); the held-out table is always per question"),
     preset: str = typer.Option("quick", help="quick (~5 min on 2 CPU cores) | standard (~10 min for SmolLM2, ~90 min for Qwen2.5-0.5B on 1 CPU thread) | paper (GPU)"),
     out: str = typer.Option(..., help="run folder (re-running resumes a killed or shorter search)"),
-    resume: bool = typer.Option(False, "--resume", hidden=True,
-                                help="accepted for old scripts; re-running the command resumes anyway"),
     seed: int = Seed,
     workers: int = Count(1, help="processes (or Ray actors) scoring individuals in parallel, one model each"),
     backend: str = typer.Option("processes", help="processes (this machine) | ray (Ray actors, across nodes)"),

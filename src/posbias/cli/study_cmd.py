@@ -41,8 +41,6 @@ def study_command(
                                                  "(the same for every scheme; 0 = plain text only)"),
     niah_rate: float = typer.Option(0.0, min=0.0, max=1.0, help="fraction of training blocks that are single-needle "
                                                                 "RULER documents (beside the passkey ones)"),
-    resume: bool = typer.Option(False, "--resume", hidden=True,
-                                help="accepted for old scripts; re-running the command resumes anyway"),
     niah: bool = typer.Option(False, "--niah/--no-niah", help="also run RULER NIAH (string_match_all) on the grid"),
     niah_opt: Optional[list[str]] = typer.Option(None, "--niah-opt", help="NIAH option key=value, e.g. haystack=essay"),
     passkey_essay: bool = typer.Option(False, "--passkey-essay/--no-passkey-essay",
@@ -90,13 +88,13 @@ def study_command(
         ppl_multipliers=parse_numbers(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,
         batch_size=batch_size, token_budget=token_budget, device=device,
         train_options=parse_key_values(train_opt, "train-opt"), model_options=parse_key_values(model_opt, "model-opt"),
-        tokenizer=tokenizer, train_workers=train_workers, resume=resume,
+        tokenizer=tokenizer, train_workers=train_workers,
     )
     from posbias.utils.run_folder import out_path
 
     settings = study_settings(cfg)
     discard_unfinished(out_path(out), settings)  # a study without results does not lock its folder
-    cfg.resume = check_training_run(cfg, "study", settings, CHECK_KEYS) or resume
+    cfg.resume = check_training_run(cfg, "study", settings, CHECK_KEYS)
     result = run_study(cfg)
     typer.echo(open(result["summary"], encoding="utf-8").read())
 

@@ -58,7 +58,6 @@ def train_command(
                                              "schedule still spanning --steps (runs compared at equal tokens; "
                                              "a later value on a rerun continues the run)"),
     log_every: int = Count(10, help="log metrics every N steps"),
-    resume: bool = typer.Option(False, hidden=True, help="accepted for old scripts; re-running resumes anyway"),
     precision: str = typer.Option("auto", help="auto (bf16 on CUDA), bf16 or fp32"),
     device: str = typer.Option("auto", help="auto, cpu, cuda"),
     model_opt: Optional[list[str]] = typer.Option(None, "--model-opt",
@@ -82,9 +81,9 @@ def train_command(
         checkpoint_every=checkpoint_every, probe_every=probe_every,
         probe_n=probe_n, probe_tasks=probe_tasks, probe_target=probe_target, probe_patience=probe_patience,
         final_step=final_step, log_every=log_every,
-        resume=resume, precision=precision, device=device)
+        precision=precision, device=device)
     check_training_run(cfg, "train", cfg.to_json(), resume_check_keys(out_path(out)))
-    cfg.resume = resume or (Path(out) / CHECKPOINT).exists()  # re-running resumes from the checkpoint
+    cfg.resume = (Path(out) / CHECKPOINT).exists()  # re-running resumes from the checkpoint
     path = train(cfg)
     typer.echo(str(path))
 

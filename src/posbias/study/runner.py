@@ -48,12 +48,12 @@ memory)::
     posbias study --preset 120m --corpus /data/corpus.jsonl --out runs/study-120m \\
         --train-steps 20000 --train-context 512 --train-opt batch_size=64 \\
         --schemes rope,sinusoidal,nope,alibi,ggd,ggd+ssmax,rope+ssmax \\
-        --multipliers 1,2,4,8,16,32,64,128 --depths 0,0.25,0.5,0.75,1 --n 10 --niah --resume
+        --multipliers 1,2,4,8,16,32,64,128 --depths 0,0.25,0.5,0.75,1 --n 10 --niah
 
 (The paper's budget is 589,824 tokens per step: ``--train-opt batch_size=64 --train-opt
 grad_accum=18``.) The 1000x point (512K tokens) costs far more than the rest of the grid; run
 it afterwards for the schemes that are still alive at 128x, e.g. ``--schemes ggd+ssmax
---multipliers 256,512,1000 --resume`` on the same ``--out`` (same training settings: the
+--multipliers 256,512,1000`` on the same ``--out`` (same training settings: the
 models are reused and the new cells appended).
 
 (``benchmarks/extrapolation.py`` takes the same arguments.) Rerunning the same command resumes:
@@ -97,7 +97,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
     """
     out = Path(cfg.out)
     if (out / "config.json").exists() and not cfg.resume:
-        raise ValueError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
+        raise ValueError(f"{out} already holds a study; pass resume=True to continue it or choose another --out")
     config = study_settings(cfg)
     _check_n_grows(out, cfg.n)
     _check_needle_draw(out, cfg.needle_draw)

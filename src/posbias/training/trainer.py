@@ -111,7 +111,7 @@ def _setup(cfg: TrainConfig, info: DistInfo, tokenizer):
     """The run folder, corpus, tokenizer (``bpe:<N>`` trained here once), packed data and probe."""
     out = Path(cfg.out)
     if (out / CHECKPOINT).exists() and not cfg.resume:
-        raise ValueError(f"{out} already holds a checkpoint: pass --resume to continue it, or use another --out")
+        raise ValueError(f"{out} already holds a checkpoint: pass resume=True to continue it, or use another --out")
     if info.is_main:  # before the first file (a bpe:<N> tokenizer) is written into out
         prepare_run_dir(out, cfg.to_json(), kind="train", check_keys=resume_check_keys(out))
     barrier(info)
@@ -161,7 +161,7 @@ def _resume(cfg: TrainConfig, info: DistInfo, out: Path, model, optimizer, sched
             atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
         return start
     if cfg.resume and info.is_main:
-        warnings.warn(f"--resume: no checkpoint in {out}, starting from step 0")
+        warnings.warn(f"resume=True: no checkpoint in {out}, starting from step 0")
     return 0
 
 
