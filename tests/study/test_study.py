@@ -758,3 +758,22 @@ def test_resume_may_add_perplexity_contexts_on_the_same_tokens(tmp_path, fake_tr
     run(out=str(other), ppl_multipliers=[])
     with pytest.raises(ValueError, match="measured perplexity on None .*trained on the whole corpus"):
         run(out=str(other), ppl_multipliers=[1])
+
+
+def test_a_study_folder_that_recorded_probe_tasks_as_text_still_resumes(tmp_path):
+    """Run folders written before the typed options recorded ``--train-opt probe_tasks=passkey,niah`` as
+    the string; the same command now gives a list, and the folder still resumes."""
+    from posbias.cli.common import check_training_run
+    from posbias.study.config import CHECK_KEYS, StudyConfig, upgrade_settings
+    from posbias.study.runner import study_settings
+
+    cfg = StudyConfig(out=str(tmp_path / "s"), schemes="rope", train_options={"probe_tasks": ("passkey", "niah")})
+    settings = study_settings(cfg)
+    assert settings["train_options"] == {"probe_tasks": ["passkey", "niah"]}
+    (tmp_path / "s").mkdir()
+    old = {**json.loads(json.dumps(settings)), "train_options": {"probe_tasks": "passkey,niah"}}
+    (tmp_path / "s" / "config.json").write_text(json.dumps({"kind": "study", "config": old, "versions": {}}))
+    assert check_training_run(cfg, "study", settings, CHECK_KEYS, upgrade=upgrade_settings)
+    other = StudyConfig(out=str(tmp_path / "s"), schemes="rope", train_options={"probe_tasks": "passkey"})
+    with pytest.raises(ValueError, match="train_options.probe_tasks"):
+        check_training_run(other, "study", study_settings(other), CHECK_KEYS, upgrade=upgrade_settings)

@@ -51,11 +51,11 @@ def Count(default, *decls: str, minimum: int = 1, help: str | None = None):
     return typer.Option(default, *decls, min=minimum, help=help)
 
 
-def check_training_run(cfg: Any, kind: str, settings: dict, check_keys) -> bool:
+def check_training_run(cfg: Any, kind: str, settings: dict, check_keys, upgrade=None) -> bool:
     """The checks a ``train`` or ``study`` run can make before it reads any data: ``cfg.validate()``
     where there is one, a ``bpe:<N>`` tokenizer size, the corpus / held-out paths it names, and its
     run folder (``kind``). Returns whether the folder already holds this run, which re-running then
-    resumes."""
+    resumes. ``upgrade``: see :func:`posbias.utils.run_folder.open_run`."""
     from pathlib import Path
 
     from posbias.utils.corpus import BUILTIN_CORPORA
@@ -70,7 +70,7 @@ def check_training_run(cfg: Any, kind: str, settings: dict, check_keys) -> bool:
         for p in paths:
             if p is not None and str(p) not in BUILTIN_CORPORA and not Path(p).expanduser().exists():
                 raise ValueError(f"{flag} {p}: no such file or folder")
-    return open_run(cfg.out, kind, settings, check_keys=check_keys).resuming
+    return open_run(cfg.out, kind, settings, check_keys=check_keys, upgrade=upgrade).resuming
 
 
 def task_options(num_keys, num_docs, length, path, haystack, num_needles, extra) -> dict[str, Any]:

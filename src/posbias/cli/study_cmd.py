@@ -14,7 +14,7 @@ from posbias.cli.common import (
     parse_key_values,
     parse_numbers,
 )
-from posbias.utils.options import parse_names
+from posbias.utils.options import field_types, parse_names, parse_typed_options
 
 
 def study_command(
@@ -69,13 +69,16 @@ def study_command(
                                                   "(a BamConfig field, e.g. rope_theta=10000)"),
 ):
     """Train each positional scheme on one budget and evaluate it from 1x to Kx its training length."""
+    from posbias.bam import BamConfig
     from posbias.study.runner import (
         CHECK_KEYS,
         StudyConfig,
         discard_unfinished,
         run_study,
         study_settings,
+        upgrade_settings,
     )
+    from posbias.training.config import TrainConfig
 
     cfg = StudyConfig(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
@@ -87,14 +90,15 @@ def study_command(
         modes=parse_names(modes),
         ppl_multipliers=parse_numbers(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,
         batch_size=batch_size, token_budget=token_budget, device=device,
-        train_options=parse_key_values(train_opt, "train-opt"), model_options=parse_key_values(model_opt, "model-opt"),
+        train_options=parse_typed_options(train_opt, field_types(TrainConfig), "train-opt", "training option"),
+        model_options=parse_typed_options(model_opt, field_types(BamConfig), "model-opt", "model option"),
         tokenizer=tokenizer, train_workers=train_workers,
     )
     from posbias.utils.run_folder import out_path
 
     settings = study_settings(cfg)
     discard_unfinished(out_path(out), settings)  # a study without results does not lock its folder
-    cfg.resume = check_training_run(cfg, "study", settings, CHECK_KEYS)
+    cfg.resume = check_training_run(cfg, "study", settings, CHECK_KEYS, upgrade=upgrade_settings)
     result = run_study(cfg)
     typer.echo(open(result["summary"], encoding="utf-8").read())
 

@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import Count, Seed, check_training_run, friendly_errors, parse_key_values
+from posbias.cli.common import Count, Seed, check_training_run, friendly_errors
+from posbias.utils.options import field_types, parse_typed_options
 
 
 def train_command(
@@ -67,12 +68,14 @@ def train_command(
     """Pre-train a BAM decoder; the final model is saved with save_pretrained under OUT/final."""
     from pathlib import Path
 
+    from posbias.bam import BamConfig
     from posbias.training import TrainConfig, train
     from posbias.training.trainer import CHECKPOINT, resume_check_keys
     from posbias.utils.run_folder import out_path
 
     cfg = TrainConfig(
-        out=out, pe=pe, ssmax=ssmax, preset=preset, model_overrides=parse_key_values(model_opt, "model-opt"),
+        out=out, pe=pe, ssmax=ssmax, preset=preset, model_overrides=parse_typed_options(
+            model_opt, field_types(BamConfig), "model-opt", "model option"),
         steps=steps, context=context, batch_size=batch_size, grad_accum=grad_accum, lr=lr, prior_lr=prior_lr,
         warmup_steps=warmup, min_lr_ratio=min_lr_ratio, schedule=schedule, decay_fraction=decay_fraction,
         weight_decay=weight_decay, grad_clip=grad_clip,

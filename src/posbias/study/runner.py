@@ -70,7 +70,7 @@ from posbias.study.grid import PPL_FILE, TRAIN_PPL_FILE, VIEW_FILES
 from posbias.utils.io import atomic_write_json, atomic_write_text
 from posbias.utils.run_folder import open_run
 from posbias.study.config import (CHECK_KEYS, DATA_DIR, METRICS_FILE, MODELS_FILE, SUMMARY_FILE,  # noqa: F401
-                                  StudyConfig, needle_draw_of)
+                                  StudyConfig, needle_draw_of, upgrade_settings)
 from posbias.study.data import prepare_data, split_heldout  # noqa: F401
 from posbias.study.report import write_report  # noqa: F401
 from posbias.study.training import (check_training_options, default_train_fn, ensure_models, load_trained, model_dir_name,  # noqa: F401
@@ -104,7 +104,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
     check_training_options(cfg)
     discard_unfinished(out, config)
     _check_ppl_tokens(out, cfg)
-    folder = open_run(out, "study", config, check_keys=CHECK_KEYS)
+    folder = open_run(out, "study", config, check_keys=CHECK_KEYS, upgrade=upgrade_settings)
     train_corpus, heldout = prepare_data(cfg, log=log, before_write=folder.commit)
     folder.commit()
     prepare_tokenizer(cfg, train_corpus, log=log)
@@ -160,7 +160,7 @@ def discard_unfinished(out: Path, config: dict) -> None:
     path = out / CONFIG
     if folder_kind(out) != "study" or any((out / f).exists() for f in RESULT_FILES):
         return
-    old = json.loads(path.read_text()).get("config", {})
+    old = upgrade_settings(json.loads(path.read_text()).get("config", {}))
     if not settings_diff(old, json.loads(json.dumps(config)), CHECK_KEYS):
         return
     for name in DERIVED:

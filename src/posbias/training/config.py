@@ -119,6 +119,15 @@ class TrainConfig:
         return d
 
 
+def typed_train_options(options: dict) -> dict:
+    """Training options (:class:`TrainConfig` fields) as a run records them today: ``probe_tasks`` a list
+    (run folders before the typed options, and Python callers, may give ``"passkey,niah"``)."""
+    out = dict(options)
+    if "probe_tasks" in out:
+        out["probe_tasks"] = list(split_names(out["probe_tasks"]))
+    return out
+
+
 def split_names(value) -> tuple[str, ...]:
     """``"passkey, niah"`` or ``["passkey", "niah"]`` -> ``("passkey", "niah")`` (empty items dropped)."""
     items = value.split(",") if isinstance(value, str) else list(value or ())

@@ -30,7 +30,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from posbias.utils.folder_lock import hold
 
@@ -103,8 +103,10 @@ def out_path(out: str | Path, flag: str = "--out") -> Path:
 
 
 def open_run(out: str | Path, kind: str, config: dict, *, check_keys: Iterable[str] = (),
-             parent: RunFolder | None = None) -> RunFolder:
-    """Check that ``out`` may hold a ``kind`` run with ``config``; writes nothing (see the module doc)."""
+             parent: RunFolder | None = None, upgrade: Callable[[dict], dict] | None = None) -> RunFolder:
+    """Check that ``out`` may hold a ``kind`` run with ``config``; writes nothing (see the module doc).
+    ``upgrade`` turns the settings an older posbias recorded into today's form before they are compared
+    (e.g. a comma-separated string that is a list now)."""
     if kind not in KINDS:
         raise ValueError(f"unknown run kind {kind!r}; known: {', '.join(KINDS)}")
     path = out_path(out)
@@ -117,6 +119,8 @@ def open_run(out: str | Path, kind: str, config: dict, *, check_keys: Iterable[s
         return RunFolder(path, kind, config, parent=parent)
     if kind != "apply":
         old = _read_config(path).get("config", {})
+        if upgrade is not None and isinstance(old, dict):
+            old = upgrade(old)
         diff = settings_diff(old, _roundtrip(config), check_keys)
         if diff:
             raise ValueError(f"{path} holds a run with other settings ({'; '.join(diff)}); "
