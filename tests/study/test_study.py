@@ -516,6 +516,37 @@ def test_study_cli(tmp_path, fake_train, monkeypatch):
     assert r.exit_code == 2 and "bad scheme" in r.output
 
 
+def test_study_config_json_fed_back_resumes_the_same_study(tmp_path, fake_train, monkeypatch):
+    from typer.testing import CliRunner
+
+    import posbias.study.training as training
+    from posbias.cli.main import app
+
+    train, calls = fake_train
+    monkeypatch.setattr(training, "default_train_fn", lambda: train)
+    out = tmp_path / "s"
+    args = ["study", "--out", str(out), "--schemes", "nope", "--train-steps", "2", "--train-context", "160",
+            "--multipliers", "1", "--depths", "0.5", "--n", "1", "--ppl-multipliers", "", "--modes", "teacher-forced",
+            "--train-opt", "probe_tasks=passkey", "--n-beyond", "1=1"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    first = json.loads((out / "config.json").read_text())["config"]
+    results = (out / "passkey.jsonl").read_text()
+    r = CliRunner().invoke(app, ["study", "--config", str(out / "config.json")])
+    assert r.exit_code == 0, r.output
+    again = json.loads((out / "config.json").read_text())["config"]
+    assert {**again, "resume": False} == first and again["train_options"] == {"probe_tasks": ["passkey"]}
+    assert len(calls) == 1 and (out / "passkey.jsonl").read_text() == results  # nothing retrained or rescored
+    # a flag given beside the file wins: a new depth is scored in the same study
+    r = CliRunner().invoke(app, ["study", "--config", str(out / "config.json"), "--depths", "0.5,1"])
+    assert r.exit_code == 2 and "depths" in r.output  # depths are part of a study's identity
+    toml = tmp_path / "study.toml"
+    toml.write_text(f'out = "{tmp_path / "t"}"\nschemes = ["nope"]\ntrain_steps = 2\ntrain_context = 160\n'
+                    'multipliers = [1]\ndepths = [0.5]\nn = 1\nppl_multipliers = []\nmodes = ["teacher-forced"]\n')
+    r = CliRunner().invoke(app, ["study", "--config", str(toml), "--seed", "1"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "t" / "config.json").read_text())["config"]["seed"] == 1 and len(calls) == 2
+
+
 def test_study_bpe_tokenizer_is_trained_once_and_shared(tmp_path, fake_train):
     from posbias.study.runner import StudyConfig, prepare_tokenizer, train_config
 

@@ -14,12 +14,17 @@ from posbias.cli.common import (
     parse_key_values,
     parse_numbers,
 )
-from posbias.utils.options import field_types, parse_names, parse_typed_options
+from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
+from posbias.utils.options import field_names, field_types, parse_names, parse_typed_options
+
+STUDY_DERIVED = ("ppl_eval_tokens", "resume")  # recorded beside a study's settings, not read back
 
 
 def study_command(
-    out: str = typer.Option(..., help="study folder (models, jsonl results, summary.md, plots/); re-running "
-                                      "resumes (trained models reused, finished cells skipped)"),
+    ctx: typer.Context,
+    out: Optional[str] = typer.Option(None, help="study folder (models, jsonl results, summary.md, plots/); "
+                                                 "re-running resumes (trained models reused, finished cells "
+                                                 "skipped); required unless --config names it"),
     preset: str = typer.Option("tiny", help="model size preset: tiny | small | 120m | 1b"),
     schemes: str = typer.Option("rope,sinusoidal,nope,alibi,ggd,ggd+ssmax,rope+ssmax",
                                 help="comma-separated <pe>[+ssmax], pe in rope|sinusoidal|nope|alibi|ggd"),
@@ -67,6 +72,7 @@ def study_command(
     train_opt: Optional[list[str]] = typer.Option(None, "--train-opt", help="extra training option key=value (same for all schemes)"),
     model_opt: Optional[list[str]] = typer.Option(None, "--model-opt", help="model setting key=value for every scheme "
                                                   "(a BamConfig field, e.g. rope_theta=10000)"),
+    config: Optional[str] = ConfigFileOption(),
 ):
     """Train each positional scheme on one budget and evaluate it from 1x to Kx its training length."""
     from posbias.bam import BamConfig
@@ -80,7 +86,7 @@ def study_command(
     )
     from posbias.training.config import TrainConfig
 
-    cfg = StudyConfig(
+    flags = dict(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
         multipliers=parse_numbers(multipliers, "multipliers"), depths=parse_numbers(depths, "depths"), n=n,
         n_beyond=parse_key_values(n_beyond, "n-beyond"),
@@ -96,8 +102,13 @@ def study_command(
     )
     from posbias.utils.run_folder import out_path
 
+    flags = settings_with_file(ctx, config, "study", flags, field_names(StudyConfig), ignore=STUDY_DERIVED,
+                               fields_of={"train_opt": "train_options", "model_opt": "model_options",
+                                          "niah_opt": "niah_options"})
+    require(flags, "out", "--out")
+    cfg = StudyConfig(**flags)
     settings = study_settings(cfg)
-    discard_unfinished(out_path(out), settings)  # a study without results does not lock its folder
+    discard_unfinished(out_path(cfg.out), settings)  # a study without results does not lock its folder
     cfg.resume = check_training_run(cfg, "study", settings, CHECK_KEYS, upgrade=upgrade_settings)
     result = run_study(cfg)
     typer.echo(open(result["summary"], encoding="utf-8").read())
