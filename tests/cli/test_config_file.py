@@ -94,3 +94,30 @@ def test_train_config_round_trip_flags_override_and_unknown_keys(tmp_path, tiny_
     one_line_error(cli("train", "--config", tmp_path / "study.json"), "config of a study run")
     (tmp_path / "no-out.toml").write_text("steps = 2\n")
     one_line_error(cli("train", "--config", tmp_path / "no-out.toml"), "missing --out")
+
+
+def test_search_config_round_trip_and_flags_override(tmp_path):
+    from conftest import save_tiny_folder
+
+    tiny = save_tiny_folder(tmp_path / "tiny", max_positions=4096)
+    out = tmp_path / "search"
+    res = cli("search", "--model", tiny, "--task", "kv", "--num-keys", "4", "--population", "3", "--n-per-depth", "1",
+              "--batch-size", "3", "--curve", "linear", "--heldout-n", "0", "--generations", "1", "--out", out)
+    assert res.exit_code == 0, res.output
+    first = json.loads((out / "config.json").read_text())["config"]
+    assert first["overrides"] == {"population": 3, "n_per_depth": 1, "batch_size": 3, "generations": 1}
+    assert first["task_options"] == {"num_keys": 4} and first["out"] == str(out)
+    metrics = (out / "metrics.jsonl").read_text()
+    res = cli("search", "--config", out / "config.json")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["config"] == first
+    assert (out / "metrics.jsonl").read_text() == metrics  # resumed: nothing searched again
+    # flags override the file: one more generation in the same folder (a merged GA override)
+    res = cli("search", "--config", out / "config.json", "--generations", "2")
+    assert res.exit_code == 0, res.output
+    again = json.loads((out / "config.json").read_text())["config"]
+    assert again["overrides"]["generations"] == 2 and again["overrides"]["population"] == 3
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    (tmp_path / "bad.toml").write_text('populaton = 3\n')
+    one_line_error(cli("search", "--config", tmp_path / "bad.toml", "--out", tmp_path / "x"),
+                   "unknown search setting(s) populaton")

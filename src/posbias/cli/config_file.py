@@ -84,7 +84,7 @@ def settings_with_file(ctx: typer.Context | None, path: str | Path | None, kind:
 
 def require(settings: Mapping[str, Any], key: str, flag: str) -> Any:
     """``settings[key]``, or a one-line ``ValueError`` saying that ``flag`` (or the file's ``key``) is needed."""
-    if settings.get(key) in (None, ""):
+    if settings.get(key) is None:
         raise ValueError(f"missing {flag}: give it on the command line or as {key!r} in the --config file")
     return settings[key]
 

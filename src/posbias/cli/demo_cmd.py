@@ -23,6 +23,7 @@ def demo_command(
     """Quick LPES search on the default model and task, then the held-out before/after table."""
     from posbias.models import load_model
     from posbias.search.heldout import before_after
+    from posbias.search.config import SearchConfig
     from posbias.search.runner import run_search
     from posbias.utils.run_folder import out_path
 
@@ -30,8 +31,8 @@ def demo_command(
     out_dir = out_path(out)
     loaded = load_model(model)
     typer.echo(f"[1/2] LPES search ({preset}) on {model}, task kv (30 word keys) -> {out_dir / 'search'}")
-    result = run_search(model, "kv", out=out_dir / "search", preset=preset, seed=seed, resume=True, loaded=loaded,
-                        log=lambda rec: typer.echo(generation_line(rec)))
+    search = SearchConfig(out=str(out_dir / "search"), model=model, task="kv", preset=preset, seed=seed)
+    result = run_search(search, resume=True, loaded=loaded, log=lambda rec: typer.echo(generation_line(rec)))
     typer.echo(f"[2/2] held-out accuracy by depth, before / after -> {out_dir / 'heldout'}")
     before_after(model=model, task="kv", factors_path=result.factors_path, out=out_dir / "heldout", n=n,
                  seed=seed, loaded=loaded)
