@@ -76,9 +76,9 @@ def test_run_grid_records_resume_and_summary(tmp_path, monkeypatch, tiny_tokeniz
 
     model = make_tiny_model("llama", layers=1, max_positions=512)
     path = tmp_path / "grid.jsonl"
-    kw = dict(model_name="tiny", out_jsonl=path, lengths=[32, 64], depths=[0.0, 1.0], n=2,
-              make_instances=_stub_instances, progress=False)
-    recs = lc.run_grid(model, tiny_tokenizer, **kw)
+    spec = lc.GridSpec(lengths=[32, 64], depths=[0.0, 1.0], n=2)
+    kw = dict(model_name="tiny", out_jsonl=path, make_instances=_stub_instances, progress=False)
+    recs = lc.run_grid(model, tiny_tokenizer, spec, **kw)
     assert len(recs) == 8 and len(path.read_text().splitlines()) == 8
     r = recs[0]
     assert {"model", "task", "length", "depth", "id", "tf_em", "tf_logprob", "n_tokens", "prediction",
@@ -107,7 +107,7 @@ def test_run_grid_records_resume_and_summary(tmp_path, monkeypatch, tiny_tokeniz
     import tqdm.auto
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
-    recs2 = lc.run_grid(model, tiny_tokenizer, **kw)
+    recs2 = lc.run_grid(model, tiny_tokenizer, spec, **kw)
     assert sum(calls) == 3 and len(recs2) == 8
     assert (bar_kwargs["initial"], bar_kwargs["total"], bar_kwargs["updated"]) == (5, 8, 3)
     assert {lc.record_key(x) for x in recs2} == {lc.record_key(x) for x in recs}
@@ -151,7 +151,7 @@ def test_depth_seed_is_a_stable_hash_of_seed_and_depth():
 
 def test_run_grid_teacher_forced_matches_perfect_model(tmp_path, tiny_tokenizer):
     """A model that always predicts the gold next token gets tf_em = True everywhere."""
-    from posbias.evaluation.long_context import run_grid
+    from posbias.evaluation.long_context import GridSpec, run_grid
 
     class Oracle(torch.nn.Module):
         def __init__(self):
@@ -169,19 +169,20 @@ def test_run_grid_teacher_forced_matches_perfect_model(tmp_path, tiny_tokenizer)
                 logits = logits[:, -logits_to_keep:]
             return type("O", (), {"logits": logits})()
 
-    recs = run_grid(Oracle(), tiny_tokenizer, model_name="oracle", out_jsonl=tmp_path / "g.jsonl", lengths=[24],
-                    depths=[0.5], n=3, modes=["teacher_forced"], make_instances=_stub_instances, progress=False)
+    spec = GridSpec(lengths=[24], depths=[0.5], n=3, modes=["teacher_forced"])
+    recs = run_grid(Oracle(), tiny_tokenizer, spec, model_name="oracle", out_jsonl=tmp_path / "g.jsonl",
+                    make_instances=_stub_instances, progress=False)
     assert len(recs) == 3 and all(r["tf_em"] for r in recs) and "gen_score" not in recs[0]
 
 
 def test_run_grid_on_bam_beyond_training_length(tmp_path, tiny_tokenizer):
     """A BAM model (max_position_embeddings = training context 160) runs the grid at 2x, both modes,
     with the real passkey generator."""
-    from posbias.evaluation.long_context import run_grid
+    from posbias.evaluation.long_context import GridSpec, run_grid
 
     model = tiny_bam("ggd", "ssmax")
-    recs = run_grid(model, tiny_tokenizer, model_name="bam", out_jsonl=tmp_path / "g.jsonl", lengths=[160, 320],
-                    depths=[0.0, 1.0], n=1, progress=False)
+    recs = run_grid(model, tiny_tokenizer, GridSpec(lengths=[160, 320], depths=[0.0, 1.0], n=1), model_name="bam",
+                    out_jsonl=tmp_path / "g.jsonl", progress=False)
     assert len(recs) == 4
     assert all(r["prompt_tokens"] <= r["length"] for r in recs)
     assert max(r["prompt_tokens"] for r in recs) > 160
@@ -190,12 +191,14 @@ def test_run_grid_on_bam_beyond_training_length(tmp_path, tiny_tokenizer):
 
 def test_study_grid_also_runs_passkey_in_the_essay_haystack(tmp_path, tiny_tokenizer):
     """passkey_essay: the same keys in a filler the models never trained on, in its own file."""
+    from posbias.study.config import StudyConfig
     from posbias.study.grid import PASSKEY_ESSAY_FILE, PASSKEY_FILE, evaluate_model
     from posbias.tasks.haystack import NOISE
 
     model = tiny_bam("alibi")
-    res = evaluate_model(model, tiny_tokenizer, name="alibi", out=tmp_path, lengths=[160], depths=[0.5], n=2,
-                         passkey_essay=True, progress=False)
+    cfg = StudyConfig(out=str(tmp_path), train_context=160, multipliers=[1], depths=[0.5], n=2, passkey_essay=True,
+                      ppl_multipliers=[])
+    res = evaluate_model(model, tiny_tokenizer, cfg, name="alibi", progress=False)
     assert set(res) == {"passkey", "passkey-essay"}
     assert (tmp_path / PASSKEY_FILE).exists() and (tmp_path / PASSKEY_ESSAY_FILE).exists()
     assert [r["answers"] for r in res["passkey"]] == [r["answers"] for r in res["passkey-essay"]]

@@ -116,14 +116,8 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         log(f"[study] evaluating {scheme}")
         model, tok = load_trained(models[scheme], cfg.device)
         ppl_tokens = _ppl_tokens(cfg, tok, heldout)
-        evaluate_model(model, tok, name=scheme, out=out, lengths=cfg.lengths, depths=cfg.depths, n=cfg.n_at,
-                       seed=cfg.seed, modes=cfg.modes, niah=cfg.niah, niah_options=cfg.niah_options,
-                       passkey_essay=cfg.passkey_essay, niah_essay=cfg.niah_essay,
-                       passkey_heldout=heldout if cfg.passkey_heldout else None,
-                       ppl_tokens=ppl_tokens, ppl_contexts=cfg.ppl_contexts, batch_size=cfg.batch_size,
-                       token_budget=cfg.token_budget, needle_draw=cfg.needle_draw, extra={"scheme": scheme},
-                       dead_after=cfg.dead_after,
-                       make_instances=make_instances, progress=progress, log=log)
+        evaluate_model(model, tok, cfg, name=scheme, passkey_heldout=heldout, ppl_tokens=ppl_tokens,
+                       extra={"scheme": scheme}, make_instances=make_instances, progress=progress, log=log)
         if ppl_tokens is not None and train_corpus:
             _training_text_perplexity(cfg, scheme, model, tok, train_corpus)
         _model_views(cfg, scheme, model, tok, make_instances=make_instances, log=log)
