@@ -121,3 +121,24 @@ def test_search_config_round_trip_and_flags_override(tmp_path):
     (tmp_path / "bad.toml").write_text('populaton = 3\n')
     one_line_error(cli("search", "--config", tmp_path / "bad.toml", "--out", tmp_path / "x"),
                    "unknown search setting(s) populaton")
+
+
+def test_eval_config_round_trip(tmp_path):
+    from conftest import save_tiny_folder
+
+    tiny = save_tiny_folder(tmp_path / "tiny", max_positions=4096)
+    out = tmp_path / "eval"
+    res = cli("eval", "--model", tiny, "--task", "kv", "--num-keys", "4", "--n", "2", "--depths", "0,1",
+              "--out", out)
+    assert res.exit_code == 0, res.output
+    first = json.loads((out / "config.json").read_text())["config"]
+    results = (out / "results.jsonl").read_text()
+    res = cli("eval", "--config", out / "config.json")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["config"] == first
+    assert (out / "results.jsonl").read_text() == results  # resumed: nothing scored again
+    # --n from the command line over the file's: the same folder grows by one instance per depth
+    res = cli("eval", "--config", out / "config.json", "--n", "3")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["config"] == {**first, "n": 3}
+    one_line_error(cli("eval", "--config", out / "config.json", "--seed", "5"), "other settings")

@@ -23,15 +23,18 @@ from posbias.cli.common import (
     parse_numbers,
     task_options,
 )
-from posbias.utils.options import parse_names
+from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
+from posbias.utils.options import field_names, parse_names
 
 
 def eval_command(
+    ctx: typer.Context,
     model: str = ModelOption(),
     task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
     depths: str = typer.Option("0,0.25,0.5,0.75,1", help="gold depths in [0, 1], comma-separated"),
     n: int = Count(50, help="instances per depth"),
-    out: str = typer.Option(..., help="run folder (re-running resumes)"),
+    out: Optional[str] = typer.Option(None, help="run folder (re-running resumes); required unless --config "
+                                                 "names it"),
     seed: int = Seed,
     split: str = typer.Option("eval", help="eval | search (disjoint instance sets)"),
     mode: str = typer.Option("teacher-forced", help="teacher-forced | generate | both"),
@@ -44,6 +47,7 @@ def eval_command(
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
+    config: Optional[str] = ConfigFileOption(),
 ):
     """Evaluate accuracy against the depth of the gold item; writes results, summary and plot to --out."""
     from posbias.evaluation.session import run_eval
@@ -51,13 +55,16 @@ def eval_command(
     method_opts = parse_key_values(method_opt, "method-opt")
     if factors:
         method_opts["factors"] = factors
-    summary = run_eval(
+    flags = dict(
         model=model, task=task, depths=parse_numbers(depths, "depths"), n=n, out=out, seed=seed, split=split,
         mode=mode, batch_size=batch_size, chat=chat, max_new_tokens=max_new_tokens, method=method,
         method_options=method_opts,
         task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
     )
-    typer.echo((Path(out) / "summary.md").read_text())
+    settings = settings_with_file(ctx, config, "eval", flags, [k for k in field_names(run_eval) if k != "loaded"])
+    require(settings, "out", "--out")
+    summary = run_eval(**settings)
+    typer.echo((Path(settings["out"]).expanduser() / "summary.md").read_text())
     return summary
 
 

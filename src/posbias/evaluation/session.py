@@ -64,7 +64,8 @@ def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | 
         raise ValueError("a shared context (shared_context=true) is scored without a chat template: drop --chat")
     config = {"model": model, "task": task, "depths": depths, "n": n, "seed": seed, "split": split, "mode": mode,
               "batch_size": batch_size, "chat": chat, "max_new_tokens": max_new_tokens, "method": method,
-              "method_options": method_options, "task_options": task_options}
+              "method_options": method_options, "task_options": task_options,
+              "out": str(out)}  # not compared on resume; makes config.json usable as --config
     folder = open_run(out, "eval", config, check_keys=RESUME_KEYS, parent=parent)
     return EvalPlan(config, folder, instances)
 

@@ -47,14 +47,15 @@ def parse_typed_options(items: Optional[list[str]], fields: Mapping[str, Any], f
     return {k: convert_value(v, fields[k], f"--{flag} {k}") for k, v in pairs.items()}
 
 
-def field_names(target: type) -> list[str]:
-    """The settings the class ``target`` takes (see :func:`field_types`)."""
+def field_names(target: Any) -> list[str]:
+    """The settings the class or function ``target`` takes (see :func:`field_types`)."""
     return list(field_types(target))
 
 
-def field_types(target: type) -> dict[str, Any]:
-    """The settings the class ``target`` takes, name -> type (None where none is declared): the keyword
-    arguments of its constructor (a dataclass's fields, a Hugging Face config's arguments)."""
+def field_types(target: Any) -> dict[str, Any]:
+    """The settings the class or function ``target`` takes, name -> type (None where none is declared):
+    the keyword arguments of a constructor (a dataclass's fields, a Hugging Face config's arguments) or
+    of a function."""
     module = vars(sys.modules[target.__module__])
     params = [p for p in inspect.signature(target).parameters.values()
               if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
