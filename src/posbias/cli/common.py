@@ -93,24 +93,29 @@ Seed = Count(0, "--seed", minimum=0, help="random seed of the instances (and of 
 ExtraOpts = typer.Option(None, "--opt", help="other task option as key=value (repeatable)")
 
 
-def method_options_from_flags(names: list[str], *, factors: str | None, pi_factor: float, routers: str | None,
-                              settings: str | None) -> dict:
+def method_options_from_flags(names: list[str], *, factors: str | None, pi_factor: float | None,
+                              routers: str | None, settings: str | None, recorded: dict | None = None) -> dict:
     """Per-method options from the shared flags of ``compare`` / ``ability`` (``--factors`` for lpes,
     ``--pi-factor``, ``--routers`` for moice, ``--settings`` from ``posbias tune``), keyed by method
-    name; :func:`posbias.methods.registry.variant_options` adds a variant's own options."""
+    name; :func:`posbias.methods.registry.variant_options` adds a variant's own options. ``recorded``:
+    options from a ``--config`` file, which the given flags override (``pi_factor`` None: not given)."""
     from posbias.methods.registry import split_variant
 
     variants = [split_variant(label) for label in names]  # a variant name@key=value counts as its method
     bases = {name for name, _ in variants}
-    options: dict = {"pi": {"factor": pi_factor}}
+    options: dict = {name: dict(opts) for name, opts in (recorded or {}).items()}
+    if pi_factor is not None or "pi" not in options:
+        options["pi"] = {**options.get("pi", {}), "factor": 1.1 if pi_factor is None else pi_factor}
+    pi_factor = options["pi"].get("factor")
+    factors = factors or options.get("lpes", {}).get("factors")
     if "lpes" in bases:
         if not factors and any(name == "lpes" and "factors" not in opts for name, opts in variants):
             raise ValueError("--methods includes lpes: give its factors file with --factors (from posbias search)")
         if factors:
-            options["lpes"] = {"factors": factors}
-    elif factors:
+            options["lpes"] = {**options.get("lpes", {}), "factors": factors}
+    elif factors and "lpes" not in options:
         raise ValueError("--factors is only used by lpes, which --methods does not list")
-    if "pi" in bases and not pi_factor > 0:
+    if "pi" in bases and not (isinstance(pi_factor, (int, float)) and pi_factor > 0):
         raise ValueError(f"--pi-factor must be > 0, got {pi_factor}")
     if routers:
         if "moice" not in bases:

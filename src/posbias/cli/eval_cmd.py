@@ -23,7 +23,7 @@ from posbias.cli.common import (
     parse_numbers,
     task_options,
 )
-from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
+from posbias.cli.config_file import ConfigFileOption, given_parameters, require, settings_with_file
 from posbias.utils.options import field_names, parse_names
 
 
@@ -69,17 +69,20 @@ def eval_command(
 
 
 def compare_command(
+    ctx: typer.Context,
     model: str = ModelOption(),
     task: str = typer.Option("kv"),
     methods: str = typer.Option("none,pi,ms-poe,attention-buckets,moice,lpes", help="comma-separated methods"),
     factors: Optional[str] = typer.Option(None, help="factors file for lpes"),
     pi_factor: float = typer.Option(1.1, help="global factor for pi"),
     routers: Optional[str] = typer.Option(None, help="router weights for moice (posbias train-moice)"),
-    settings: Optional[str] = typer.Option(None, help="best_settings.json from posbias tune: each listed method's "
-                                                      "options (chosen on the search split)"),
+    settings_file: Optional[str] = typer.Option(None, "--settings",
+                                                help="best_settings.json from posbias tune: each listed method's "
+                                                     "options (chosen on the search split)"),
     depths: str = typer.Option("0,0.25,0.5,0.75,1"),
     n: int = Count(50, help="instances per depth"),
-    out: str = typer.Option(..., help="comparison folder, one subfolder per method (re-running resumes)"),
+    out: Optional[str] = typer.Option(None, help="comparison folder, one subfolder per method (re-running "
+                                                 "resumes); required unless --config names it"),
     seed: int = Seed,
     mode: str = typer.Option("teacher-forced", help="teacher-forced | generate | both"),
     batch_size: int = Count(8, help="instances per forward pass"),
@@ -87,17 +90,23 @@ def compare_command(
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
+    config: Optional[str] = ConfigFileOption(),
 ):
     """Evaluate several methods on the same held-out instances: joint table and plot in --out."""
     from posbias.evaluation.compare import compare_methods
 
-    names = parse_names(methods)
-    options = method_options_from_flags(names, factors=factors, pi_factor=pi_factor, routers=routers,
-                                        settings=settings)
-    compare_methods(model=model, task=task, methods=names, depths=parse_numbers(depths, "depths"), n=n, out=out,
-                    method_options=options, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
-                    task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))
-    typer.echo((Path(out) / "comparison.md").read_text())
+    flags = dict(model=model, task=task, methods=parse_names(methods), depths=parse_numbers(depths, "depths"), n=n,
+                 out=out, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
+                 task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))
+    settings = settings_with_file(ctx, config, "compare", flags,
+                                  [k for k in field_names(compare_methods) if k != "loaded"])
+    require(settings, "out", "--out")
+    pi_factor_given = config is None or "pi_factor" in (given_parameters(ctx) or ())
+    settings["method_options"] = method_options_from_flags(  # the flags given over the file's options
+        settings["methods"], factors=factors, pi_factor=pi_factor if pi_factor_given else None, routers=routers,
+        settings=settings_file, recorded=settings.get("method_options"))
+    compare_methods(**settings)
+    typer.echo((Path(settings["out"]).expanduser() / "comparison.md").read_text())
 
 
 def register(app: typer.Typer) -> None:
