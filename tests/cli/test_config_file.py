@@ -161,3 +161,20 @@ def test_compare_config_round_trip_keeps_the_method_options(tmp_path):
     assert res.exit_code == 0, res.output
     second = json.loads((tmp_path / "cmp2" / "config.json").read_text())["config"]
     assert second["method_options"]["pi"] == {"factor": 1.2} and second["methods"] == ["none", "pi"]
+
+
+def test_tune_config_round_trip(tmp_path):
+    from conftest import save_tiny_folder
+
+    tiny = save_tiny_folder(tmp_path / "tiny", max_positions=4096)
+    out = tmp_path / "tune"
+    res = cli("tune", "--model", tiny, "--task", "kv", "--num-keys", "4", "--n-per-depth", "1", "--methods", "pi",
+              "--out", out)
+    assert res.exit_code == 0, res.output
+    first = json.loads((out / "config.json").read_text())["config"]
+    results = (out / "results.jsonl").read_text()
+    res = cli("tune", "--config", out / "config.json")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["config"] == first
+    assert (out / "results.jsonl").read_text() == results  # resumed: nothing scored again
+    one_line_error(cli("tune", "--config", out / "config.json", "--seed", "2"), "other settings")

@@ -88,7 +88,8 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
         for setting in grids[m]:
             check_method(m, {**base_options.get(m, {}), **setting})
     config = {"model": model, "task": task, "seed": seed, "n_per_depth": n_per_depth, "task_options": task_options,
-              "base_options": base_options, "methods": methods, "grids": grids, "objective": objective}
+              "base_options": base_options, "methods": methods, "grids": grids, "objective": objective,
+              "batch_size": batch_size, "out": str(out)}  # the last two: not compared on resume
     folder = open_run(out, "tune", config, check_keys=TUNE_KEYS)
     lm, tok = loaded or load_model(model)
     opts = {**task_options, "shared_context": True} if supports_shared_context(task, task_options) else task_options
