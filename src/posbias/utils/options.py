@@ -117,7 +117,7 @@ def _convert_sequence(text: str, kind: type, args: tuple, name: str) -> list | t
     if kind is tuple and args and args[-1] is not Ellipsis:
         if len(items) != len(args):
             raise ValueError(f"{name} takes {len(args)} comma-separated values, got {text!r}")
-        return tuple(convert_value(x, a, name) for x, a in zip(items, args))
+        return tuple(convert_value(x, a, name) for x, a in zip(items, args, strict=True))
     item_type = args[0] if args else None
     values = [convert_value(x, item_type, name) for x in items]
     return tuple(values) if kind is tuple else values
