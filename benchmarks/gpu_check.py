@@ -102,13 +102,15 @@ def identity_checks(model, tokens: int, folder: Path) -> dict:
 
 def search_check(model, config: str, folder: Path, keys: int, overrides: dict) -> dict:
     """One quick-preset LPES search on ``model`` (kv task, ``keys`` word keys) into ``folder``."""
+    from posbias.search.config import SearchConfig
     from posbias.search.runner import run_search
     from posbias.training.tokenizer import synthetic_task_texts, train_bpe_tokenizer
 
     tok = train_bpe_tokenizer(synthetic_task_texts(), 4096, folder / "tokenizer")
     start = time.perf_counter()
-    res = run_search(f"random {config}", "kv", out=folder / "search", preset="quick", seed=0, resume=True,
-                     task_options={"num_keys": keys}, overrides=overrides, loaded=(model, tok))
+    search = SearchConfig(model=f"random {config}", task="kv", out=str(folder / "search"), preset="quick", seed=0,
+                          task_options={"num_keys": keys}, overrides=overrides)
+    res = run_search(search, resume=True, loaded=(model, tok))
     return {"seconds": round(time.perf_counter() - start, 1), "generations": res.generations,
             "factors": res.factors, "accuracy": res.accuracy, "num_keys": keys, "overrides": overrides}
 

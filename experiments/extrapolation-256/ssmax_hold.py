@@ -20,6 +20,7 @@ import argparse
 from pathlib import Path
 
 from posbias.evaluation.stats import percent_cell, wilson_interval
+from posbias.study.config import StudyConfig
 from posbias.study.grid import NIAH_FILE, PASSKEY_FILE, evaluate_model
 from posbias.study.seeds import load_study
 from posbias.study.training import load_trained
@@ -73,11 +74,12 @@ def main(argv: list[str] | None = None) -> str:
     model, tok = load_trained(study.path / models[args.scheme], "cpu")
     if not hold_multiplier(model, context):
         raise SystemExit(f"{args.scheme} has no SSMax: nothing to hold")
-    lengths = [int(float(x) * context) for x in args.multipliers.split(",")]
+    grid = StudyConfig(out=str(out), train_context=context, multipliers=[float(x) for x in args.multipliers.split(",")],
+                       depths=cfg["depths"], n=cfg["n"], seed=cfg["seed"], modes=["teacher-forced"], niah=args.niah,
+                       niah_options=cfg.get("niah_options") or {}, ppl_multipliers=[])
+    lengths = grid.lengths
     name = f"{args.scheme}@max_keys={context}"
-    evaluate_model(model, tok, name=name, out=out, lengths=lengths, depths=cfg["depths"], n=cfg["n"],
-                   seed=cfg["seed"], modes=("teacher-forced",), niah=args.niah, niah_options=cfg.get("niah_options"),
-                   extra={"scheme": args.scheme, "max_keys": context})
+    evaluate_model(model, tok, grid, name=name, extra={"scheme": args.scheme, "max_keys": context})
     text = (f"# {args.scheme}: SSMax multiplier held at the training length ({context} keys)\n\n"
             f"Study `{args.study}` (seed {cfg['seed']}), teacher-forced exact match, the study's own "
             f"instances, paired.\n")

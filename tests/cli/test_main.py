@@ -33,3 +33,15 @@ def test_the_command_line_still_runs_with_a_pipe_as_stdout():
     out = subprocess.run([sys.executable, "-m", "posbias.cli.main", "tune", "--help"], capture_output=True,
                          text=True, check=True)
     assert "search split" in out.stdout
+
+
+def test_no_command_has_hidden_options():
+    """Every option a command takes is in its --help (no hidden flags kept for old scripts)."""
+    import typer
+
+    from posbias.cli.main import app
+
+    group = typer.main.get_command(app)
+    hidden = [f"{name} {p.opts[0]}" for name, cmd in group.commands.items() for p in cmd.params
+              if getattr(p, "hidden", False)]
+    assert hidden == []

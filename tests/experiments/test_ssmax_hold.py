@@ -14,6 +14,7 @@ from posbias.utils.run_folder import open_run
 
 def _study(tmp_path, normaliser="ssmax"):
     from posbias.bam import build_model
+    from posbias.study.config import StudyConfig
 
     out = tmp_path / "study"
     open_run(out, "study", {"train_context": 192, "depths": [0.5], "n": 2, "seed": 0}).commit()
@@ -25,8 +26,9 @@ def _study(tmp_path, normaliser="ssmax"):
     model.save_pretrained(out / "models" / "m" / "final")
     tok.save_pretrained(out / "models" / "m" / "final")
     (out / "models.json").write_text(json.dumps({"ggd+ssmax": "models/m/final"}))
-    evaluate_model(model, tok, name="ggd+ssmax", out=out, lengths=[192, 384], depths=[0.5], n=2, seed=0,
-                   modes=("teacher-forced",), niah=True, progress=False, log=lambda *a: None)
+    grid = StudyConfig(out=str(out), train_context=192, multipliers=[1, 2], depths=[0.5], n=2, seed=0,
+                       modes=["teacher-forced"], niah=True, ppl_multipliers=[])
+    evaluate_model(model, tok, grid, name="ggd+ssmax", progress=False, log=lambda *a: None)
     return out
 
 

@@ -297,10 +297,10 @@ def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer, saved_
     # 3 individuals x 2 shared contexts x (one prefill + one batch of its 3 questions)
     assert len(metrics) == 2 and metrics[0]["forward_passes"] == 3 * 2 * 2
     assert metrics[1]["memo_hits"] >= 2
-    r = runner.invoke(app, args + ["--generations", "3", "--resume"])
+    r = runner.invoke(app, args + ["--generations", "3"])  # re-running resumes
     assert r.exit_code == 0, r.output
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
-    r = runner.invoke(app, args + ["--generations", "3", "--seed", "1", "--resume"])
+    r = runner.invoke(app, args + ["--generations", "3", "--seed", "1"])
     assert r.exit_code == 2 and "other settings" in r.output
     doc = json.loads((out / "best_factors.json").read_text())
     assert doc["num_layers"] == 4 and doc["curve"]["type"] == "linear" and doc["task"] == "kv"

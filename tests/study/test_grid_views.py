@@ -8,13 +8,21 @@ def _fake_grid(right_at: set[int], calls: list):
     """A run_grid stand-in: one record per requested length, right exactly at ``right_at``."""
     store: list[dict] = []
 
-    def run_grid(model, tokenizer, *, out_jsonl, task, task_kwargs, lengths, model_name, **kw):
-        calls.append((task, tuple(lengths), dict(task_kwargs)))
+    def run_grid(model, tokenizer, spec, *, out_jsonl, model_name, **kw):
+        task, lengths = spec.task, spec.lengths
+        calls.append((task, tuple(lengths), dict(spec.task_kwargs)))
         store.extend({"model": model_name, "task": task, "length": L, "tf_em": L in right_at, "gen_score": None}
                      for L in lengths)
         return [r for r in store if r["task"] == task]
 
     return run_grid
+
+
+def _grid(out, lengths, **settings):
+    """A study whose grid lengths are ``lengths`` (a training context of 1 token)."""
+    from posbias.study.config import StudyConfig
+
+    return StudyConfig(out=str(out), train_context=1, multipliers=lengths, ppl_multipliers=[], **settings)
 
 
 @pytest.mark.parametrize("dead_after,scored", [(0, [1, 2, 4, 8, 16]), (1, [1, 2]), (2, [1, 2, 4]), (9, [1, 2, 4, 8, 16])])
@@ -24,7 +32,7 @@ def test_a_view_stops_after_dead_lengths_in_a_row(monkeypatch, tmp_path, dead_af
 
     calls, logs = [], []
     monkeypatch.setattr(lc, "run_grid", _fake_grid({1}, calls))
-    res = evaluate_model(None, None, name="rope", out=tmp_path, lengths=[16, 1, 4, 2, 8], dead_after=dead_after,
+    res = evaluate_model(None, None, _grid(tmp_path, [16, 1, 4, 2, 8], dead_after=dead_after), name="rope",
                          log=logs.append, progress=False)
     assert sorted({r["length"] for r in res["passkey"]}) == scored
     if 0 < dead_after < 5:
@@ -39,7 +47,7 @@ def test_a_right_answer_resets_the_dead_count_and_each_view_counts_alone(monkeyp
 
     calls = []
     monkeypatch.setattr(lc, "run_grid", _fake_grid({1, 4}, calls))
-    res = evaluate_model(None, None, name="ggd", out=tmp_path, lengths=[1, 2, 4, 8, 16, 32], dead_after=2, niah=True,
+    res = evaluate_model(None, None, _grid(tmp_path, [1, 2, 4, 8, 16, 32], dead_after=2, niah=True), name="ggd",
                          log=lambda m: None, progress=False)
     assert sorted({r["length"] for r in res["passkey"]}) == [1, 2, 4, 8, 16]  # 2 dead, 4 right, 8 + 16 dead
     assert sorted({r["length"] for r in res["niah"]}) == [1, 2, 4, 8, 16]
@@ -81,5 +89,5 @@ def test_niah_essay_is_ruler_single_2_in_its_own_file(monkeypatch, tmp_path):
     assert views["niah-essay"] == ("niah", {"num_needles": 1, "haystack": "essay"}, NIAH_ESSAY_FILE)
     calls = []
     monkeypatch.setattr(lc, "run_grid", _fake_grid({1}, calls))
-    res = evaluate_model(None, None, name="ggd", out=tmp_path, lengths=[1], niah_essay=True, progress=False)
+    res = evaluate_model(None, None, _grid(tmp_path, [1], niah_essay=True), name="ggd", progress=False)
     assert set(res) == {"passkey", "niah-essay"} and calls[-1] == ("niah", (1,), {"haystack": "essay"})

@@ -76,9 +76,9 @@ def test_run_grid_records_resume_and_summary(tmp_path, monkeypatch, tiny_tokeniz
 
     model = make_tiny_model("llama", layers=1, max_positions=512)
     path = tmp_path / "grid.jsonl"
-    kw = dict(model_name="tiny", out_jsonl=path, lengths=[32, 64], depths=[0.0, 1.0], n=2,
-              make_instances=_stub_instances, progress=False)
-    recs = lc.run_grid(model, tiny_tokenizer, **kw)
+    spec = lc.GridSpec(lengths=[32, 64], depths=[0.0, 1.0], n=2)
+    kw = dict(model_name="tiny", out_jsonl=path, make_instances=_stub_instances, progress=False)
+    recs = lc.run_grid(model, tiny_tokenizer, spec, **kw)
     assert len(recs) == 8 and len(path.read_text().splitlines()) == 8
     r = recs[0]
     assert {"model", "task", "length", "depth", "id", "tf_em", "tf_logprob", "n_tokens", "prediction",
@@ -107,7 +107,7 @@ def test_run_grid_records_resume_and_summary(tmp_path, monkeypatch, tiny_tokeniz
     import tqdm.auto
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
-    recs2 = lc.run_grid(model, tiny_tokenizer, **kw)
+    recs2 = lc.run_grid(model, tiny_tokenizer, spec, **kw)
     assert sum(calls) == 3 and len(recs2) == 8
     assert (bar_kwargs["initial"], bar_kwargs["total"], bar_kwargs["updated"]) == (5, 8, 3)
     assert {lc.record_key(x) for x in recs2} == {lc.record_key(x) for x in recs}
@@ -151,7 +151,7 @@ def test_depth_seed_is_a_stable_hash_of_seed_and_depth():
 
 def test_run_grid_teacher_forced_matches_perfect_model(tmp_path, tiny_tokenizer):
     """A model that always predicts the gold next token gets tf_em = True everywhere."""
-    from posbias.evaluation.long_context import run_grid
+    from posbias.evaluation.long_context import GridSpec, run_grid
 
     class Oracle(torch.nn.Module):
         def __init__(self):
@@ -169,19 +169,20 @@ def test_run_grid_teacher_forced_matches_perfect_model(tmp_path, tiny_tokenizer)
                 logits = logits[:, -logits_to_keep:]
             return type("O", (), {"logits": logits})()
 
-    recs = run_grid(Oracle(), tiny_tokenizer, model_name="oracle", out_jsonl=tmp_path / "g.jsonl", lengths=[24],
-                    depths=[0.5], n=3, modes=["teacher_forced"], make_instances=_stub_instances, progress=False)
+    spec = GridSpec(lengths=[24], depths=[0.5], n=3, modes=["teacher_forced"])
+    recs = run_grid(Oracle(), tiny_tokenizer, spec, model_name="oracle", out_jsonl=tmp_path / "g.jsonl",
+                    make_instances=_stub_instances, progress=False)
     assert len(recs) == 3 and all(r["tf_em"] for r in recs) and "gen_score" not in recs[0]
 
 
 def test_run_grid_on_bam_beyond_training_length(tmp_path, tiny_tokenizer):
     """A BAM model (max_position_embeddings = training context 160) runs the grid at 2x, both modes,
     with the real passkey generator."""
-    from posbias.evaluation.long_context import run_grid
+    from posbias.evaluation.long_context import GridSpec, run_grid
 
     model = tiny_bam("ggd", "ssmax")
-    recs = run_grid(model, tiny_tokenizer, model_name="bam", out_jsonl=tmp_path / "g.jsonl", lengths=[160, 320],
-                    depths=[0.0, 1.0], n=1, progress=False)
+    recs = run_grid(model, tiny_tokenizer, GridSpec(lengths=[160, 320], depths=[0.0, 1.0], n=1), model_name="bam",
+                    out_jsonl=tmp_path / "g.jsonl", progress=False)
     assert len(recs) == 4
     assert all(r["prompt_tokens"] <= r["length"] for r in recs)
     assert max(r["prompt_tokens"] for r in recs) > 160
@@ -190,12 +191,14 @@ def test_run_grid_on_bam_beyond_training_length(tmp_path, tiny_tokenizer):
 
 def test_study_grid_also_runs_passkey_in_the_essay_haystack(tmp_path, tiny_tokenizer):
     """passkey_essay: the same keys in a filler the models never trained on, in its own file."""
+    from posbias.study.config import StudyConfig
     from posbias.study.grid import PASSKEY_ESSAY_FILE, PASSKEY_FILE, evaluate_model
     from posbias.tasks.haystack import NOISE
 
     model = tiny_bam("alibi")
-    res = evaluate_model(model, tiny_tokenizer, name="alibi", out=tmp_path, lengths=[160], depths=[0.5], n=2,
-                         passkey_essay=True, progress=False)
+    cfg = StudyConfig(out=str(tmp_path), train_context=160, multipliers=[1], depths=[0.5], n=2, passkey_essay=True,
+                      ppl_multipliers=[])
+    res = evaluate_model(model, tiny_tokenizer, cfg, name="alibi", progress=False)
     assert set(res) == {"passkey", "passkey-essay"}
     assert (tmp_path / PASSKEY_FILE).exists() and (tmp_path / PASSKEY_ESSAY_FILE).exists()
     assert [r["answers"] for r in res["passkey"]] == [r["answers"] for r in res["passkey-essay"]]
@@ -455,8 +458,8 @@ def test_study_end_to_end_and_resume(tmp_path, fake_train):
             "attention_rope.png", "attention_ggd_ssmax.png"} <= plots
     assert all(_png_ok(out / "plots" / p) for p in plots)
 
-    # without --resume an existing study is refused; with it nothing is retrained or rescored
-    with pytest.raises(ValueError, match="--resume"):
+    # without resume=True an existing study is refused; with it nothing is retrained or rescored
+    with pytest.raises(ValueError, match="resume=True"):
         run_study(StudyConfig(**kw), train_fn=train, progress=False, log=lambda *a: None)
     run_study(StudyConfig(**kw, resume=True), train_fn=train, progress=False, log=lambda *a: None)
     assert len(calls) == 2
@@ -514,6 +517,37 @@ def test_study_cli(tmp_path, fake_train, monkeypatch):
     assert len(niah) == 1 and niah[0]["metric"] == "string_match_all" and "gen_score" not in niah[0]
     r = CliRunner().invoke(app, args[:-2] + ["--schemes", "xpos"])
     assert r.exit_code == 2 and "bad scheme" in r.output
+
+
+def test_study_config_json_fed_back_resumes_the_same_study(tmp_path, fake_train, monkeypatch):
+    from typer.testing import CliRunner
+
+    import posbias.study.training as training
+    from posbias.cli.main import app
+
+    train, calls = fake_train
+    monkeypatch.setattr(training, "default_train_fn", lambda: train)
+    out = tmp_path / "s"
+    args = ["study", "--out", str(out), "--schemes", "nope", "--train-steps", "2", "--train-context", "160",
+            "--multipliers", "1", "--depths", "0.5", "--n", "1", "--ppl-multipliers", "", "--modes", "teacher-forced",
+            "--train-opt", "probe_tasks=passkey", "--n-beyond", "1=1"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    first = json.loads((out / "config.json").read_text())["config"]
+    results = (out / "passkey.jsonl").read_text()
+    r = CliRunner().invoke(app, ["study", "--config", str(out / "config.json")])
+    assert r.exit_code == 0, r.output
+    again = json.loads((out / "config.json").read_text())["config"]
+    assert {**again, "resume": False} == first and again["train_options"] == {"probe_tasks": ["passkey"]}
+    assert len(calls) == 1 and (out / "passkey.jsonl").read_text() == results  # nothing retrained or rescored
+    # a flag given beside the file wins: a new depth is scored in the same study
+    r = CliRunner().invoke(app, ["study", "--config", str(out / "config.json"), "--depths", "0.5,1"])
+    assert r.exit_code == 2 and "depths" in r.output  # depths are part of a study's identity
+    toml = tmp_path / "study.toml"
+    toml.write_text(f'out = "{tmp_path / "t"}"\nschemes = ["nope"]\ntrain_steps = 2\ntrain_context = 160\n'
+                    'multipliers = [1]\ndepths = [0.5]\nn = 1\nppl_multipliers = []\nmodes = ["teacher-forced"]\n')
+    r = CliRunner().invoke(app, ["study", "--config", str(toml), "--seed", "1"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "t" / "config.json").read_text())["config"]["seed"] == 1 and len(calls) == 2
 
 
 def test_study_bpe_tokenizer_is_trained_once_and_shared(tmp_path, fake_train):
@@ -791,3 +825,22 @@ def test_evaluation_only_change_keeps_unfinished_training_and_training_change_sa
     said = [x for x in lines if "removed" in x]
     assert len(said) == 1 and "train_steps: 3 -> 4" in said[0] and "models/" in said[0]
     assert calls[-1]["resume"] is False and calls[-1]["steps"] == 4
+
+
+def test_a_study_folder_that_recorded_probe_tasks_as_text_still_resumes(tmp_path):
+    """Run folders written before the typed options recorded ``--train-opt probe_tasks=passkey,niah`` as
+    the string; the same command now gives a list, and the folder still resumes."""
+    from posbias.cli.common import check_training_run
+    from posbias.study.config import CHECK_KEYS, StudyConfig, upgrade_settings
+    from posbias.study.runner import study_settings
+
+    cfg = StudyConfig(out=str(tmp_path / "s"), schemes="rope", train_options={"probe_tasks": ("passkey", "niah")})
+    settings = study_settings(cfg)
+    assert settings["train_options"] == {"probe_tasks": ["passkey", "niah"]}
+    (tmp_path / "s").mkdir()
+    old = {**json.loads(json.dumps(settings)), "train_options": {"probe_tasks": "passkey,niah"}}
+    (tmp_path / "s" / "config.json").write_text(json.dumps({"kind": "study", "config": old, "versions": {}}))
+    assert check_training_run(cfg, "study", settings, CHECK_KEYS, upgrade=upgrade_settings)
+    other = StudyConfig(out=str(tmp_path / "s"), schemes="rope", train_options={"probe_tasks": "passkey"})
+    with pytest.raises(ValueError, match="train_options.probe_tasks"):
+        check_training_run(other, "study", study_settings(other), CHECK_KEYS, upgrade=upgrade_settings)

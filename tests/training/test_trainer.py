@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from posbias.training import PackedDataset, TrainConfig, load_texts, lr_lambda, train
-from posbias.training.trainer import _load_checkpoint, _run_label, make_optimizer
+from posbias.training.trainer import load_checkpoint, make_optimizer, run_label
 
 
 
@@ -302,7 +302,7 @@ def test_checkpoint_from_another_model_config(tmp_path, tiny_tokenizer, corpus):
     train(_cfg(tmp_path, steps=2, checkpoint_every=1, stop_after=1), tokenizer=tiny_tokenizer)
     ck = tmp_path / "run" / "checkpoint.pt"
     with pytest.raises(ValueError, match="another model config.*num_hidden_layers"):
-        _load_checkpoint(ck, model_config={**torch.load(ck, weights_only=False)["model_config"],
+        load_checkpoint(ck, model_config={**torch.load(ck, weights_only=True)["model_config"],
                                            "num_hidden_layers": 3})
     ck.write_bytes(b"garbage")
     with pytest.raises(ValueError, match="cannot read checkpoint"):
@@ -347,6 +347,45 @@ def test_cli_train(tmp_path, tiny_tokenizer, corpus):
     assert (tmp_path / "cli" / "final" / "model.safetensors").exists()
     res = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "cli2"), "--pe", "xpos"] + args[5:])
     assert res.exit_code == 2 and "unknown positional scheme" in res.output
+
+
+class _Payload:
+    """Unpickling this object creates ``marker``: the code a planted checkpoint would run."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_planted_pickle_payload_in_the_checkpoint_does_not_run_on_resume(tmp_path, tiny_tokenizer, corpus):
+    import typer
+    from typer.testing import CliRunner
+
+    from posbias.cli import train_cmd
+
+    app = typer.Typer()
+    train_cmd.register(app)
+    app.command("noop")(lambda: None)
+    tok_dir = tmp_path / "tok"
+    tiny_tokenizer.save_pretrained(tok_dir)
+    out = tmp_path / "run"
+    args = ["train", "--out", str(out), "--pe", "rope", "--steps", "2", "--context", "32", "--batch-size", "2",
+            "--tokenizer", str(tok_dir), "--corpus", str(corpus), "--warmup", "1", "--checkpoint-every", "1",
+            "--model-opt", "num_hidden_layers=1", "--model-opt", "hidden_size=32", "--model-opt", "intermediate_size=64"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    good = torch.load(out / "checkpoint.pt", weights_only=True)  # what posbias writes loads without pickle
+    marker = tmp_path / "pwned"
+    torch.save({**good, "rng": _Payload(marker)}, out / "checkpoint.pt")
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and not marker.exists()
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "only pickle can load" in lines[0] and "not loaded" in lines[0], res.output
+    # an older checkpoint (RNG states as numpy arrays) is refused the same way, not unpickled
+    torch.save({**good, "rng": {"numpy": np.random.get_state()}}, out / "checkpoint.pt")
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "only pickle can load" in res.output
 
 
 DDP_SCRIPT = """
@@ -539,5 +578,5 @@ def test_a_corpus_sentence_longer_than_the_filler_never_starts_one(tiny_tokenize
 def test_progress_bar_names_the_ssmax_scope():
     """The study's ggd+ssmax-content run is not labelled as plain ggd+ssmax."""
     content = TrainConfig(pe="ggd", ssmax=True, model_overrides={"ssmax_scope": "content"})
-    assert [_run_label(c) for c in (TrainConfig(pe="rope"), TrainConfig(pe="ggd", ssmax=True), content)] == \
+    assert [run_label(c) for c in (TrainConfig(pe="rope"), TrainConfig(pe="ggd", ssmax=True), content)] == \
         ["rope", "ggd+ssmax", "ggd+ssmax-content"]

@@ -110,3 +110,31 @@ def test_a_config_without_its_settings_is_refused(tmp_path):
         (out / CONFIG).write_text(json.dumps({"kind": "eval", "config": bad}))
         with pytest.raises(ValueError, match=f"{CONFIG} records no settings of its run"):
             open_run(out, "eval", {"n": 1}, check_keys=["n"])
+
+
+def test_the_run_records_the_git_commit_outside_the_resume_check(tmp_path, monkeypatch):
+    import subprocess
+    from pathlib import Path
+
+    from posbias.utils import run_folder
+
+    package = Path(run_folder.__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(package), "rev-parse", "HEAD"], capture_output=True, text=True)
+    run_folder.git_commit.cache_clear()
+    commit = run_folder.git_commit()
+    if head.returncode == 0:
+        assert commit.split("+")[0] == head.stdout.strip() and commit[40:] in ("", "+dirty")
+    else:
+        assert commit == "not a git checkout"
+    open_run(tmp_path / "r", "eval", {"n": 1}, check_keys=["n"]).commit()
+    doc = json.loads((tmp_path / "r" / CONFIG).read_text())
+    assert doc["git"] == commit
+    doc["git"] = "0" * 40  # a run made at another commit still resumes
+    (tmp_path / "r" / CONFIG).write_text(json.dumps(doc))
+    assert open_run(tmp_path / "r", "eval", {"n": 1}, check_keys=["n"]).resuming
+    monkeypatch.setenv("PATH", str(tmp_path / "no-git-here"))
+    run_folder.git_commit.cache_clear()
+    try:
+        assert run_folder.git_commit() == "not a git checkout"
+    finally:
+        run_folder.git_commit.cache_clear()

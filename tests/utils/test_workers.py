@@ -46,13 +46,14 @@ def test_each_spawned_worker_sees_its_own_gpu():
 
 def test_search_with_two_workers_equals_one(tmp_path):
     """The same seed gives the same search (history and factors) with 1 or 2 spawned workers."""
+    from posbias.search.config import SearchConfig
     from posbias.search.runner import run_search
 
     model = save_tiny_folder(tmp_path / "tiny", max_positions=4096)
     settings = dict(task="kv", preset="quick", seed=3, curve="linear", task_options={"num_keys": 4},
                     overrides={"population": 3, "generations": 2, "n_per_depth": 1, "batch_size": 3})
-    one = run_search(model, out=tmp_path / "one", workers=1, **settings)
-    two = run_search(model, out=tmp_path / "two", workers=2, **settings)
+    one = run_search(SearchConfig(model=model, out=str(tmp_path / "one"), workers=1, **settings))
+    two = run_search(SearchConfig(model=model, out=str(tmp_path / "two"), workers=2, **settings))
     assert one.factors == two.factors and one.accuracy == two.accuracy
     lines = [[_untimed(json.loads(line)) for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
              for d in ("one", "two")]

@@ -97,11 +97,11 @@ def Count(default, *decls: str, minimum: int = 1, help: str | None = None):
     return typer.Option(default, *decls, min=minimum, help=help)
 
 
-def check_training_run(cfg: Any, kind: str, settings: dict, check_keys) -> bool:
+def check_training_run(cfg: Any, kind: str, settings: dict, check_keys, upgrade=None) -> bool:
     """The checks a ``train`` or ``study`` run can make before it reads any data: ``cfg.validate()``
     where there is one, a ``bpe:<N>`` tokenizer size, the corpus / held-out paths it names, and its
     run folder (``kind``). Returns whether the folder already holds this run, which re-running then
-    resumes."""
+    resumes. ``upgrade``: see :func:`posbias.utils.run_folder.open_run`."""
     from pathlib import Path
 
     from posbias.utils.corpus import BUILTIN_CORPORA
@@ -120,7 +120,7 @@ def check_training_run(cfg: Any, kind: str, settings: dict, check_keys) -> bool:
         for p in paths:
             if p is not None and str(p) not in BUILTIN_CORPORA and not Path(p).expanduser().exists():
                 raise ValueError(f"{flag} {p}: no such file or folder")
-    return open_run(cfg.out, kind, settings, check_keys=check_keys).resuming
+    return open_run(cfg.out, kind, settings, check_keys=check_keys, upgrade=upgrade).resuming
 
 
 def task_options(num_keys, num_docs, length, path, haystack, num_needles, extra) -> dict[str, Any]:
@@ -160,24 +160,29 @@ def ready_methods(names: list[str], routers: str | None) -> list[str]:
     return kept
 
 
-def method_options_from_flags(names: list[str], *, factors: str | None, pi_factor: float, routers: str | None,
-                              settings: str | None) -> dict:
+def method_options_from_flags(names: list[str], *, factors: str | None, pi_factor: float | None,
+                              routers: str | None, settings: str | None, recorded: dict | None = None) -> dict:
     """Per-method options from the shared flags of ``compare`` / ``ability`` (``--factors`` for lpes,
     ``--pi-factor``, ``--routers`` for moice, ``--settings`` from ``posbias tune``), keyed by method
-    name; :func:`posbias.methods.registry.variant_options` adds a variant's own options."""
+    name; :func:`posbias.methods.registry.variant_options` adds a variant's own options. ``recorded``:
+    options from a ``--config`` file, which the given flags override (``pi_factor`` None: not given)."""
     from posbias.methods.registry import split_variant
 
     variants = [split_variant(label) for label in names]  # a variant name@key=value counts as its method
     bases = {name for name, _ in variants}
-    options: dict = {"pi": {"factor": pi_factor}}
+    options: dict = {name: dict(opts) for name, opts in (recorded or {}).items()}
+    if pi_factor is not None or "pi" not in options:
+        options["pi"] = {**options.get("pi", {}), "factor": 1.1 if pi_factor is None else pi_factor}
+    pi_factor = options["pi"].get("factor")
+    factors = factors or options.get("lpes", {}).get("factors")
     if "lpes" in bases:
         if not factors and any(name == "lpes" and "factors" not in opts for name, opts in variants):
             raise ValueError("--methods includes lpes: give its factors file with --factors (from posbias search)")
         if factors:
-            options["lpes"] = {"factors": factors}
-    elif factors:
+            options["lpes"] = {**options.get("lpes", {}), "factors": factors}
+    elif factors and "lpes" not in options:
         raise ValueError("--factors is only used by lpes, which --methods does not list")
-    if "pi" in bases and not pi_factor > 0:
+    if "pi" in bases and not (isinstance(pi_factor, (int, float)) and pi_factor > 0):
         raise ValueError(f"--pi-factor must be > 0, got {pi_factor}")
     if routers:
         if "moice" not in bases:

@@ -25,6 +25,7 @@ def demo_command(
     """Quick LPES search on the default model and task, then the held-out before/after table."""
     from posbias.models import load_model
     from posbias.search.heldout import before_after
+    from posbias.search.config import SearchConfig
     from posbias.search.runner import run_search
     from posbias.utils.run_folder import out_path
 
@@ -34,7 +35,8 @@ def demo_command(
     load.check(model)
     loaded = load_model(model, load)
     typer.echo(f"[1/2] LPES search ({preset}) on {model}, task kv (30 word keys) -> {out_dir / 'search'}")
-    result = run_search(model, "kv", out=out_dir / "search", preset=preset, seed=seed, resume=True, loaded=loaded, load=load,
+    search = SearchConfig(out=str(out_dir / "search"), model=model, task="kv", preset=preset, seed=seed)
+    result = run_search(search, resume=True, loaded=loaded, load=load,
                         log=lambda rec: typer.echo(generation_line(rec)))
     typer.echo(f"[2/2] held-out accuracy by depth, before / after -> {out_dir / 'heldout'}")
     before_after(model=model, task="kv", factors_path=result.factors_path, out=out_dir / "heldout", n=n,

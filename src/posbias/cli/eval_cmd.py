@@ -29,15 +29,18 @@ from posbias.cli.common import (
     ready_methods,
     task_options,
 )
-from posbias.utils.options import parse_names
+from posbias.cli.config_file import ConfigFileOption, given_parameters, require, settings_with_file
+from posbias.utils.options import field_names, parse_names
 
 
 def eval_command(
+    ctx: typer.Context,
     model: str = ModelOption(),
     task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
     depths: str = typer.Option("0,0.25,0.5,0.75,1", help="gold depths in [0, 1], comma-separated"),
     n: int = Count(50, help="instances per depth"),
-    out: str = typer.Option(..., help="run folder (re-running resumes)"),
+    out: Optional[str] = typer.Option(None, help="run folder (re-running resumes); required unless --config "
+                                                 "names it"),
     seed: int = Seed,
     split: str = typer.Option("eval", help="eval | search (disjoint instance sets)"),
     mode: str = typer.Option("teacher-forced", help="teacher-forced | generate | both"),
@@ -51,6 +54,7 @@ def eval_command(
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
     device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
+    config: Optional[str] = ConfigFileOption(),
 ):
     """Evaluate accuracy against the depth of the gold item; writes results, summary and plot to --out."""
     from posbias.evaluation.session import run_eval
@@ -59,28 +63,34 @@ def eval_command(
     method_opts = parse_key_values(method_opt, "method-opt")
     if factors:
         method_opts["factors"] = factors
-    summary = run_eval(
+    flags = dict(
         model=model, task=task, depths=parse_numbers(depths, "depths"), n=n, out=out, seed=seed, split=split,
         mode=mode, batch_size=batch_size, chat=chat, max_new_tokens=max_new_tokens, method=method,
         method_options=method_opts,
         task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt), load=load,
     )
-    typer.echo((Path(out) / "summary.md").read_text())
+    settings = settings_with_file(ctx, config, "eval", flags, [k for k in field_names(run_eval) if k != "loaded"])
+    require(settings, "out", "--out")
+    summary = run_eval(**settings)
+    typer.echo((Path(settings["out"]).expanduser() / "summary.md").read_text())
     return summary
 
 
 def compare_command(
+    ctx: typer.Context,
     model: str = ModelOption(),
     task: str = typer.Option("kv"),
     methods: str = typer.Option("none,pi,ms-poe,attention-buckets,moice,lpes", help="comma-separated methods"),
     factors: Optional[str] = typer.Option(None, help=FACTORS_HELP),
     pi_factor: float = typer.Option(1.1, help="global factor for pi"),
     routers: Optional[str] = typer.Option(None, help="router weights for moice (posbias train-moice)"),
-    settings: Optional[str] = typer.Option(None, help="best_settings.json from posbias tune: each listed method's "
-                                                      "options (chosen on the search split)"),
+    settings_file: Optional[str] = typer.Option(None, "--settings",
+                                                help="best_settings.json from posbias tune: each listed method's "
+                                                     "options (chosen on the search split)"),
     depths: str = typer.Option("0,0.25,0.5,0.75,1"),
     n: int = Count(50, help="instances per depth"),
-    out: str = typer.Option(..., help="comparison folder, one subfolder per method (re-running resumes)"),
+    out: Optional[str] = typer.Option(None, help="comparison folder, one subfolder per method (re-running "
+                                                 "resumes); required unless --config names it"),
     seed: int = Seed,
     mode: str = typer.Option("teacher-forced", help="teacher-forced | generate | both"),
     batch_size: int = Count(8, help="instances per forward pass"),
@@ -89,19 +99,25 @@ def compare_command(
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
     device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
+    config: Optional[str] = ConfigFileOption(),
 ):
     """Evaluate several methods on the same held-out instances: joint table and plot in --out."""
     from posbias.evaluation.compare import compare_methods
 
     load = load_options(device, dtype, revision)
-    names = ready_methods(parse_names(methods), routers)
-    options = method_options_from_flags(names, factors=factors, pi_factor=pi_factor, routers=routers,
-                                        settings=settings)
-    compare_methods(model=model, task=task, methods=names, depths=parse_numbers(depths, "depths"), n=n, out=out,
-                    method_options=options, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
-                    task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
-                    load=load)
-    typer.echo((Path(out) / "comparison.md").read_text())
+    flags = dict(model=model, task=task, methods=parse_names(methods), depths=parse_numbers(depths, "depths"), n=n,
+                 out=out, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
+                 task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt), load=load)
+    settings = settings_with_file(ctx, config, "compare", flags,
+                                  [k for k in field_names(compare_methods) if k != "loaded"])
+    require(settings, "out", "--out")
+    settings["methods"] = ready_methods(settings["methods"], routers)
+    pi_factor_given = config is None or "pi_factor" in (given_parameters(ctx) or ())
+    settings["method_options"] = method_options_from_flags(  # the flags given over the file's options
+        settings["methods"], factors=factors, pi_factor=pi_factor if pi_factor_given else None, routers=routers,
+        settings=settings_file, recorded=settings.get("method_options"))
+    compare_methods(**settings)
+    typer.echo((Path(settings["out"]).expanduser() / "comparison.md").read_text())
 
 
 def register(app: typer.Typer) -> None:

@@ -27,9 +27,12 @@ from posbias.cli.common import (
     parse_numbers,
     task_options,
 )
+from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
+from posbias.utils.options import field_names
 
 
 def search_command(
+    ctx: typer.Context,
     model: str = ModelOption(),
     task: Optional[str] = typer.Option(None, help="kv | kv-uuid | mdqa | passkey | niah (default: the model's "
                                                   "lost-in-the-middle target, e.g. kv with 100 keys on "
@@ -41,9 +44,8 @@ def search_command(
                                         help="score each search context at every depth from one prefill "
                                              "(kv, multi-key niah); the held-out table is always per question"),
     preset: str = typer.Option("quick", help="quick (~5 min on 2 CPU cores) | standard (~10 min for SmolLM2, ~90 min for Qwen2.5-0.5B on 1 CPU thread) | paper (GPU)"),
-    out: str = typer.Option(..., help="run folder (re-running resumes a killed or shorter search)"),
-    resume: bool = typer.Option(False, "--resume", hidden=True,
-                                help="accepted for old scripts; re-running the command resumes anyway"),
+    out: Optional[str] = typer.Option(None, help="run folder (re-running resumes a killed or shorter search); "
+                                                 "required unless --config names it"),
     seed: int = Seed,
     workers: int = Count(1, help="processes (or Ray actors) scoring individuals in parallel, one model each"),
     backend: str = typer.Option("processes", help="processes (this machine) | ray (Ray actors, across nodes)"),
@@ -65,44 +67,52 @@ def search_command(
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
     device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
+    config: Optional[str] = ConfigFileOption(),
 ):
     """Search per-layer RoPE factors (LPES GA over a curve) on the search split of a task, then
     compare accuracy by depth before / after on held-out instances (out/heldout)."""
+    import dataclasses
+
     from rich.console import Console
 
+    from posbias.search.config import DERIVED_KEYS, SearchConfig
     from posbias.search.runner import run_search
 
     console = Console()
     load = load_options(device, dtype, revision)
     overrides = {k: v for k, v in {"population": population, "generations": generations,
                                     "n_per_depth": n_per_depth, "batch_size": batch_size}.items() if v is not None}
-    topts = task_options(num_keys, num_docs, length, path, haystack, num_needles, opt)
-    if task is None:
+    flags = dict(out=out, model=model, task=task, preset=preset, seed=seed, workers=workers, curve=curve,
+                 control_points=control_points,
+                 task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
+                 weights=parse_numbers(weights, "weights") if weights else None, chat=chat,
+                 grid=parse_numbers(grid, "grid") if grid else None, round_to_grid=round_to_grid,
+                 overrides=overrides, prune=prune, backend=backend, ray_address=ray_address, objective=objective,
+                 shared_context=shared_context, heldout_n=heldout_n)
+    # the GA overrides and task options are dicts: merged key by key with the file's
+    flags = settings_with_file(ctx, config, "search", flags, field_names(SearchConfig), ignore=DERIVED_KEYS)
+    require(flags, "out", "--out")
+    cfg = SearchConfig(**flags)
+    if cfg.task is None:
         from posbias.models.loader import default_search_target
 
-        task, defaults = default_search_target(model)
-        topts = {**defaults, **topts}
-        console.print(f"search target: {task} {topts} (the model's default; --task to choose another)")
-    res = run_search(model, task, out=out, preset=preset, resume=True, seed=seed, workers=workers, curve=curve,
-                     control_points=control_points,
-                     task_options=topts,
-                     weights=parse_numbers(weights, "weights") if weights else None, chat=chat,
-                     grid=parse_numbers(grid, "grid") if grid else None, round_to_grid=round_to_grid,
-                     overrides=overrides, log=lambda m: console.print(generation_line(m)), prune=prune,
-                     backend=backend, ray_address=ray_address, objective=objective,
-                     shared_context=shared_context, load=load)
+        task, defaults = default_search_target(cfg.model)
+        cfg = dataclasses.replace(cfg, task=task, task_options={**defaults, **cfg.task_options})
+        console.print(f"search target: {cfg.task} {cfg.task_options} (the model's default; --task to choose another)")
+    res = run_search(cfg, resume=True, log=lambda m: console.print(generation_line(m)), load=load)
     base = f"{res.baseline_accuracy:.3f}" if res.baseline_accuracy is not None else "n/a"
     chosen = "log-prob (accuracy breaks ties)" if res.objective == "logprob" else "accuracy (log-prob breaks ties)"
     console.print(f"winner chosen by {chosen}; its search-split accuracy {res.accuracy:.3f} (unpatched {base}); "
                   f"factors: {res.factors_path}")
     console.print("factors: " + ", ".join(f"{f:.3f}" for f in res.factors))
-    if heldout_n > 0:
+    if cfg.heldout_n > 0:
         from posbias.search.heldout import before_after
 
-        console.print(f"held-out accuracy by depth, before / after ({heldout_n} per depth) -> {Path(out) / 'heldout'}")
-        before_after(model=model, task=task, factors_path=res.factors_path, out=Path(out) / "heldout", n=heldout_n,
-                     seed=seed, task_options=topts, chat=chat, load=load)
-        console.print((Path(out) / "heldout" / "comparison.md").read_text())
+        heldout = Path(cfg.out) / "heldout"
+        console.print(f"held-out accuracy by depth, before / after ({cfg.heldout_n} per depth) -> {heldout}")
+        before_after(model=cfg.model, task=cfg.task, factors_path=res.factors_path, out=heldout, n=cfg.heldout_n,
+                     seed=cfg.seed, task_options=cfg.task_options, chat=cfg.chat, load=load)
+        console.print((heldout / "comparison.md").read_text())
     return res
 
 

@@ -27,7 +27,8 @@ from posbias.cli.common import (
     parse_numbers,
     task_options,
 )
-from posbias.utils.options import parse_names
+from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
+from posbias.utils.options import field_names, parse_names
 
 
 def train_moice_command(
@@ -85,11 +86,13 @@ def train_moice_command(
 
 
 def tune_command(
+    ctx: typer.Context,
     model: str = ModelOption(),
     task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
     methods: str = typer.Option("pi,ms-poe,attention-buckets", help="comma-separated methods to tune "
                                                                     "(pi, ms-poe, attention-buckets, moice)"),
-    out: str = typer.Option(..., help="tuning folder: results.jsonl, tune.md, best_settings.json (re-running resumes)"),
+    out: Optional[str] = typer.Option(None, help="tuning folder: results.jsonl, tune.md, best_settings.json "
+                                                 "(re-running resumes); required unless --config names it"),
     n_per_depth: int = Count(8, help="search-split instances (contexts) per depth"),
     routers: Optional[str] = typer.Option(None, help="trained MoICE routers (needed to tune moice)"),
     batch_size: int = Count(8, help="instances per forward pass"),
@@ -102,20 +105,24 @@ def tune_command(
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
     device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
+    config: Optional[str] = ConfigFileOption(),
 ):
     """Choose each baseline's settings on the search split (a small grid per method), as LPES's search
     chooses its factors; `posbias compare --settings OUT/best_settings.json` uses them."""
     from posbias.search.tune import tune_methods
 
     load = load_options(device, dtype, revision)
-    names = parse_names(methods)
-    base = {"moice": {"routers": routers}} if routers else {}
-    best = tune_methods(model=model, task=task, methods=names, n_per_depth=n_per_depth, out=out, seed=seed,
-                        batch_size=batch_size, base_options=base, log=typer.echo, objective=objective,
-                        task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
-                        load=load, workers=workers)
-    typer.echo((Path(out) / "tune.md").read_text())
-    typer.echo(f"best settings -> {Path(out) / 'best_settings.json'}: {json.dumps(best)}")
+    flags = dict(model=model, task=task, methods=parse_names(methods), n_per_depth=n_per_depth, out=out, seed=seed,
+                 batch_size=batch_size, base_options={"moice": {"routers": routers}} if routers else {},
+                 objective=objective,
+                 task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
+                 load=load, workers=workers)
+    settings = settings_with_file(ctx, config, "tune", flags,
+                                  [k for k in field_names(tune_methods) if k not in ("loaded", "log")])
+    out = Path(require(settings, "out", "--out")).expanduser()
+    best = tune_methods(**settings, log=typer.echo)
+    typer.echo((out / "tune.md").read_text())
+    typer.echo(f"best settings -> {out / 'best_settings.json'}: {json.dumps(best)}")
     return best
 
 

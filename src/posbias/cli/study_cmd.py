@@ -15,12 +15,17 @@ from posbias.cli.common import (
     parse_key_values,
     parse_numbers,
 )
-from posbias.utils.options import parse_names
+from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
+from posbias.utils.options import field_names, field_types, parse_names, parse_typed_options
+
+STUDY_DERIVED = ("ppl_eval_tokens", "resume")  # recorded beside a study's settings, not read back
 
 
 def study_command(
-    out: str = typer.Option(..., help="study folder (models, jsonl results, summary.md, plots/); re-running "
-                                      "resumes (trained models reused, finished cells skipped)"),
+    ctx: typer.Context,
+    out: Optional[str] = typer.Option(None, help="study folder (models, jsonl results, summary.md, plots/); "
+                                                 "re-running resumes (trained models reused, finished cells "
+                                                 "skipped); required unless --config names it"),
     preset: str = typer.Option("tiny", help="model size preset: tiny | small | 120m | 1b"),
     schemes: str = typer.Option("rope,sinusoidal,nope,alibi,ggd,ggd+ssmax,rope+ssmax",
                                 help="comma-separated <pe>[+ssmax], pe in rope|sinusoidal|nope|alibi|ggd"),
@@ -42,8 +47,6 @@ def study_command(
                                                  "(the same for every scheme; 0 = plain text only)"),
     niah_rate: float = typer.Option(0.0, min=0.0, max=1.0, help="fraction of training blocks that are single-needle "
                                                                 "RULER documents (beside the passkey ones)"),
-    resume: bool = typer.Option(False, "--resume", hidden=True,
-                                help="accepted for old scripts; re-running the command resumes anyway"),
     niah: bool = typer.Option(False, "--niah/--no-niah", help="also run RULER NIAH (string_match_all) on the grid"),
     niah_opt: Optional[list[str]] = typer.Option(None, "--niah-opt", help="NIAH option key=value, e.g. haystack=essay"),
     passkey_essay: bool = typer.Option(False, "--passkey-essay/--no-passkey-essay",
@@ -70,17 +73,21 @@ def study_command(
     train_opt: Optional[list[str]] = typer.Option(None, "--train-opt", help="extra training option key=value (same for all schemes)"),
     model_opt: Optional[list[str]] = typer.Option(None, "--model-opt", help="model setting key=value for every scheme "
                                                   "(a BamConfig field, e.g. rope_theta=10000)"),
+    config: Optional[str] = ConfigFileOption(),
 ):
     """Train each positional scheme on one budget and evaluate it from 1x to Kx its training length."""
+    from posbias.bam import BamConfig
     from posbias.study.runner import (
         StudyConfig,
         discard_unfinished,
         run_study,
         study_check_keys,
         study_settings,
+        upgrade_settings,
     )
+    from posbias.training.config import TrainConfig
 
-    cfg = StudyConfig(
+    flags = dict(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
         multipliers=parse_numbers(multipliers, "multipliers"), depths=parse_numbers(depths, "depths"), n=n,
         n_beyond=parse_key_values(n_beyond, "n-beyond"),
@@ -90,14 +97,21 @@ def study_command(
         modes=parse_names(modes),
         ppl_multipliers=parse_numbers(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,
         batch_size=batch_size, token_budget=token_budget, device=device,
-        train_options=parse_key_values(train_opt, "train-opt"), model_options=parse_key_values(model_opt, "model-opt"),
-        tokenizer=tokenizer, train_workers=train_workers, resume=resume,
+        train_options=parse_typed_options(train_opt, field_types(TrainConfig), "train-opt", "training option"),
+        model_options=parse_typed_options(model_opt, field_types(BamConfig), "model-opt", "model option"),
+        tokenizer=tokenizer, train_workers=train_workers,
     )
     from posbias.utils.run_folder import out_path
 
+    flags = settings_with_file(ctx, config, "study", flags, field_names(StudyConfig), ignore=STUDY_DERIVED,
+                               fields_of={"train_opt": "train_options", "model_opt": "model_options",
+                                          "niah_opt": "niah_options"})
+    require(flags, "out", "--out")
+    cfg = StudyConfig(**flags)
     settings = study_settings(cfg)
-    discard_unfinished(out_path(out), settings)  # a study without results does not lock its folder
-    cfg.resume = check_training_run(cfg, "study", settings, study_check_keys(out_path(out))) or resume
+    discard_unfinished(out_path(cfg.out), settings)  # a study without results does not lock its folder
+    cfg.resume = check_training_run(cfg, "study", settings, study_check_keys(out_path(cfg.out)),
+                                    upgrade=upgrade_settings)
     result = run_study(cfg)
     typer.echo(open(result["summary"], encoding="utf-8").read())
 

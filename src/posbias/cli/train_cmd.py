@@ -8,12 +8,16 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import Count, Device, Seed, check_training_run, friendly_errors, parse_key_values
+from posbias.cli.common import Count, Device, Seed, check_training_run, friendly_errors
+from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
+from posbias.utils.options import field_names, field_types, parse_typed_options
 
 
 def train_command(
-    out: str = typer.Option(..., help="run folder (config.json, metrics.jsonl, checkpoint.pt, final/); "
-                                      "re-running resumes from its checkpoint"),
+    ctx: typer.Context,
+    out: Optional[str] = typer.Option(None, help="run folder (config.json, metrics.jsonl, checkpoint.pt, final/); "
+                                                 "re-running resumes from its checkpoint (required unless "
+                                                 "--config names it)"),
     pe: str = typer.Option("ggd", help="positional scheme: rope, sinusoidal, nope, alibi, ggd"),
     ssmax: bool = typer.Option(False, "--ssmax/--softmax", help="Scalable-Softmax instead of softmax"),
     preset: str = typer.Option("tiny", help="model size: tiny, small, 120m, 1b"),
@@ -58,22 +62,22 @@ def train_command(
                                              "schedule still spanning --steps (runs compared at equal tokens; "
                                              "a later value on a rerun continues the run)"),
     log_every: int = Count(10, help="log metrics every N steps"),
-    resume: bool = typer.Option(False, hidden=True, help="accepted for old scripts; re-running resumes anyway"),
     precision: str = typer.Option("auto", help="auto (bf16 on CUDA), bf16 or fp32"),
     device: str = Device,
     model_opt: Optional[list[str]] = typer.Option(None, "--model-opt",
                                                   help="BamConfig override key=value (repeatable), e.g. "
                                                        "ggd_init=alibi, num_hidden_layers=2"),
+    config: Optional[str] = ConfigFileOption(),
 ):
     """Pre-train a BAM decoder; the final model is saved with save_pretrained under OUT/final."""
-    from pathlib import Path
-
+    from posbias.bam import BamConfig
     from posbias.training import TrainConfig, train
     from posbias.training.trainer import CHECKPOINT, resume_check_keys
     from posbias.utils.run_folder import out_path
 
-    cfg = TrainConfig(
-        out=out, pe=pe, ssmax=ssmax, preset=preset, model_overrides=parse_key_values(model_opt, "model-opt"),
+    flags = dict(
+        out=out, pe=pe, ssmax=ssmax, preset=preset, model_overrides=parse_typed_options(
+            model_opt, field_types(BamConfig), "model-opt", "model option"),
         steps=steps, context=context, batch_size=batch_size, grad_accum=grad_accum, lr=lr, prior_lr=prior_lr,
         warmup_steps=warmup, min_lr_ratio=min_lr_ratio, schedule=schedule, decay_fraction=decay_fraction,
         weight_decay=weight_decay, grad_clip=grad_clip,
@@ -82,9 +86,14 @@ def train_command(
         checkpoint_every=checkpoint_every, probe_every=probe_every,
         probe_n=probe_n, probe_tasks=probe_tasks, probe_target=probe_target, probe_patience=probe_patience,
         final_step=final_step, log_every=log_every,
-        resume=resume, precision=precision, device=device)
-    check_training_run(cfg, "train", cfg.to_json(), resume_check_keys(out_path(out)))
-    cfg.resume = resume or (Path(out) / CHECKPOINT).exists()  # re-running resumes from the checkpoint
+        precision=precision, device=device)
+    settings = settings_with_file(ctx, config, "train", flags, field_names(TrainConfig), ignore=("resume",),
+                                  fields_of={"warmup": "warmup_steps", "model_opt": "model_overrides"})
+    require(settings, "out", "--out")
+    cfg = TrainConfig(**settings)
+    out = out_path(cfg.out)
+    check_training_run(cfg, "train", cfg.to_json(), resume_check_keys(out))
+    cfg.resume = (out / CHECKPOINT).exists()  # re-running resumes from the checkpoint
     path = train(cfg)
     typer.echo(str(path))
 

@@ -39,7 +39,8 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
     check_method_list(methods)
     top = open_run(out, "compare", {"model": model, "model_path": model_identity(model), "task": task, "methods": methods, "depths": depths, "n": n,
                                     "seed": seed, "mode": mode, "chat": chat, "task_options": task_options,
-                                    "method_options": method_options, **load_settings(model, load)},
+                                    "method_options": method_options, "batch_size": batch_size,
+                                    "out": str(out), **load_settings(model, load)},
                    check_keys=COMPARE_KEYS)
     plans, instances = {}, None
     for label in methods:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -115,29 +116,20 @@ def record_key(rec: dict) -> tuple:
     return (rec["model"], rec["task"], int(rec["length"]), rec["id"])
 
 
-def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: str = "passkey",
-             lengths: Sequence[int], depths: Sequence[float], n: int = 5, seed: int = 0,
-             modes: Sequence[str] = MODES, batch_size: int = 4, token_budget: int = 8192,
-             max_new_tokens: int | None = None, task_kwargs: dict | None = None,
-             allow_extrapolation: bool | None = None, make_instances: Callable | None = None,
-             progress: bool = True, extra: dict | None = None, chat: bool = False,
-             shared_prefill: bool = True, needle_draw: str = "shared") -> list[dict]:
-    """Evaluate ``model`` on the ``lengths x depths`` grid; returns all records of this model/task.
+@dataclass
+class GridSpec:
+    """What :func:`run_grid` scores: ``task`` at ``lengths x depths``, ``n`` instances per cell.
 
-    Args:
-        model_name: the model's name in the records (the resume key includes it).
-        out_jsonl: results file; one line per instance, appended as soon as it is scored.
-        task: ``"passkey"`` or ``"niah"`` (anything ``posbias.tasks.make_instances`` knows).
+    Attributes:
+        task: ``"passkey"`` or ``"niah"`` (anything ``posbias.tasks.make_instances`` knows);
+            ``task_kwargs``: extra arguments for its generator (e.g. ``haystack="essay"``).
         lengths: input lengths in tokens (passed to the task generator as ``length``).
-        depths: relative needle depths in [0, 1].
-        n: instances per cell.
+        depths: relative needle depths in [0, 1]; ``n``: instances per cell; ``seed``: their seed.
         modes: subset of ``("teacher-forced", "generate")`` (``teacher_forced`` is accepted).
         batch_size: upper bound for the two-pass scorers; the actual batch is
             ``min(batch_size, token_budget // length)`` (at least 1), so long inputs run one at a time.
         max_new_tokens: generation budget (default: answer tokens + 4, per cell).
-        task_kwargs: extra arguments for the task generator (e.g. ``haystack="essay"``).
-        make_instances: a replacement for ``posbias.tasks.make_instances`` (tests).
-        extra: constant fields added to every record (e.g. the positional scheme).
+        allow_extrapolation: score lengths beyond the model's positions (None: what the model says).
         chat: wrap prompts in the tokenizer's chat template (default False: the study's models are
             trained from scratch; the raw text ``prompt + " " + answer_prefix`` is the format of
             the trainer's synthetic passkey documents).
@@ -146,18 +138,47 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
             ``shared_prefill=False`` uses, batched).
         needle_draw: ``"shared"`` (the same ``n`` needles at every depth) or ``"per-depth"``
             (``n`` fresh needles per depth); see :func:`grid_instances`.
+    """
+
+    lengths: Sequence[int]
+    depths: Sequence[float]
+    task: str = "passkey"
+    n: int = 5
+    seed: int = 0
+    modes: Sequence[str] = MODES
+    batch_size: int = 4
+    token_budget: int = 8192
+    max_new_tokens: int | None = None
+    task_kwargs: dict = field(default_factory=dict)
+    allow_extrapolation: bool | None = None
+    chat: bool = False
+    shared_prefill: bool = True
+    needle_draw: str = "shared"
+
+
+def run_grid(model, tokenizer, spec: GridSpec, *, model_name: str, out_jsonl: str | Path,
+             make_instances: Callable | None = None, extra: dict | None = None, progress: bool = True) -> list[dict]:
+    """Evaluate ``model`` on the grid of ``spec``; returns all records of this model/task.
+
+    Args:
+        model_name: the model's name in the records (the resume key includes it).
+        out_jsonl: results file; one line per instance, appended as soon as it is scored.
+        make_instances: a replacement for ``posbias.tasks.make_instances`` (tests).
+        extra: constant fields added to every record (e.g. the positional scheme).
 
     Each record: ``model, task, length, depth, id, prompt_tokens, answers`` plus
     ``tf_em, tf_logprob, n_tokens`` (teacher-forced) and ``prediction, gen_score`` (generation).
     """
+    task, depths, n, seed, modes = spec.task, spec.depths, spec.n, spec.seed, spec.modes
+    needle_draw, batch_size, token_budget = spec.needle_draw, spec.batch_size, spec.token_budget
     modes = [canonical_mode(m) for m in modes]
     check_needle_draw(needle_draw)
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown grid modes {sorted(unknown)}; known: {', '.join(MODES)}")
-    lengths = sorted({int(L) for L in lengths})
-    check_lengths(model, lengths, allow_extrapolation=allow_extrapolation)
-    shared = shared_prefill and set(modes) == set(MODES)
+    lengths = sorted({int(L) for L in spec.lengths})
+    check_lengths(model, lengths, allow_extrapolation=spec.allow_extrapolation)
+    shared = spec.shared_prefill and set(modes) == set(MODES)
     out_jsonl = Path(out_jsonl)
     existing = [r for r in read_jsonl(out_jsonl) if r.get("model") == model_name and r.get("task") == task]
     done = {record_key(r) for r in existing}
@@ -174,14 +195,15 @@ def run_grid(model, tokenizer, *, model_name: str, out_jsonl: str | Path, task: 
         for length in lengths:
             bs = 1 if shared else max(1, min(batch_size, token_budget // max(1, length)))
             insts = grid_instances(tokenizer, task=task, length=length, depths=depths, n=n, seed=seed,
-                                   make_instances=make_instances, task_kwargs=task_kwargs, needle_draw=needle_draw)
+                                   make_instances=make_instances, task_kwargs=spec.task_kwargs, needle_draw=needle_draw)
             todo = [i for i in insts if (model_name, task, length, i.id) not in done]
             for start in range(0, len(todo), bs):
                 chunk = todo[start:start + bs]
                 t0 = time.perf_counter()
                 _reset_peak(model)
                 new = _score_chunk(model, tokenizer, chunk, modes=modes, batch_size=bs,
-                                   max_new_tokens=max_new_tokens, chat=chat, shared_prefill=shared_prefill)
+                                   max_new_tokens=spec.max_new_tokens, chat=spec.chat,
+                                   shared_prefill=spec.shared_prefill)
                 cost = {"seconds": round((time.perf_counter() - t0) / len(chunk), 3), **_peak_memory(model)}
                 for inst, res in zip(chunk, new):
                     rec = {"model": model_name, "task": task, "length": length, "depth": float(inst.depth),

@@ -71,7 +71,9 @@ def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | 
 
     config = {"model": model, "model_path": model_identity(model), "task": task, "depths": depths, "n": n, "seed": seed, "split": split, "mode": mode,
               "batch_size": batch_size, "chat": chat, "max_new_tokens": max_new_tokens, "method": method,
-              "method_options": method_options, "task_options": task_options, **load_settings(model, load)}
+              "method_options": method_options, "task_options": task_options,
+              "out": str(out),  # not compared on resume; makes config.json usable as --config
+              **load_settings(model, load)}
     if adapter is not None:  # the model loads with the method active: recorded, not applied again
         config["adapter"] = adapter
     folder = open_run(out, "eval", config, check_keys=RESUME_KEYS, parent=parent)

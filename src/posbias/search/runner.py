@@ -12,27 +12,29 @@ teacher-forced fitness, runs the GA loop (:mod:`posbias.search.loop`) with an ev
 Everything that can be checked without the model (preset, GA settings, task and data file, the
 run folder) is checked before it loads; ``config.json`` is written with the first checkpoint.
 
-Resume: a killed search restarted with ``resume=True`` (the ``posbias search`` command passes it, so
+Settings: :class:`posbias.search.config.SearchConfig`. Resume: a killed search restarted with ``resume=True`` (the ``posbias search`` command passes it, so
 re-running the command resumes) continues from the last completed generation with the saved rng
 state and memo, and reaches exactly the result of an uninterrupted run.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from posbias.models.options import LoadOptions, load_settings, options_for
+from posbias.search.config import SearchConfig
 from posbias.search.evaluators import PoolEvaluator, RayEvaluator, SerialEvaluator
-from posbias.search.fitness import DEFAULT_DEPTHS, DEFAULT_OBJECTIVE, OBJECTIVES
+from posbias.search.fitness import DEFAULT_DEPTHS, OBJECTIVES
 from posbias.search.ga import GAConfig
 from posbias.search.loop import CHECKPOINT, METRICS, GAResult, already_searched, run_ga  # noqa: F401
 from posbias.search.plots import plot_factors, plot_fitness
 from posbias.tasks.registry import supports_shared_context
 from posbias.utils.run_folder import open_run
 
-__all__ = ["PRESETS", "GAResult", "SearchResult", "run_ga", "run_search", "SerialEvaluator", "PoolEvaluator",
+__all__ = ["PRESETS", "GAResult", "SearchConfig", "SearchResult", "run_ga", "run_search", "SerialEvaluator", "PoolEvaluator",
            "RayEvaluator",
            "plot_factors", "plot_fitness"]
 
@@ -67,12 +69,10 @@ class SearchResult:
     objective: str = "accuracy"  # what chose the winner (FitnessResult.key: accuracy, or weighted log-prob)
 
 
-def build_fitness(model_spec: str, task: str, *, n_per_depth: int, seed: int, task_options: dict,
-                  depths: Sequence[float] = DEFAULT_DEPTHS, weights=None, batch_size: int = 4,
-                  chat: bool = False, model=None, tokenizer=None, objective: str = "accuracy",
-                  shared_context: bool = False, load=None):
-    """The teacher-forced fitness of ``model_spec`` (loaded with ``load``, a :class:`LoadOptions`) on
-    the *search* split of ``task`` (with ``shared_context``: each search context asked at every
+def build_fitness(cfg: SearchConfig, *, n_per_depth: int, batch_size: int = 4,
+                  depths: Sequence[float] = DEFAULT_DEPTHS, model=None, tokenizer=None, load=None):
+    """The teacher-forced fitness of ``cfg.model`` (loaded with ``load``, a :class:`LoadOptions`) on the
+    *search* split of ``cfg.task`` (with ``cfg.shared_context``: each search context asked at every
     depth, scored from one prefill)."""
     from posbias.evaluation.runner import check_fits
     from posbias.evaluation.session import build_instances
@@ -80,74 +80,53 @@ def build_fitness(model_spec: str, task: str, *, n_per_depth: int, seed: int, ta
     from posbias.search.fitness import TeacherForcedFitness
 
     if model is None:
-        model, tokenizer = load_model(model_spec, load)
-    opts = {**task_options, "shared_context": True} if shared_context else task_options
-    instances = build_instances(model, tokenizer, task, list(depths), n_per_depth, seed, "search", opts)
-    check_fits(model, tokenizer, instances, chat)
-    fit = TeacherForcedFitness(model, tokenizer, instances, weights=weights, batch_size=batch_size, chat=chat,
-                               objective=objective, shared=shared_context)
+        model, tokenizer = load_model(cfg.model, load)
+    opts = {**cfg.task_options, "shared_context": True} if cfg.shared_context else cfg.task_options
+    instances = build_instances(model, tokenizer, cfg.task, list(depths), n_per_depth, cfg.seed, "search", opts)
+    check_fits(model, tokenizer, instances, cfg.chat)
+    fit = TeacherForcedFitness(model, tokenizer, instances, weights=cfg.weights, batch_size=batch_size,
+                               chat=cfg.chat, objective=cfg.objective, shared=cfg.shared_context)
     fit.num_layers = len(get_decoder_layers(model))
     return fit
 
 
-def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path, preset: str = "quick",
-               resume: bool = False, seed: int = 0, workers: int = 1, curve: str = "bezier",
-               control_points: int = 4, task_options: dict | None = None, weights=None,
-               chat: bool = False, grid: Sequence[float] | None = None, round_to_grid: bool = False,
-               overrides: dict | None = None, log: Callable[[dict], None] | None = None,
-               loaded: tuple | None = None, prune: bool = True, backend: str = "processes",
-               ray_address: str | None = None, objective: str = DEFAULT_OBJECTIVE,
-               shared_context: bool = True, load: LoadOptions | None = None) -> SearchResult:
-    """Search per-layer factors for ``model`` on ``task`` and write the run folder ``out``.
+def run_search(cfg: SearchConfig, *, resume: bool = False, log: Callable[[dict], None] | None = None,
+               loaded: tuple | None = None, load: LoadOptions | None = None) -> SearchResult:
+    """Search per-layer factors for ``cfg.model`` on ``cfg.task`` and write the run folder ``cfg.out``.
 
     Args:
-        preset: ``quick`` | ``standard`` | ``paper`` (see :data:`PRESETS`); ``overrides`` replaces any
-            of its keys (population, elite, generations, n_per_depth, batch_size) and GA settings
-            (tournament, crossover_rate, mutation_rate, max_y_step, max_x_step, x_resolution, ...).
-        workers: > 1 scores individuals in that many spawned processes, one model each.
-        backend: ``processes`` (this machine) or ``ray`` (Ray actors, across nodes; ``ray_address``
-            is passed to ``ray.init``, e.g. ``"auto"``).
+        cfg: the search's settings (:class:`posbias.search.config.SearchConfig`; ``workers > 1`` scores
+            individuals in that many spawned processes, one model each, ``backend="ray"`` in Ray actors).
+        resume: continue a search the folder already holds (``posbias search`` passes it).
+        log: called with each generation's metrics record.
         loaded: an already loaded ``(model, tokenizer)`` to use (workers must be 1).
-        prune: stop scoring individuals that cannot reach the elite (see :mod:`posbias.search.fitness`).
-        objective: ``accuracy`` or ``logprob`` (see :mod:`posbias.search.fitness`).
-        shared_context: score the search split as shared contexts, one prefill per context asked at
-            every depth (tasks that offer it: ``kv``, multi-key ``niah``; ignored for the others and
-            under ``chat``). The
-            held-out table always uses the standard protocol (one question per prompt).
         load: device, dtype and Hub revision of the model (:class:`LoadOptions`; default the CPU in
             float32); every worker loads its model with them (on a CUDA machine, its own GPU).
     Returns:
         :class:`SearchResult`; the factors file is ``out/best_factors.json``.
     """
-    settings, cfg, task_options, shared_context = _check_request(
-        task, preset=preset, workers=workers, backend=backend, loaded=loaded, overrides=overrides,
-        control_points=control_points, curve=curve, grid=grid, round_to_grid=round_to_grid,
-        task_options=task_options, objective=objective, shared_context=shared_context, chat=chat,
-        weights=weights, seed=seed)
     from posbias.models import model_identity
 
+    settings, ga, cfg = _check_request(cfg, loaded)
     load = options_for(load, loaded)
-    config = {"model": model, "model_path": model_identity(model), "task": task, "preset": preset, "seed": seed,
-              "curve": curve,
-              "control_points": control_points, "task_options": task_options, "weights": weights,
-              "chat": chat, "ga": cfg.to_dict(), **{k: settings[k] for k in RUN_KEYS}, "workers": workers,
-              "prune": prune, "objective": objective, "shared_context": shared_context,
-              **load_settings(model, load)}
-    folder = open_run(out, "search", config, check_keys=RESUME_KEYS)
+    # the settings (re-usable as --config) and what they resolve to (DERIVED_KEYS: compared on resume)
+    config = {**dataclasses.asdict(cfg), "model_path": model_identity(cfg.model), "ga": ga.to_dict(),
+              **{k: settings[k] for k in RUN_KEYS}, **load_settings(cfg.model, load)}
+    folder = open_run(cfg.out, "search", config, check_keys=RESUME_KEYS)
     out = folder.path
     if not resume and (out / CHECKPOINT).exists():
         raise ValueError(already_searched(out))
-    factory = functools.partial(build_fitness, model, task, n_per_depth=settings["n_per_depth"], seed=seed,
-                                task_options=task_options, weights=weights, batch_size=settings["batch_size"],
-                                chat=chat, objective=objective, shared_context=shared_context, load=load)
-    evaluator, num_layers = _make_evaluator(factory, workers, backend, ray_address, loaded, load)
-    meta = {"model": model, "task": task, "seed": seed, "preset": preset, "task_options": task_options,
-            "n_per_depth": settings["n_per_depth"], "generations_planned": settings["generations"],
-            "curve": curve, "round_to_grid": list(cfg.grid) if round_to_grid else None}
+    factory = functools.partial(build_fitness, cfg, n_per_depth=settings["n_per_depth"],
+                                batch_size=settings["batch_size"], load=load)
+    evaluator, num_layers = _make_evaluator(factory, cfg.workers, cfg.backend, cfg.ray_address, loaded, load)
+    meta = {"model": cfg.model, "task": cfg.task, "seed": cfg.seed, "preset": cfg.preset,
+            "task_options": cfg.task_options, "n_per_depth": settings["n_per_depth"],
+            "generations_planned": settings["generations"], "curve": cfg.curve,
+            "round_to_grid": list(ga.grid) if cfg.round_to_grid else None}
     write_outputs = functools.partial(_write_factors, out / BEST, meta=meta)
     try:
-        res = run_ga(evaluator, cfg, num_layers=num_layers, generations=settings["generations"], seed=seed,
-                     out=out, resume=resume, log=log, on_generation=write_outputs, prune=prune,
+        res = run_ga(evaluator, ga, num_layers=num_layers, generations=settings["generations"], seed=cfg.seed,
+                     out=out, resume=resume, log=log, on_generation=write_outputs, prune=cfg.prune,
                      before_write=folder.commit)
     finally:
         evaluator.close()
@@ -155,8 +134,8 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
             evaluator.fitness.close()
     folder.commit()
     write_outputs(res)
-    _plot_search(out, res, title=f"LPES factors ({model}, {task})")
-    return _search_result(out, res, cfg, curve)
+    _plot_search(out, res, title=f"LPES factors ({cfg.model}, {cfg.task})")
+    return _search_result(out, res, ga, cfg.curve)
 
 
 def _plot_search(out: Path, res, title: str) -> None:
@@ -182,34 +161,34 @@ def _search_result(out: Path, res, cfg, curve: str) -> SearchResult:
 RUN_KEYS = ("generations", "n_per_depth", "batch_size")  # preset keys that are not GA settings
 
 
-def _check_request(task: str, *, preset, workers, backend, loaded, overrides, control_points, curve, grid,
-                   round_to_grid, task_options, objective, shared_context, chat, weights, seed):
-    """Everything checkable before the model loads; ``(settings, GAConfig, task_options, shared_context)``."""
+def _check_request(cfg: SearchConfig, loaded) -> tuple[dict, GAConfig, SearchConfig]:
+    """Everything checkable before the model loads: ``(settings of the preset with its overrides,
+    GAConfig, cfg with its task options and shared_context as the search uses them)``."""
     from posbias.patching.curves import DEFAULT_GRID
     from posbias.search.fitness import _dkey, _normalise_weights
     from posbias.tasks import precheck_instances
     from posbias.tasks.base import check_int
 
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    check_int("workers", workers)
-    if backend not in ("processes", "ray"):
-        raise ValueError(f"unknown backend {backend!r}; choose processes or ray")
-    if loaded is not None and (workers > 1 or backend == "ray"):
+    if cfg.preset not in PRESETS:
+        raise ValueError(f"unknown preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
+    check_int("workers", cfg.workers)
+    if cfg.backend not in ("processes", "ray"):
+        raise ValueError(f"unknown backend {cfg.backend!r}; choose processes or ray")
+    if loaded is not None and (cfg.workers > 1 or cfg.backend == "ray"):
         raise ValueError("loaded=(model, tokenizer) cannot be shared with workers")
-    settings = {**PRESETS[preset], **(overrides or {})}
+    settings = {**PRESETS[cfg.preset], **(cfg.overrides or {})}
     for key in RUN_KEYS:
         check_int(key, settings[key])
-    cfg = GAConfig(n_control=control_points, curve=curve, grid=tuple(grid or DEFAULT_GRID),
-                   round_to_grid=round_to_grid, **{k: v for k, v in settings.items() if k not in RUN_KEYS})
-    task_options = dict(task_options or {})
-    if objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
-    shared_context = bool(shared_context) and not chat and supports_shared_context(task, task_options)
-    _normalise_weights([_dkey(d) for d in DEFAULT_DEPTHS], weights)
-    precheck_instances(task, n=settings["n_per_depth"], depths=list(DEFAULT_DEPTHS), seed=seed, split="search",
-                       **task_options)
-    return settings, cfg, task_options, shared_context
+    ga = GAConfig(n_control=cfg.control_points, curve=cfg.curve, grid=tuple(cfg.grid or DEFAULT_GRID),
+                  round_to_grid=cfg.round_to_grid, **{k: v for k, v in settings.items() if k not in RUN_KEYS})
+    task_options = dict(cfg.task_options or {})
+    if cfg.objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {cfg.objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    shared_context = bool(cfg.shared_context) and not cfg.chat and supports_shared_context(cfg.task, task_options)
+    _normalise_weights([_dkey(d) for d in DEFAULT_DEPTHS], cfg.weights)
+    precheck_instances(cfg.task, n=settings["n_per_depth"], depths=list(DEFAULT_DEPTHS), seed=cfg.seed,
+                       split="search", **task_options)
+    return settings, ga, dataclasses.replace(cfg, task_options=task_options, shared_context=shared_context)
 
 
 def _make_evaluator(factory, workers: int, backend: str, ray_address, loaded, load=None):

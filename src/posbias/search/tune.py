@@ -137,6 +137,7 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
     config = {"model": model, "model_path": model_identity(model), "task": task, "seed": seed,
               "n_per_depth": n_per_depth, "task_options": task_options,
               "base_options": base_options, "methods": methods, "grids": grids, "objective": objective,
+              "batch_size": batch_size, "out": str(out),  # these two: not compared on resume
               **load_settings(model, load)}
     folder = open_run(out, "tune", config, check_keys=TUNE_KEYS)
     results = folder.path / "results.jsonl"

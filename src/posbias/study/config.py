@@ -9,6 +9,7 @@ from posbias.study.grid import (DEFAULT_DEPTHS, DEFAULT_MULTIPLIERS, DEFAULT_PPL
                                 grid_lengths, parse_schemes)
 from posbias.evaluation.long_context import check_needle_draw
 from posbias.evaluation.modes import canonical_mode
+from posbias.training.config import typed_train_options
 from posbias.utils.options import check_int
 
 
@@ -56,6 +57,14 @@ def read_models_file(out: str | Path) -> dict[str, str]:
         raise ValueError(f"{path}: expected an object mapping each scheme to its model folder; fix or delete it "
                          "(the trained models stay in models/ and are found again)")
     return models
+
+
+def upgrade_settings(old: dict) -> dict:
+    """A study's recorded settings in today's form (:func:`posbias.training.config.typed_train_options`:
+    a ``probe_tasks`` training option recorded as a comma-separated string is a list now)."""
+    if not isinstance(old.get("train_options"), dict):
+        return old
+    return {**old, "train_options": typed_train_options(old["train_options"])}
 
 
 def split_files(out: str | Path) -> tuple[Path, Path]:
@@ -163,6 +172,7 @@ class StudyConfig:
 
     def __post_init__(self):
         self.schemes = parse_schemes(self.schemes)
+        self.train_options = typed_train_options(self.train_options)
         self.modes = study_modes(self.modes)
         self.multipliers = [float(m) for m in self.multipliers]
         self.depths = [float(d) for d in self.depths]

@@ -10,11 +10,16 @@
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
+from posbias.evaluation.long_context import GridSpec
 from posbias.utils.corpus import load_texts
 from posbias.utils.io import append_jsonl, read_jsonl
+
+if TYPE_CHECKING:  # posbias.study.config imports this module
+    from posbias.study.config import StudyConfig
 
 PES = ("rope", "sinusoidal", "nope", "alibi", "ggd")
 NORMALISERS = ("softmax", "ssmax", "ssmax-content")  # ssmax-content: SSMax on the content logits only
@@ -149,58 +154,56 @@ def run_perplexity(model, token_ids, *, model_name: str, out_jsonl: str | Path, 
     return records
 
 
-def evaluate_model(model, tokenizer, *, name: str, out: str | Path, lengths: Sequence[int],
-                   depths: Sequence[float] = DEFAULT_DEPTHS, n: int | Callable[[int], int] = 5, seed: int = 0,
-                   modes: Sequence[str] = ("teacher-forced", "generate"), niah: bool = False,
-                   niah_options: dict | None = None, passkey_essay: bool = False, niah_essay: bool = False,
-                   passkey_heldout: str | None = None,
-                   ppl_tokens: Sequence[int] | None = None, ppl_contexts: Sequence[int] = (), batch_size: int = 4,
-                   token_budget: int = 8192, needle_draw: str = "shared",
-                   extra: dict | None = None, make_instances: Callable | None = None, dead_after: int = 0,
-                   progress: bool = True, log: Callable = print) -> dict[str, list[dict]]:
-    """Passkey grid (+ NIAH) and perplexity of one model into ``out``; returns the records.
+def evaluate_model(model, tokenizer, cfg: StudyConfig, *, name: str, passkey_heldout: str | None = None,
+                   ppl_tokens: Sequence[int] | None = None, extra: dict | None = None,
+                   make_instances: Callable | None = None, progress: bool = True,
+                   log: Callable = print) -> dict[str, list[dict]]:
+    """Passkey grid (+ the NIAH and other views ``cfg`` asks for) and perplexity of one model into
+    ``cfg.out``; returns the records.
 
-    ``dead_after`` > 0: a view stops for this model once that many consecutive lengths (shortest
-    first) had no instance right in any mode; its longer lengths are left unscored (a collapsed
-    scheme costs nothing at 64x+). Lengths the model cannot reach (``LengthBeyondModelError``) are
-    never silently dropped: a study model is a BAM model, which runs at any length. ``needle_draw``:
-    the same ``n`` needles at every depth (``"shared"``) or ``n`` fresh ones per depth (``"per-depth"``,
-    see :func:`posbias.evaluation.long_context.grid_instances`). ``n``: instances per cell, or a function
-    of the length in tokens giving them (fewer at the far lengths: :meth:`StudyConfig.n_at`).
+    The grid is ``cfg.lengths x cfg.depths`` with :meth:`StudyConfig.n_at` instances per cell (fewer at
+    the far lengths); ``passkey_heldout``: the held-out text's path for the passkey-in-held-out-text
+    view (when ``cfg.passkey_heldout``); ``ppl_tokens``: the held-out tokens of the perplexity at
+    ``cfg.ppl_contexts`` (None: no perplexity). ``cfg.dead_after`` > 0: a view stops for this model once
+    that many consecutive lengths (shortest first) had no instance right in any mode; its longer
+    lengths are left unscored (a collapsed scheme costs nothing at 64x+). Lengths the model cannot
+    reach (``LengthBeyondModelError``) are never silently dropped: a study model is a BAM model, which
+    runs at any length. ``cfg.needle_draw``: see :func:`posbias.evaluation.long_context.grid_instances`.
     """
-    out = Path(out)
+    out = Path(cfg.out)
     res: dict[str, list[dict]] = {}
-    n_at = n if callable(n) else (lambda _length: n)
-    common = dict(model_name=name, depths=depths, seed=seed, modes=modes, needle_draw=needle_draw,
-                  batch_size=batch_size, token_budget=token_budget, extra=extra,
-                  make_instances=make_instances, progress=progress)
-    for view, task, options, fname in grid_views(niah=niah, niah_options=niah_options, passkey_essay=passkey_essay,
-                                                 niah_essay=niah_essay, passkey_heldout=passkey_heldout):
-        res[view] = _run_view(model, tokenizer, out_jsonl=out / fname, task=task, options=options, lengths=lengths,
-                              n_at=n_at, dead_after=dead_after, common=common, log=lambda msg: log(f"[study] {name} {view}: {msg}"))
-    if ppl_tokens is not None and len(ppl_contexts):
+    common = dict(model_name=name, extra=extra, make_instances=make_instances, progress=progress)
+    for view, task, options, fname in grid_views(niah=cfg.niah, niah_options=cfg.niah_options,
+                                                 passkey_essay=cfg.passkey_essay, niah_essay=cfg.niah_essay,
+                                                 passkey_heldout=passkey_heldout if cfg.passkey_heldout else None):
+        spec = GridSpec(lengths=cfg.lengths, depths=cfg.depths, task=task, seed=cfg.seed, modes=cfg.modes,
+                        batch_size=cfg.batch_size, token_budget=cfg.token_budget, task_kwargs=options,
+                        needle_draw=cfg.needle_draw)
+        res[view] = _run_view(model, tokenizer, spec, out_jsonl=out / fname, n_at=cfg.n_at, dead_after=cfg.dead_after,
+                              common=common, log=lambda msg: log(f"[study] {name} {view}: {msg}"))
+    if ppl_tokens is not None and len(cfg.ppl_contexts):
         res["perplexity"] = run_perplexity(model, ppl_tokens, model_name=name, out_jsonl=out / PPL_FILE,
-                                           contexts=ppl_contexts, extra=extra, progress=progress)
+                                           contexts=cfg.ppl_contexts, extra=extra, progress=progress)
     return res
 
 
-def _run_view(model, tokenizer, *, out_jsonl: Path, task: str, options: dict, lengths: Sequence[int],
-              n_at: Callable[[int], int], dead_after: int, common: dict, log: Callable) -> list[dict]:
+def _run_view(model, tokenizer, spec: GridSpec, *, out_jsonl: Path, n_at: Callable[[int], int], dead_after: int,
+              common: dict, log: Callable) -> list[dict]:
     """One view's grid, ``n_at(length)`` instances per cell: all lengths of one cell size at once, or
     shortest first until ``dead_after`` dead lengths."""
-    from posbias.evaluation.long_context import run_grid
+    from posbias.evaluation import long_context
 
-    ordered = sorted({int(L) for L in lengths})
+    ordered = sorted({int(L) for L in spec.lengths})
     if not dead_after:
         records = []
         for n in sorted({n_at(L) for L in ordered}):
-            records = run_grid(model, tokenizer, out_jsonl=out_jsonl, task=task, task_kwargs=options, n=n,
-                               lengths=[L for L in ordered if n_at(L) == n], **common)
+            part = dataclasses.replace(spec, n=n, lengths=[L for L in ordered if n_at(L) == n])
+            records = long_context.run_grid(model, tokenizer, part, out_jsonl=out_jsonl, **common)
         return records
     records, dead = [], 0
     for i, length in enumerate(ordered):
-        records = run_grid(model, tokenizer, out_jsonl=out_jsonl, task=task, task_kwargs=options, lengths=[length],
-                           n=n_at(length), **common)
+        part = dataclasses.replace(spec, n=n_at(length), lengths=[length])
+        records = long_context.run_grid(model, tokenizer, part, out_jsonl=out_jsonl, **common)
         dead = dead + 1 if not any(is_right(r) for r in records if int(r["length"]) == length) else 0
         if dead >= dead_after and i + 1 < len(ordered):
             log(f"0 right at {dead} lengths in a row (up to {length}); lengths {ordered[i + 1:]} not scored")

@@ -48,12 +48,12 @@ memory)::
     posbias study --preset 120m --corpus /data/corpus.jsonl --out runs/study-120m \\
         --train-steps 20000 --train-context 512 --train-opt batch_size=64 \\
         --schemes rope,sinusoidal,nope,alibi,ggd,ggd+ssmax,rope+ssmax \\
-        --multipliers 1,2,4,8,16,32,64,128 --depths 0,0.25,0.5,0.75,1 --n 10 --niah --resume
+        --multipliers 1,2,4,8,16,32,64,128 --depths 0,0.25,0.5,0.75,1 --n 10 --niah
 
 (The paper's budget is 589,824 tokens per step: ``--train-opt batch_size=64 --train-opt
 grad_accum=18``.) The 1000x point (512K tokens) costs far more than the rest of the grid; run
 it afterwards for the schemes that are still alive at 128x, e.g. ``--schemes ggd+ssmax
---multipliers 256,512,1000 --resume`` on the same ``--out`` (same training settings: the
+--multipliers 256,512,1000`` on the same ``--out`` (same training settings: the
 models are reused and the new cells appended).
 
 The scripts under ``experiments/extrapolation-*`` run this command. Rerunning the same command resumes:
@@ -70,7 +70,7 @@ from posbias.study.grid import PPL_FILE, TRAIN_PPL_FILE, VIEW_FILES
 from posbias.utils.io import atomic_write_json, atomic_write_text
 from posbias.utils.run_folder import open_run
 from posbias.study.config import (CHECK_KEYS, DATA_DIR, METRICS_FILE, MODELS_FILE, SUMMARY_FILE,  # noqa: F401
-                                  StudyConfig, needle_draw_of)
+                                  StudyConfig, needle_draw_of, upgrade_settings)
 from posbias.study.data import prepare_data, split_heldout  # noqa: F401
 from posbias.study.report import write_report  # noqa: F401
 from posbias.study.training import (check_training_options, default_train_fn, ensure_models, load_trained, model_dir_name,  # noqa: F401
@@ -97,7 +97,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
     """
     out = Path(cfg.out)
     if (out / "config.json").exists() and not cfg.resume:
-        raise ValueError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
+        raise ValueError(f"{out} already holds a study; pass resume=True to continue it or choose another --out")
     config = study_settings(cfg)
     check_training_options(cfg)
     discard_unfinished(out, config, log=log)
@@ -105,7 +105,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         _check_n_grows(out, cfg.n)
         _check_needle_draw(out, cfg.needle_draw)
         _check_ppl_tokens(out, cfg)
-    folder = open_run(out, "study", config, check_keys=study_check_keys(out))
+    folder = open_run(out, "study", config, check_keys=study_check_keys(out), upgrade=upgrade_settings)
     train_corpus, heldout = prepare_data(cfg, log=log, before_write=folder.commit)
     folder.commit()
     prepare_tokenizer(cfg, train_corpus, log=log)
@@ -117,14 +117,8 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         log(f"[study] evaluating {scheme}")
         model, tok = load_trained(models[scheme], cfg.device)
         ppl_tokens = _ppl_tokens(cfg, tok, heldout)
-        evaluate_model(model, tok, name=scheme, out=out, lengths=cfg.lengths, depths=cfg.depths, n=cfg.n_at,
-                       seed=cfg.seed, modes=cfg.modes, niah=cfg.niah, niah_options=cfg.niah_options,
-                       passkey_essay=cfg.passkey_essay, niah_essay=cfg.niah_essay,
-                       passkey_heldout=heldout if cfg.passkey_heldout else None,
-                       ppl_tokens=ppl_tokens, ppl_contexts=cfg.ppl_contexts, batch_size=cfg.batch_size,
-                       token_budget=cfg.token_budget, needle_draw=cfg.needle_draw, extra={"scheme": scheme},
-                       dead_after=cfg.dead_after,
-                       make_instances=make_instances, progress=progress, log=log)
+        evaluate_model(model, tok, cfg, name=scheme, passkey_heldout=heldout, ppl_tokens=ppl_tokens,
+                       extra={"scheme": scheme}, make_instances=make_instances, progress=progress, log=log)
         if ppl_tokens is not None and train_corpus:
             _training_text_perplexity(cfg, scheme, model, tok, train_corpus)
         _model_views(cfg, scheme, model, tok, make_instances=make_instances, log=log)
@@ -177,7 +171,7 @@ def discard_unfinished(out: Path, config: dict, log: Callable = print) -> None:
     path = out / CONFIG
     if folder_kind(out) != "study" or has_results(out):
         return
-    old = training_settings(read_run_settings(out))
+    old = training_settings(upgrade_settings(read_run_settings(out)))
     diff = settings_diff(old, training_settings(json.loads(json.dumps(config))), (*TRAINING_KEYS, "ppl_eval_tokens"))
     if not diff:
         return

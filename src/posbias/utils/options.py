@@ -1,8 +1,18 @@
-"""The one parser of option text: ``key=value`` pairs (typed), comma-separated names and numbers, and
-list-valued options given as strings or lists (method options from the command line or Python)."""
+"""The one parser of option text: ``key=value`` pairs, comma-separated names and numbers, and
+list-valued options given as strings or lists (method options from the command line or Python).
+
+``key=value`` pairs whose target is a settings class (``--train-opt``: :class:`TrainConfig` fields,
+``--model-opt``: :class:`BamConfig` arguments) are converted by that field's type
+(:func:`parse_typed_options`); the others, whose targets declare no types, are read by the value's
+look (:func:`parse_value`)."""
 from __future__ import annotations
 
-from typing import Any, Optional
+import inspect
+import json
+import sys
+import types
+import typing
+from typing import Any, Mapping, Optional
 
 
 def parse_key_values(items: Optional[list[str]], flag: str = "opt") -> dict[str, Any]:
@@ -21,8 +31,101 @@ def parse_key_values(items: Optional[list[str]], flag: str = "opt") -> dict[str,
     return out
 
 
+def parse_typed_options(items: Optional[list[str]], fields: Mapping[str, Any], flag: str,
+                        what: str) -> dict[str, Any]:
+    """``["steps=5", "probe_tasks=passkey,niah"]`` -> ``{"steps": 5, "probe_tasks": ("passkey", "niah")}``:
+    each value converted by its field's type in ``fields`` (name -> type, e.g. :func:`field_types`);
+    dashes in keys become underscores. A ``ValueError`` of one line for a pair without ``=``, unknown
+    keys (:func:`refuse_unknown`, ``what``: "training option", ...) or a value of the wrong type."""
+    pairs: dict[str, str] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--{flag} expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        pairs[key.strip().replace("-", "_")] = value.strip()
+    refuse_unknown(pairs, fields, what)
+    return {k: convert_value(v, fields[k], f"--{flag} {k}") for k, v in pairs.items()}
+
+
+def field_names(target: Any) -> list[str]:
+    """The settings the class or function ``target`` takes (see :func:`field_types`)."""
+    return list(field_types(target))
+
+
+def field_types(target: Any) -> dict[str, Any]:
+    """The settings the class or function ``target`` takes, name -> type (None where none is declared):
+    the keyword arguments of a constructor (a dataclass's fields, a Hugging Face config's arguments) or
+    of a function."""
+    module = vars(sys.modules[target.__module__])
+    params = [p for p in inspect.signature(target).parameters.values()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return {p.name: _annotation(p, module) for p in params}
+
+
+def _annotation(param: inspect.Parameter, module: dict) -> Any:
+    """The type of ``param`` (None: not declared, or naming what its module does not import at run time)."""
+    if param.annotation is inspect.Parameter.empty:
+        return None
+    if not isinstance(param.annotation, str):
+        return param.annotation
+    try:
+        return eval(param.annotation, module)  # noqa: S307 (an annotation of posbias's own source)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+_BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def convert_value(text: str, tp: Any, name: str) -> Any:
+    """``text`` as a value of type ``tp`` (bool, int, float, str, ``X | None``, ``list[X]``, ``tuple[X, ...]``,
+    ``dict`` as JSON; no type: :func:`parse_value`); a ``ValueError`` naming ``name`` otherwise.
+    ``none`` / ``null`` is None where the type allows it; lists are comma-separated."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if text.lower() in ("none", "null") and type(None) in args:
+            return None
+        kinds = [a for a in args if a is not type(None)]
+        return convert_value(text, kinds[0], name) if len(kinds) == 1 else parse_value(text)
+    if tp is bool:
+        if text.lower() not in _BOOLS:
+            raise ValueError(f"{name} must be true or false, got {text!r}")
+        return _BOOLS[text.lower()]
+    if tp in (int, float):
+        try:
+            return tp(text)
+        except ValueError:
+            raise ValueError(f"{name} must be {'an integer' if tp is int else 'a number'}, got {text!r}") from None
+    if tp is str:
+        return text
+    if origin in (list, tuple) or tp in (list, tuple):
+        return _convert_sequence(text, origin or tp, args, name)
+    if origin is dict or tp is dict:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise ValueError(f"{name} must be a JSON object, got {text!r}")
+        return value
+    return parse_value(text)
+
+
+def _convert_sequence(text: str, kind: type, args: tuple, name: str) -> list | tuple:
+    """A comma-separated list (``list[X]``, ``tuple[X, ...]``) or fixed tuple (``tuple[X, Y]``)."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if kind is tuple and args and args[-1] is not Ellipsis:
+        if len(items) != len(args):
+            raise ValueError(f"{name} takes {len(args)} comma-separated values, got {text!r}")
+        return tuple(convert_value(x, a, name) for x, a in zip(items, args, strict=True))
+    item_type = args[0] if args else None
+    values = [convert_value(x, item_type, name) for x in items]
+    return tuple(values) if kind is tuple else values
+
+
 def parse_value(text: str) -> Any:
-    """One option value: bool, list of numbers, int, float or string (in that order of preference)."""
+    """One option value whose target declares no type: bool, list of numbers, int, float or string (in
+    that order of preference)."""
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     if "," in text:

@@ -11,7 +11,7 @@ Every command that writes into ``--out`` goes through :func:`open_run`, which on
   ``config.json`` that is not valid JSON, or files without any run config.
 
 The returned :class:`RunFolder` writes ``config.json`` (``kind``, settings, library versions,
-command line) only when :meth:`RunFolder.commit` is called, which a run does just before it
+the git commit of the posbias checkout (:func:`git_commit`), command line) only when :meth:`RunFolder.commit` is called, which a run does just before it
 writes its first result; a run rejected while validating its input therefore leaves nothing
 behind and never claims the folder. A folder that a run opens (existing) or commits (new) is held by
 that process until it ends (:mod:`posbias.utils.folder_lock`): a second command pointed at it while the
@@ -28,12 +28,14 @@ never commits a posbias config.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from posbias.utils.folder_lock import hold
 
@@ -57,6 +59,7 @@ class RunFolder:
     resuming: bool = False
     parent: Optional["RunFolder"] = None
     check_keys: tuple[str, ...] = ()
+    upgrade: Optional[Callable[[dict], dict]] = None
     _committed: bool = field(default=False, repr=False)
 
     def commit(self) -> Path:
@@ -73,9 +76,10 @@ class RunFolder:
                 self.parent.commit()
             self.path.mkdir(parents=True, exist_ok=True)
             hold(self.path)
-            self.resuming = _check_folder(self.path, self.kind, self.config, self.check_keys)
+            self.resuming = _check_folder(self.path, self.kind, self.config, self.check_keys, self.upgrade)
             remove_temporaries(self.path)
-            record = {"kind": self.kind, "config": self.config, "versions": versions(), "argv": sys.argv}
+            record = {"kind": self.kind, "config": self.config, "versions": versions(), "git": git_commit(),
+                      "argv": sys.argv}
             atomic_write_json(self.path / CONFIG, record)
             append_jsonl(self.path / INVOCATIONS, {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                                    "resumed": self.resuming, **record})
@@ -98,6 +102,26 @@ def safe_name(label: str) -> str:
     return "_" + name[1:] if name.startswith(".") else (name or "_")
 
 
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str:
+    """The commit of the git checkout this posbias runs from (``git rev-parse HEAD``), with ``+dirty``
+    when tracked files differ from it, or ``"not a git checkout"`` (an installed package, no git).
+    Recorded in every run's ``config.json`` beside the settings; not part of the resume check."""
+    package = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(package), *args], capture_output=True, text=True, check=True,
+                              timeout=10).stdout.strip()
+
+    try:
+        git("ls-files", "--error-unmatch", "__init__.py")  # the package is tracked by this checkout
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "not a git checkout"
+    return head + ("+dirty" if dirty else "")
+
+
 def out_path(out: str | Path, flag: str = "--out") -> Path:
     """``Path(out)``, refusing an empty value (``Path("")`` would be the current directory)."""
     if not str(out).strip():
@@ -106,20 +130,23 @@ def out_path(out: str | Path, flag: str = "--out") -> Path:
 
 
 def open_run(out: str | Path, kind: str, config: dict, *, check_keys: Iterable[str] = (),
-             parent: RunFolder | None = None) -> RunFolder:
-    """Check that ``out`` may hold a ``kind`` run with ``config``; writes nothing (see the module doc)."""
+             parent: RunFolder | None = None, upgrade: Callable[[dict], dict] | None = None) -> RunFolder:
+    """Check that ``out`` may hold a ``kind`` run with ``config``; writes nothing (see the module doc).
+    ``upgrade`` turns the settings an older posbias recorded into today's form before they are compared
+    (e.g. a comma-separated string that is a list now)."""
     if kind not in KINDS:
         raise ValueError(f"unknown run kind {kind!r}; known: {', '.join(KINDS)}")
     path = out_path(out)
     check_keys = tuple(check_keys)
     if path.is_dir():  # an existing folder is claimed now (and checked again once held); a new one when committed
-        _check_folder(path, kind, config, check_keys)
+        _check_folder(path, kind, config, check_keys, upgrade)
         hold(path)
-    resuming = _check_folder(path, kind, config, check_keys)
-    return RunFolder(path, kind, config, resuming=resuming, parent=parent, check_keys=check_keys)
+    resuming = _check_folder(path, kind, config, check_keys, upgrade)
+    return RunFolder(path, kind, config, resuming=resuming, parent=parent, check_keys=check_keys, upgrade=upgrade)
 
 
-def _check_folder(path: Path, kind: str, config: dict, check_keys: tuple[str, ...]) -> bool:
+def _check_folder(path: Path, kind: str, config: dict, check_keys: tuple[str, ...],
+                  upgrade: Callable[[dict], dict] | None = None) -> bool:
     """Whether ``path`` holds a ``kind`` run that a run with ``config`` resumes (False: missing or
     empty); a ``ValueError`` for another kind of run, other settings under ``check_keys`` or a folder
     that holds no run."""
@@ -130,6 +157,8 @@ def _check_folder(path: Path, kind: str, config: dict, check_keys: tuple[str, ..
         return False
     if kind != "apply":
         old = read_run_settings(path, required=bool(check_keys))
+        if upgrade is not None:
+            old = upgrade(old)
         diff = settings_diff(old, _roundtrip(config), check_keys)
         if diff:
             raise ValueError(f"{path} holds a run with other settings ({'; '.join(diff)}); "

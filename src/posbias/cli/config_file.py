@@ -1,0 +1,120 @@
+"""``--config FILE``: a command's settings from a JSON, TOML or YAML file, under the flags the user gave.
+
+The file holds the settings of the command's config object (:class:`posbias.training.TrainConfig`,
+:class:`posbias.study.config.StudyConfig`, :class:`posbias.search.config.SearchConfig`, the settings
+of ``eval``), by field name, as a run records them: a run folder's ``config.json`` (``{"kind": ...,
+"config": {...}}``) is read as its ``config``, so any run can be repeated or resumed with
+``--config <run>/config.json``. A flag given on the command line overrides the file's value (for
+options that hold ``key=value`` pairs, each given key overrides that key); a setting the file does
+not name keeps the flag's default. An unknown key, or a run config of another command, is one line
+naming it. YAML is read when PyYAML is installed.
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import typer
+
+from posbias.utils.io import read_text
+from posbias.utils.options import refuse_unknown
+
+CONFIG_HELP = ("settings file (JSON, TOML or YAML; a run folder's config.json too): its values apply where no "
+               "flag is given, flags override them")
+
+
+# What every run folder's config.json records beside the settings (the commit, the resolved model
+# path, how the model was loaded, an adapter's method): read back, they are derived, not settings.
+RECORDED_KEYS = ("git", "model_path", "load", "dtype", "adapter")
+
+
+def ConfigFileOption():
+    """The ``--config`` option of the commands that take a settings file."""
+    return typer.Option(None, "--config", help=CONFIG_HELP)
+
+
+def read_settings_file(path: str | Path, kind: str) -> dict[str, Any]:
+    """The settings in ``path`` (by suffix: ``.toml``, ``.yaml`` / ``.yml``, else JSON); a run
+    folder's ``config.json`` gives its ``config`` after checking that it is a ``kind`` run."""
+    path = Path(path).expanduser()
+    text = read_text(path)
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            doc = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            doc = _load_yaml(text, path)
+        else:
+            doc = json.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"--config {path}: not valid {_format(suffix)} ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"--config {path}: expected settings as key: value pairs, got {type(doc).__name__}")
+    if isinstance(doc.get("config"), dict) and isinstance(doc.get("kind"), str):  # a run folder's config.json
+        if doc["kind"] != kind:
+            raise ValueError(f"--config {path} is the config of a {doc['kind']} run; posbias {kind} needs "
+                             f"the settings of a {kind} run")
+        doc = doc["config"]
+    return doc
+
+
+def settings_with_file(ctx: typer.Context | None, path: str | Path | None, kind: str, flags: Mapping[str, Any],
+                       known: Iterable[str], *, fields_of: Mapping[str, str] | None = None,
+                       ignore: Iterable[str] = ()) -> dict[str, Any]:
+    """``flags`` (settings built from the command line, by field name) with the file's values where the
+    user gave no flag: the parameters of the command ``ctx`` given on the command line (``fields_of`` names the
+    field a parameter sets when their names differ) keep their values; dict-valued settings are merged
+    key by key (given keys win). ``ignore``: keys a run folder records beside the settings (derived
+    ones); any other key not in ``known`` is refused. Without ``path``: ``flags`` unchanged; without
+    ``ctx`` (a Python call) every setting in ``flags`` counts as given."""
+    settings = dict(flags)
+    if not path:
+        return settings
+    skip = {*ignore, *RECORDED_KEYS}
+    values = {k: v for k, v in read_settings_file(path, kind).items() if k not in skip}
+    try:
+        refuse_unknown(values, known, f"{kind} setting")
+    except ValueError as e:
+        raise ValueError(f"--config {path}: {e}") from None
+    names = given_parameters(ctx)
+    given = set(settings) if names is None else {(fields_of or {}).get(name, name) for name in names}
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(settings.get(key), dict):
+            settings[key] = {**value, **settings[key]}
+        elif key not in given:
+            settings[key] = value
+    return settings
+
+
+def require(settings: Mapping[str, Any], key: str, flag: str) -> Any:
+    """``settings[key]``, or a one-line ``ValueError`` saying that ``flag`` (or the file's ``key``) is needed."""
+    if settings.get(key) is None:
+        raise ValueError(f"missing {flag}: give it on the command line or as {key!r} in the --config file")
+    return settings[key]
+
+
+def given_parameters(ctx: typer.Context | None) -> set[str] | None:
+    """The parameters of the command ``ctx`` that the user gave (on the command line or in the
+    environment, not defaults); None without a command."""
+    if ctx is None:
+        return None
+    return {name for name in ctx.params
+            if getattr(ctx.get_parameter_source(name), "name", None) in ("COMMANDLINE", "ENVIRONMENT")}
+
+
+def _load_yaml(text: str, path: Path) -> Any:
+    try:
+        import yaml  # optional: PyYAML is not a dependency of posbias
+    except ImportError:
+        raise ValueError(f"--config {path}: reading YAML needs PyYAML (pip install pyyaml); "
+                         "or give the settings as JSON or TOML") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"--config {path}: not valid YAML ({' '.join(str(e).split())})") from None
+
+
+def _format(suffix: str) -> str:
+    return {".toml": "TOML", ".yaml": "YAML", ".yml": "YAML"}.get(suffix, "JSON")

@@ -1,0 +1,180 @@
+"""``--config FILE``: settings from JSON / TOML / YAML, flags override, a run folder's config.json fed back."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from posbias.cli.config_file import read_settings_file, settings_with_file
+from posbias.cli.main import app
+
+runner = CliRunner()
+
+
+def cli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(res, *needles):
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.output, res.output
+    for needle in needles:
+        assert needle in lines[0], (needle, res.output)
+
+
+def test_json_toml_and_yaml_files_and_a_run_config_read_alike(tmp_path):
+    settings = {"steps": 5, "lr": 0.002, "probe_tasks": ["passkey", "niah"], "model_overrides": {"hidden_size": 32}}
+    (tmp_path / "a.json").write_text(json.dumps(settings))
+    (tmp_path / "a.toml").write_text('steps = 5\nlr = 0.002\nprobe_tasks = ["passkey", "niah"]\n'
+                                     '[model_overrides]\nhidden_size = 32\n')
+    (tmp_path / "a.yaml").write_text("steps: 5\nlr: 0.002\nprobe_tasks: [passkey, niah]\n"
+                                     "model_overrides:\n  hidden_size: 32\n")
+    (tmp_path / "config.json").write_text(json.dumps({"kind": "train", "config": settings, "versions": {}}))
+    for name in ("a.json", "a.toml", "a.yaml", "config.json"):
+        assert read_settings_file(tmp_path / name, "train") == settings, name
+    with pytest.raises(ValueError, match="config of a train run; posbias study needs the settings of a study run"):
+        read_settings_file(tmp_path / "config.json", "study")
+    (tmp_path / "bad.toml").write_text("steps = \n")
+    with pytest.raises(ValueError, match="bad.toml: not valid TOML"):
+        read_settings_file(tmp_path / "bad.toml", "train")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="expected settings as key: value pairs, got list"):
+        read_settings_file(tmp_path / "list.json", "train")
+
+
+def test_yaml_without_pyyaml_is_one_line(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "yaml", None)  # import yaml -> ImportError
+    (tmp_path / "a.yml").write_text("steps: 5\n")
+    with pytest.raises(ValueError, match="reading YAML needs PyYAML"):
+        read_settings_file(tmp_path / "a.yml", "train")
+
+
+def test_outside_a_command_the_given_settings_win_and_dicts_merge(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"steps": 5, "model_overrides": {"hidden_size": 32, "pe": "x"}}))
+    got = settings_with_file(None, tmp_path / "a.json", "train", {"steps": 7, "model_overrides": {"pe": "rope"}},
+                             ["steps", "model_overrides"])
+    assert got == {"steps": 7, "model_overrides": {"hidden_size": 32, "pe": "rope"}}
+    (tmp_path / "b.json").write_text(json.dumps({"stepz": 5, "lrr": 1}))
+    with pytest.raises(ValueError, match=r"b.json: unknown train setting\(s\) lrr, stepz \(did you mean"):
+        settings_with_file(None, tmp_path / "b.json", "train", {}, ["steps", "lr"])
+
+
+def test_train_config_round_trip_flags_override_and_unknown_keys(tmp_path, tiny_tokenizer):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(["The grass is green.", "The sky is blue.", "The pass key is 12345."] * 60))
+    tok = tmp_path / "tok"
+    tiny_tokenizer.save_pretrained(tok)
+    run = tmp_path / "run"
+    res = cli("train", "--out", run, "--pe", "rope", "--steps", "2", "--context", "32", "--batch-size", "2",
+              "--tokenizer", tok, "--corpus", corpus, "--warmup", "1", "--seed", "3",
+              "--probe-tasks", "passkey,niah", "--model-opt", "num_hidden_layers=1", "--model-opt", "hidden_size=32",
+              "--model-opt", "intermediate_size=64")
+    assert res.exit_code == 0, res.output
+    first = json.loads((run / "config.json").read_text())
+    metrics = (run / "metrics.jsonl").read_text()
+    assert first["config"]["probe_tasks"] == ["passkey", "niah"] and first["config"]["warmup_steps"] == 1
+    # the run's config.json alone repeats it: same folder, same settings, nothing retrained
+    res = cli("train", "--config", run / "config.json")
+    assert res.exit_code == 0, res.output
+    again = json.loads((run / "config.json").read_text())
+    assert again["config"] == {**first["config"], "resume": True}  # resume: whether this invocation resumed
+    assert (run / "metrics.jsonl").read_text() == metrics
+    # a flag overrides the file: another folder, the rest as recorded
+    res = cli("train", "--config", run / "config.json", "--out", tmp_path / "run2", "--steps", "1")
+    assert res.exit_code == 0, res.output
+    second = json.loads((tmp_path / "run2" / "config.json").read_text())["config"]
+    assert {**second, "out": str(run), "steps": 2} == first["config"] and second["steps"] == 1
+    # a changed setting on the same folder is refused as a resume with other settings
+    one_line_error(cli("train", "--config", run / "config.json", "--seed", "4"), "other settings", "seed: 3 -> 4")
+    # unknown keys, a config of another command, no --out anywhere
+    (tmp_path / "bad.json").write_text(json.dumps({**first["config"], "stepz": 2, "lrr": 1}))
+    one_line_error(cli("train", "--config", tmp_path / "bad.json"), "unknown train setting(s) lrr, stepz")
+    (tmp_path / "study.json").write_text(json.dumps({"kind": "study", "config": {"n": 1}, "versions": {}}))
+    one_line_error(cli("train", "--config", tmp_path / "study.json"), "config of a study run")
+    (tmp_path / "no-out.toml").write_text("steps = 2\n")
+    one_line_error(cli("train", "--config", tmp_path / "no-out.toml"), "missing --out")
+
+
+def test_search_config_round_trip_and_flags_override(tmp_path):
+    from conftest import save_tiny_folder
+
+    tiny = save_tiny_folder(tmp_path / "tiny", max_positions=4096)
+    out = tmp_path / "search"
+    res = cli("search", "--model", tiny, "--task", "kv", "--num-keys", "4", "--population", "3", "--n-per-depth", "1",
+              "--batch-size", "3", "--curve", "linear", "--heldout-n", "0", "--generations", "1", "--out", out)
+    assert res.exit_code == 0, res.output
+    first = json.loads((out / "config.json").read_text())["config"]
+    assert first["overrides"] == {"population": 3, "n_per_depth": 1, "batch_size": 3, "generations": 1}
+    assert first["task_options"] == {"num_keys": 4} and first["out"] == str(out)
+    metrics = (out / "metrics.jsonl").read_text()
+    res = cli("search", "--config", out / "config.json")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["config"] == first
+    assert (out / "metrics.jsonl").read_text() == metrics  # resumed: nothing searched again
+    # flags override the file: one more generation in the same folder (a merged GA override)
+    res = cli("search", "--config", out / "config.json", "--generations", "2")
+    assert res.exit_code == 0, res.output
+    again = json.loads((out / "config.json").read_text())["config"]
+    assert again["overrides"]["generations"] == 2 and again["overrides"]["population"] == 3
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    (tmp_path / "bad.toml").write_text('populaton = 3\n')
+    one_line_error(cli("search", "--config", tmp_path / "bad.toml", "--out", tmp_path / "x"),
+                   "unknown search setting(s) populaton")
+
+
+def test_eval_config_round_trip(tmp_path):
+    from conftest import save_tiny_folder
+
+    tiny = save_tiny_folder(tmp_path / "tiny", max_positions=4096)
+    out = tmp_path / "eval"
+    res = cli("eval", "--model", tiny, "--task", "kv", "--num-keys", "4", "--n", "2", "--depths", "0,1",
+              "--out", out)
+    assert res.exit_code == 0, res.output
+    first = json.loads((out / "config.json").read_text())["config"]
+    results = (out / "results.jsonl").read_text()
+    res = cli("eval", "--config", out / "config.json")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["config"] == first
+    assert (out / "results.jsonl").read_text() == results  # resumed: nothing scored again
+    # --n from the command line over the file's: the same folder grows by one instance per depth
+    res = cli("eval", "--config", out / "config.json", "--n", "3")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["config"] == {**first, "n": 3}
+    one_line_error(cli("eval", "--config", out / "config.json", "--seed", "5"), "other settings")
+
+
+def test_compare_config_round_trip_keeps_the_method_options(tmp_path):
+    from conftest import save_tiny_folder
+
+    tiny = save_tiny_folder(tmp_path / "tiny", max_positions=4096)
+    out = tmp_path / "cmp"
+    res = cli("compare", "--model", tiny, "--task", "kv", "--num-keys", "4", "--n", "1", "--depths", "0,1",
+              "--methods", "none,pi", "--pi-factor", "1.3", "--out", out)
+    assert res.exit_code == 0, res.output
+    first = json.loads((out / "config.json").read_text())["config"]
+    assert first["method_options"]["pi"] == {"factor": 1.3} and first["batch_size"] == 8
+    res = cli("compare", "--config", out / "config.json")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["config"] == first  # pi keeps 1.3, not the flag's default
+    res = cli("compare", "--config", out / "config.json", "--out", tmp_path / "cmp2", "--pi-factor", "1.2")
+    assert res.exit_code == 0, res.output
+    second = json.loads((tmp_path / "cmp2" / "config.json").read_text())["config"]
+    assert second["method_options"]["pi"] == {"factor": 1.2} and second["methods"] == ["none", "pi"]
+
+
+def test_tune_config_round_trip(tmp_path):
+    from conftest import save_tiny_folder
+
+    tiny = save_tiny_folder(tmp_path / "tiny", max_positions=4096)
+    out = tmp_path / "tune"
+    res = cli("tune", "--model", tiny, "--task", "kv", "--num-keys", "4", "--n-per-depth", "1", "--methods", "pi",
+              "--out", out)
+    assert res.exit_code == 0, res.output
+    first = json.loads((out / "config.json").read_text())["config"]
+    results = (out / "results.jsonl").read_text()
+    res = cli("tune", "--config", out / "config.json")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["config"] == first
+    assert (out / "results.jsonl").read_text() == results  # resumed: nothing scored again
+    one_line_error(cli("tune", "--config", out / "config.json", "--seed", "2"), "other settings")
