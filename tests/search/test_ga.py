@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from posbias.search.fitness import FitnessResult, SyntheticFitness, TeacherForcedFitness, bump_objective
-from posbias.search.ga import (GAConfig, GeneticAlgorithm, Genome, crossover, genome_factors, genome_points,
+from posbias.search.ga import (GAConfig, Genome, crossover, genome_factors, genome_points,
                                identity_genome, mutate, random_genome, repair_x)
 from posbias.search.evaluators import PoolEvaluator, SerialEvaluator
 from posbias.search.loop import run_ga
