@@ -72,18 +72,17 @@ def savgol_smooth(y: np.ndarray, window: int = SAVGOL_WINDOW, order: int = SAVGO
     t = y.shape[0]
     if t < window:
         return y
-    x = np.arange(window, dtype=np.float64) - (window - 1) / 2
+    x = np.arange(window, dtype=np.float64) - (window - 1) / 2  # the window centre at 0
     basis = np.vander(x, order + 1, increasing=True)  # (W, order + 1)
-    proj = basis @ np.linalg.pinv(basis)  # (W, W): the fitted values at each window point
-    centre = proj[window // 2] if window % 2 else (proj[window // 2 - 1] + proj[window // 2]) / 2
+    pinv = np.linalg.pinv(basis)  # (order + 1, W): polynomial coefficients from the window
+    proj = basis @ pinv  # (W, W): the fitted values at each window point
+    half = window // 2
     out = np.empty_like(y, dtype=np.float64)
     windows = np.lib.stride_tricks.sliding_window_view(y, window, axis=0)  # (T - W + 1, N, W)
-    start = (window - 1) // 2
-    out[start: start + windows.shape[0]] = windows @ centre
-    out[:start] = proj[:start] @ y[:window]
-    tail = t - start - windows.shape[0]
-    if tail:
-        out[t - tail:] = proj[window - tail:] @ y[t - window:]
+    start = (window - 1) // 2  # scipy's placement: an even window's value goes to its left centre
+    out[start: start + windows.shape[0]] = windows @ pinv[0]  # the fit's value at the centre
+    out[:half] = proj[:half] @ y[:window]
+    out[t - half:] = proj[window - half:] @ y[t - window:]
     return out
 
 

@@ -60,6 +60,7 @@ token.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -228,7 +229,7 @@ def build_config(model, dims=None, layers=None, factor=0.0, skip_first=0, last_r
         factor = float(factor)
     except (TypeError, ValueError):
         raise ValueError(f"positional-hidden: factor must be a number, got {factor!r}") from None
-    if factor != factor or factor in (float("inf"), float("-inf")):
+    if not math.isfinite(factor):
         raise ValueError(f"positional-hidden: factor must be finite, got {factor}")
     return HiddenScaleConfig(
         dims=tuple(dims), layers=tuple(layers), factor=factor,
