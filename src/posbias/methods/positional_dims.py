@@ -143,3 +143,26 @@ def corpus_rows(tokenizer, texts: Sequence[str], samples: int, length: int) -> l
             return rows
     raise ValueError(f"positional-dims: the corpus gives {len(rows)} samples of {length} tokens, "
                      f"{samples} asked; use fewer --samples or a shorter --length")
+
+
+def curve_points(curve: np.ndarray, points: int = 100) -> list[float]:
+    """At most ``points`` evenly spaced values of a (T,) curve, rounded for a JSON record."""
+    idx = np.unique(np.linspace(0, len(curve) - 1, min(points, len(curve))).round().astype(int))
+    return [round(float(v), 5) for v in curve[idx]]
+
+
+def find_positional_dims(model, tokenizer, texts: Sequence[str], *, samples: int, length: int, top_k: int = 10,
+                         batch_size: int = 1) -> dict:
+    """The statistic on ``samples`` rows of ``length`` tokens of ``texts``: ``{"dims": [...], "num_layers",
+    "hidden_size", "seconds"}``; each dim record also holds its mean curve at its middle monotone layer."""
+    import time
+
+    start = time.perf_counter()
+    hidden = mean_hidden_states(model, corpus_rows(tokenizer, texts, samples, length), batch_size)
+    ranked = rank_dimensions(hidden, top_k)
+    dims = []
+    for c in ranked:
+        layer = c.monotone_layers[len(c.monotone_layers) // 2]
+        dims.append({**c.to_dict(), "curve_layer": layer, "curve": curve_points(hidden[layer, :, c.dim])})
+    return {"dims": dims, "num_layers": int(hidden.shape[0]), "hidden_size": int(hidden.shape[2]),
+            "seconds": round(time.perf_counter() - start, 1)}
