@@ -143,16 +143,24 @@ def test_skip_first_counts_absolute_positions():
         assert not torch.equal(_logits(model, ids), plain)
 
 
+def model_of(n_layers):
+    return make_tiny_model("llama", layers=n_layers)
+
+
 def test_reference_band_and_bad_options():
     assert reference_band(32) == list(range(10, 26))
     assert reference_band(24) == list(range(8, 20))
     assert reference_band(2) == [1]
+    with apply_method(model_of(12), "positional-hidden", dims=[1], band="0.5,1") as h:
+        assert h.options["layers"] == list(range(6, 12))
     model = make_tiny_model("llama", layers=3)
     for opts, words in [({"dims": [32]}, "out of range"), ({"dims": [1], "factor": "x"}, "number"),
                         ({"dims": [1], "layers": [5]}, "out of range"),
                         ({"dims": [1], "last_recompute_tokens": 0}, "last_recompute_tokens"),
                         ({"dims": [1], "dims_file": "nowhere.json"}, "both"),
-                        ({"dims_file": "nowhere.json"}, "does not exist")]:
+                        ({"dims_file": "nowhere.json"}, "does not exist"),
+                        ({"dims": [1], "band": [0.5, 0.2]}, "band"),
+                        ({"dims": [1], "band": [0.1, 0.5], "layers": [1]}, "not both")]:
         with pytest.raises(ValueError, match=words):
             apply_method(model, "positional-hidden", **opts)
 

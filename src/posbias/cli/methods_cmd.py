@@ -80,10 +80,13 @@ def tune_command(
     model: str = ModelOption(),
     task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
     methods: str = typer.Option("pi,ms-poe,attention-buckets", help="comma-separated methods to tune "
-                                                                    "(pi, ms-poe, attention-buckets, moice)"),
+                                                                    "(pi, ms-poe, attention-buckets, moice, "
+                                                                    "temperature, positional-hidden)"),
     out: str = typer.Option(..., help="tuning folder: results.jsonl, tune.md, best_settings.json (re-running resumes)"),
     n_per_depth: int = Count(8, help="search-split instances (contexts) per depth"),
     routers: Optional[str] = typer.Option(None, help="trained MoICE routers (needed to tune moice)"),
+    dims_file: Optional[str] = typer.Option(None, help="positional_dims.json of posbias positional-dims: its top "
+                                                       "3 dimensions are positional-hidden's candidates"),
     batch_size: int = Count(8, help="instances per forward pass"),
     objective: str = typer.Option("logprob", help="how the best setting is chosen: logprob | accuracy (as the "
                                                   "LPES search's --objective)"),
@@ -98,6 +101,8 @@ def tune_command(
 
     names = parse_names(methods)
     base = {"moice": {"routers": routers}} if routers else {}
+    if dims_file:
+        base["positional-hidden"] = {"dims_file": dims_file}
     best = tune_methods(model=model, task=task, methods=names, n_per_depth=n_per_depth, out=out, seed=seed,
                         batch_size=batch_size, base_options=base, log=typer.echo, objective=objective,
                         task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))

@@ -92,11 +92,20 @@ class HiddenScaleConfig:
         return not self.dims or not self.layers or self.factor == 1.0
 
 
-def reference_band(n_layers: int) -> list[int]:
-    """The reference's layers 10..25 of 32, scaled to ``n_layers`` (at least one layer)."""
-    lo = round(REFERENCE_BAND[0] * n_layers)
-    hi = max(lo + 1, round(REFERENCE_BAND[1] * n_layers))
+def reference_band(n_layers: int, band: Sequence[float] = REFERENCE_BAND) -> list[int]:
+    """Layers ``round(lo L) .. round(hi L) - 1`` of a band ``(lo, hi)`` of depth fractions (default the
+    reference's layers 10..25 of 32), at least one layer."""
+    lo = round(band[0] * n_layers)
+    hi = max(lo + 1, round(band[1] * n_layers))
     return list(range(min(lo, n_layers - 1), min(hi, n_layers)))
+
+
+def band_layers(band, n_layers: int) -> list[int]:
+    """The layers of ``band`` (``[lo, hi]`` or ``"lo,hi"``, fractions of depth with 0 <= lo < hi <= 1)."""
+    b = as_list(band, float, "positional-hidden: band")
+    if len(b) != 2 or not 0 <= b[0] < b[1] <= 1:
+        raise ValueError(f"positional-hidden: band must be two depth fractions lo,hi with 0 <= lo < hi <= 1, got {b}")
+    return reference_band(n_layers, b)
 
 
 def _cache_of(kwargs: dict):
@@ -211,7 +220,7 @@ def dims_from_file(path, top: int = 1) -> list[int]:
 
 
 def build_config(model, dims=None, layers=None, factor=0.0, skip_first=0, last_recompute_tokens=1,
-                 change_value=False, dims_file=None, dims_top=1) -> HiddenScaleConfig:
+                 change_value=False, dims_file=None, dims_top=1, band=None) -> HiddenScaleConfig:
     """Validated :class:`HiddenScaleConfig` for ``model`` (each bad option a one-line ``ValueError``)."""
     n_layers = len(get_decoder_layers(model))
     hidden = int(model.config.hidden_size)
@@ -223,8 +232,12 @@ def build_config(model, dims=None, layers=None, factor=0.0, skip_first=0, last_r
     bad = [d for d in dims if not 0 <= d < hidden]
     if bad:
         raise ValueError(f"positional-hidden: dims {bad} out of range 0..{hidden - 1} (hidden size {hidden})")
-    layers = reference_band(n_layers) if layers is None else as_layer_indices(layers, n_layers,
-                                                                              "positional-hidden: layers")
+    if layers is not None and band is not None:
+        raise ValueError("positional-hidden: give layers or band, not both")
+    if layers is not None:
+        layers = as_layer_indices(layers, n_layers, "positional-hidden: layers")
+    else:
+        layers = band_layers(REFERENCE_BAND if band is None else band, n_layers)
     try:
         factor = float(factor)
     except (TypeError, ValueError):
@@ -240,21 +253,22 @@ def build_config(model, dims=None, layers=None, factor=0.0, skip_first=0, last_r
 
 @register_method("positional-hidden", "positional hidden-state scaling (Yu et al. 2024): scale hidden dims of "
                                       "the last tokens' attention in a layer band (options dims / dims_file, "
-                                      "layers, factor, skip_first, last_recompute_tokens, change_value)",
+                                      "layers / band, factor, skip_first, last_recompute_tokens, change_value)",
                  aliases=("positional_hidden", "hidden-scale"))
 def apply_positional_hidden(model, dims: Sequence[int] | None = None, layers: Sequence[int] | None = None,
                             factor: float = 0.0, skip_first: int = 0, last_recompute_tokens: int = 1,
                             change_value: bool = False, dims_file: str | None = None,
-                            dims_top: int = 1) -> MethodHandle:
+                            dims_top: int = 1, band: Sequence[float] | None = None) -> MethodHandle:
     """Apply positional hidden-state scaling (the module docstring has each option).
 
     Args:
         dims: hidden dimensions to scale (list or ``"1,2"``).
         dims_file: take them from a ``posbias positional-dims`` JSON instead (the first ``dims_top``).
         layers: decoder layers (default: the reference band 10..25 of 32, scaled to the depth).
+        band: the layers as depth fractions ``[lo, hi]`` instead (``[0.3125, 0.8125]`` = the reference's).
     """
     cfg = build_config(model, dims, layers, factor, skip_first, last_recompute_tokens, change_value,
-                       dims_file, dims_top)
+                       dims_file, dims_top, band)
     opts = asdict(cfg)
     opts = {**opts, "dims": list(cfg.dims), "layers": list(cfg.layers)}
     if cfg.identity:
@@ -268,3 +282,24 @@ def apply_positional_hidden(model, dims: Sequence[int] | None = None, layers: Se
 
     return MethodHandle("positional-hidden", model, remove_fn=remove, options=opts, state={"scaling": state},
                         shared_prefill=False)
+
+
+TUNE_FACTORS = (0.0, -1.0, 0.5)  # 0: the published Qwen / Gemma setting, -1: Llama-2's
+TUNE_BANDS = (REFERENCE_BAND, (0.5, 1.0))
+
+
+def tune_grid(base: dict, top: int = 3) -> list[dict]:
+    """dimension x band x factor settings for ``posbias tune``: each of the first ``top`` dimensions of
+    ``base["dims_file"]`` (or each of ``base["dims"]``) alone; the first setting is the published one
+    (the best-ranked dimension, the reference band, factor 0)."""
+    if base.get("dims_file") is not None:
+        p = Path(str(base["dims_file"])).expanduser()
+        n = len(json.loads(p.read_text(encoding="utf-8")).get("dims", [])) if p.is_file() else top
+        candidates = dims_from_file(p, min(top, n))
+    else:
+        candidates = as_list(base.get("dims"), int, "positional-hidden: dims") or []
+    if not candidates:
+        raise ValueError("tune: positional-hidden needs candidate dimensions: --dims-file (from posbias "
+                         "positional-dims) or dims in the base options")
+    return [{"dims": [d], "dims_file": None, "band": list(b), "factor": f}
+            for d in candidates for b in TUNE_BANDS for f in TUNE_FACTORS]
