@@ -42,6 +42,8 @@ def search_command(
     workers: int = Count(1, help="processes (or Ray actors) scoring individuals in parallel, one model each"),
     backend: str = typer.Option("processes", help="processes (this machine) | ray (Ray actors, across nodes)"),
     ray_address: Optional[str] = typer.Option(None, help="ray.init address for --backend ray (e.g. auto)"),
+    target: str = typer.Option("rope", help="what the per-layer curve sets: rope (LPES factors) | temperature "
+                                            "(attention temperatures, default grid 0.5..2)"),
     curve: str = typer.Option("bezier", help="bezier | linear | step"),
     control_points: int = Count(4, minimum=2, help="number of control points (4 = cubic Bézier)"),
     population: Optional[int] = Count(None, minimum=2, help="override the preset's population"),
@@ -59,8 +61,9 @@ def search_command(
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
 ):
-    """Search per-layer RoPE factors (LPES GA over a curve) on the search split of a task, then
-    compare accuracy by depth before / after on held-out instances (out/heldout)."""
+    """Search per-layer RoPE factors (LPES GA over a curve; --target temperature: per-layer attention
+    temperatures) on the search split of a task, then compare accuracy by depth before / after on
+    held-out instances (out/heldout)."""
     from rich.console import Console
 
     from posbias.search.runner import run_search
@@ -82,7 +85,7 @@ def search_command(
                      grid=parse_numbers(grid, "grid") if grid else None, round_to_grid=round_to_grid,
                      overrides=overrides, log=lambda m: console.print(generation_line(m)), prune=prune,
                      backend=backend, ray_address=ray_address, objective=objective,
-                     shared_context=shared_context)
+                     shared_context=shared_context, target=target)
     base = f"{res.baseline_accuracy:.3f}" if res.baseline_accuracy is not None else "n/a"
     console.print(f"best search-split accuracy {res.accuracy:.3f} (unpatched {base}); factors: {res.factors_path}")
     console.print("factors: " + ", ".join(f"{f:.3f}" for f in res.factors))
@@ -91,7 +94,7 @@ def search_command(
 
         console.print(f"held-out accuracy by depth, before / after ({heldout_n} per depth) -> {Path(out) / 'heldout'}")
         before_after(model=model, task=task, factors_path=res.factors_path, out=Path(out) / "heldout", n=heldout_n,
-                     seed=seed, task_options=topts, chat=chat)
+                     seed=seed, task_options=topts, chat=chat, target=target)
         console.print((Path(out) / "heldout" / "comparison.md").read_text())
     return res
 

@@ -28,6 +28,8 @@ from posbias.architecture.layers import get_decoder_layers
 from posbias.methods.registry import MethodHandle, as_list, register_method
 
 TARGET = "temperature"  # the factors-file ``target`` of a temperature search
+#: the curve GA's default value grid for ``posbias search --target temperature`` (fine steps near 1)
+TEMPERATURE_GRID = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0)
 
 
 def query_module(attn: torch.nn.Module, layer: int) -> torch.nn.Module:

@@ -47,7 +47,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 BEST = "best_factors.json"
 # Settings that must match when a search folder is resumed (``generations`` may grow).
 RESUME_KEYS = ("model", "task", "seed", "curve", "control_points", "task_options", "weights", "chat", "ga",
-               "n_per_depth", "prune", "objective", "shared_context")
+               "n_per_depth", "prune", "objective", "shared_context", "target")
 
 
 # -- the real search -----------------------------------------------------------------------------
@@ -68,7 +68,7 @@ class SearchResult:
 def build_fitness(model_spec: str, task: str, *, n_per_depth: int, seed: int, task_options: dict,
                   depths: Sequence[float] = DEFAULT_DEPTHS, weights=None, batch_size: int = 4,
                   chat: bool = False, model=None, tokenizer=None, objective: str = "accuracy",
-                  shared_context: bool = False):
+                  shared_context: bool = False, target: str = "rope"):
     """The teacher-forced fitness of ``model_spec`` on the *search* split of ``task`` (with
     ``shared_context``: each search context asked at every depth, scored from one prefill)."""
     from posbias.evaluation.runner import check_fits
@@ -82,7 +82,7 @@ def build_fitness(model_spec: str, task: str, *, n_per_depth: int, seed: int, ta
     instances = build_instances(model, tokenizer, task, list(depths), n_per_depth, seed, "search", opts)
     check_fits(model, tokenizer, instances, chat)
     fit = TeacherForcedFitness(model, tokenizer, instances, weights=weights, batch_size=batch_size, chat=chat,
-                               objective=objective, shared=shared_context)
+                               objective=objective, shared=shared_context, target=target)
     fit.num_layers = len(get_decoder_layers(model))
     return fit
 
@@ -94,7 +94,7 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
                overrides: dict | None = None, log: Callable[[dict], None] | None = None,
                loaded: tuple | None = None, prune: bool = True, backend: str = "processes",
                ray_address: str | None = None, objective: str = DEFAULT_OBJECTIVE,
-               shared_context: bool = True) -> SearchResult:
+               shared_context: bool = True, target: str = "rope") -> SearchResult:
     """Search per-layer factors for ``model`` on ``task`` and write the run folder ``out``.
 
     Args:
@@ -111,6 +111,9 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
             every depth (tasks that offer it: ``kv``, multi-key ``niah``; ignored for the others and
             under ``chat``). The
             held-out table always uses the standard protocol (one question per prompt).
+        target: ``rope`` (LPES: per-layer RoPE factors) or ``temperature`` (per-layer attention
+            temperatures, :mod:`posbias.methods.temperature`; default grid
+            :data:`~posbias.methods.temperature.TEMPERATURE_GRID`); the values file records it.
     Returns:
         :class:`SearchResult`; the factors file is ``out/best_factors.json``.
     """
@@ -118,22 +121,22 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
         task, preset=preset, workers=workers, backend=backend, loaded=loaded, overrides=overrides,
         control_points=control_points, curve=curve, grid=grid, round_to_grid=round_to_grid,
         task_options=task_options, objective=objective, shared_context=shared_context, chat=chat,
-        weights=weights, seed=seed)
+        weights=weights, seed=seed, target=target)
     config = {"model": model, "task": task, "preset": preset, "seed": seed, "curve": curve,
               "control_points": control_points, "task_options": task_options, "weights": weights,
               "chat": chat, "ga": cfg.to_dict(), **{k: settings[k] for k in RUN_KEYS}, "workers": workers,
-              "prune": prune, "objective": objective, "shared_context": shared_context}
+              "prune": prune, "objective": objective, "shared_context": shared_context, "target": target}
     folder = open_run(out, "search", config, check_keys=RESUME_KEYS)
     out = folder.path
     if not resume and (out / CHECKPOINT).exists():
         raise ValueError(already_searched(out))
     factory = functools.partial(build_fitness, model, task, n_per_depth=settings["n_per_depth"], seed=seed,
                                 task_options=task_options, weights=weights, batch_size=settings["batch_size"],
-                                chat=chat, objective=objective, shared_context=shared_context)
+                                chat=chat, objective=objective, shared_context=shared_context, target=target)
     evaluator, num_layers = _make_evaluator(factory, workers, backend, ray_address, loaded)
     meta = {"model": model, "task": task, "seed": seed, "preset": preset, "task_options": task_options,
             "n_per_depth": settings["n_per_depth"], "generations_planned": settings["generations"],
-            "curve": curve, "round_to_grid": list(cfg.grid) if round_to_grid else None}
+            "curve": curve, "round_to_grid": list(cfg.grid) if round_to_grid else None, "target": target}
     write_outputs = functools.partial(_write_factors, out / BEST, meta=meta)
     try:
         res = run_ga(evaluator, cfg, num_layers=num_layers, generations=settings["generations"], seed=seed,
@@ -145,7 +148,8 @@ def run_search(model: str = "smollm2-135m", task: str = "kv", *, out: str | Path
             evaluator.fitness.close()
     folder.commit()
     write_outputs(res)
-    _plot_search(out, res, title=f"LPES factors ({model}, {task})")
+    what = "LPES factors" if target == "rope" else "attention temperatures"
+    _plot_search(out, res, title=f"{what} ({model}, {task})")
     return _search_result(out, res, cfg, curve)
 
 
@@ -173,10 +177,11 @@ RUN_KEYS = ("generations", "n_per_depth", "batch_size")  # preset keys that are 
 
 
 def _check_request(task: str, *, preset, workers, backend, loaded, overrides, control_points, curve, grid,
-                   round_to_grid, task_options, objective, shared_context, chat, weights, seed):
+                   round_to_grid, task_options, objective, shared_context, chat, weights, seed, target="rope"):
     """Everything checkable before the model loads; ``(settings, GAConfig, task_options, shared_context)``."""
+    from posbias.methods.temperature import TEMPERATURE_GRID
     from posbias.patching.curves import DEFAULT_GRID
-    from posbias.search.fitness import _dkey, _normalise_weights
+    from posbias.search.fitness import SEARCH_TARGETS, _dkey, _normalise_weights
     from posbias.tasks import precheck_instances
     from posbias.tasks.base import check_int
 
@@ -187,10 +192,13 @@ def _check_request(task: str, *, preset, workers, backend, loaded, overrides, co
         raise ValueError(f"unknown backend {backend!r}; choose processes or ray")
     if loaded is not None and (workers > 1 or backend == "ray"):
         raise ValueError("loaded=(model, tokenizer) cannot be shared with workers")
+    if target not in SEARCH_TARGETS:
+        raise ValueError(f"unknown search target {target!r}; choose one of {', '.join(SEARCH_TARGETS)}")
     settings = {**PRESETS[preset], **(overrides or {})}
     for key in RUN_KEYS:
         check_int(key, settings[key])
-    cfg = GAConfig(n_control=control_points, curve=curve, grid=tuple(grid or DEFAULT_GRID),
+    default = TEMPERATURE_GRID if target == "temperature" else DEFAULT_GRID
+    cfg = GAConfig(n_control=control_points, curve=curve, grid=tuple(grid or default),
                    round_to_grid=round_to_grid, **{k: v for k, v in settings.items() if k not in RUN_KEYS})
     task_options = dict(task_options or {})
     if objective not in OBJECTIVES:
@@ -226,4 +234,5 @@ def _write_factors(path: Path, res: GAResult, *, meta: dict) -> None:
         generations=res.generations, seed=meta["seed"], preset=meta["preset"], task_options=meta["task_options"],
         search_split="search", n_per_depth=meta["n_per_depth"],
         interim=res.generations < meta["generations_planned"], generations_planned=meta["generations_planned"],
+        **({"target": meta["target"]} if meta["target"] != "rope" else {}),
     )
