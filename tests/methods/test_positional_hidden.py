@@ -175,3 +175,20 @@ def test_dims_file(tmp_path):
         assert h.options["dims"] == [3, 7]
     with pytest.raises(ValueError, match="lists 2"):
         apply_method(model, "positional-hidden", dims_file=str(f), dims_top=3)
+
+
+def test_shared_context_scoring_falls_back_to_one_prompt_per_question(tiny_tokenizer):
+    """Where the scaled rows are depends on where each prompt ends: a shared-context scorer prefills each
+    prompt alone (same records as per-question scoring), and the answer goes through the cache."""
+    from posbias.evaluation.teacher_forced import score_instances
+    from posbias.tasks.kv import make_kv
+
+    model = make_tiny_model("qwen2", layers=3)
+    insts = make_kv(n=2, depths=[0.0, 1.0], seed=0, split="search", num_keys=5, shared_context=True)
+    plain = score_instances(model, tiny_tokenizer, insts, batch_size=4, shared=True)
+    with apply_method(model, "positional-hidden", dims=[4], layers=[1, 2], factor=0.0) as h:
+        shared = score_instances(h.model, tiny_tokenizer, insts, batch_size=4, shared=True)
+        alone = score_instances(h.model, tiny_tokenizer, insts, batch_size=1, shared=False)
+    for a, b in zip(shared, alone):
+        assert a["em"] == b["em"] and a["logprob"] == pytest.approx(b["logprob"], abs=1e-4)
+    assert any(abs(a["logprob"] - p["logprob"]) > 1e-4 for a, p in zip(shared, plain))
