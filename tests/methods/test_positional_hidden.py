@@ -192,3 +192,19 @@ def test_shared_context_scoring_falls_back_to_one_prompt_per_question(tiny_token
     for a, b in zip(shared, alone):
         assert a["em"] == b["em"] and a["logprob"] == pytest.approx(b["logprob"], abs=1e-4)
     assert any(abs(a["logprob"] - p["logprob"]) > 1e-4 for a, p in zip(shared, plain))
+
+
+def test_a_call_that_raised_leaves_nothing_behind():
+    model = make_tiny_model("llama", layers=2)
+    ids = _ids(t=10, b=1)
+    with apply_method(model, "positional-hidden", dims=[3], layers=[1], factor=0.0) as h:
+        ref = _logits(model, ids)
+        boom = model.model.layers[1].self_attn.o_proj.register_forward_hook(lambda *a: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            _logits(model, ids)
+        boom.remove()
+        assert torch.equal(_logits(model, ids), ref)
+        with torch.no_grad():  # a decoding step after the failed prefill uses no stale tensor
+            out = model(input_ids=ids[:, :6], use_cache=True)
+            model(input_ids=ids[:, 6:7], cache=out.past_key_values, use_cache=True)
+        assert not h.state["scaling"]._plain_out and not h.state["scaling"]._plain_in

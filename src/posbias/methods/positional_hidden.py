@@ -163,6 +163,7 @@ class PositionalHiddenScaling:
             past = 0 if cache is None else int(cache.get_seq_length(layer))
             q_len = hidden.shape[1]
             self._plain_out.pop(layer, None)  # nothing left over from a call that raised
+            self._plain_in.pop(layer, None)
             if past == 0 and q_len > self.cfg.last_recompute_tokens:  # prefill: most rows stay the model's own
                 plain_kwargs = {k: v for k, v in kwargs.items() if k not in ("hidden_states", "cache",
                                                                               "past_key_values", "past_key_value")}
