@@ -9,7 +9,7 @@ from posbias.evaluation.scoring import prompt_dependent
 from posbias.methods import apply_method
 from posbias.methods.positional_hidden import HiddenScaleConfig, PositionalHiddenScaling, reference_band
 
-LAYOUTS = ["llama", "qwen2-gqa7", "gemma3"]
+LAYOUTS = ["llama", "qwen2-gqa7", "qwen3", "mistral", "gemma3"]
 
 
 def _ids(t=14, b=2, seed=0):
@@ -208,3 +208,10 @@ def test_a_call_that_raised_leaves_nothing_behind():
             out = model(input_ids=ids[:, :6], use_cache=True)
             model(input_ids=ids[:, 6:7], cache=out.past_key_values, use_cache=True)
         assert not h.state["scaling"]._plain_out and not h.state["scaling"]._plain_in
+
+
+def test_fused_projection_is_refused_in_one_line():
+    model = make_variant_model("phi3")
+    with pytest.raises(ValueError, match="no separate q_proj"):
+        apply_method(model, "positional-hidden", dims=[1], factor=0.0)
+    assert not model.model.layers[-1].self_attn._forward_pre_hooks
