@@ -103,3 +103,10 @@ def test_lpes_refuses_a_temperature_file(tmp_path):
     save_factors_file(f, factors=[1.0, 1.5, 2.0], target="temperature")
     with pytest.raises(ValueError, match="temperature values, not RoPE factors"):
         apply_method(make_tiny_model("llama", layers=3), "lpes", factors=str(f))
+
+
+def test_fused_qkv_is_refused_in_one_line():
+    model = make_variant_model("phi3")
+    with pytest.raises(ValueError, match="fused qkv"):
+        apply_method(model, "temperature", t=1.5)
+    assert not any(m._forward_hooks for m in model.modules())
