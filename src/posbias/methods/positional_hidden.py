@@ -137,7 +137,7 @@ class PositionalHiddenScaling:
             if not isinstance(getattr(attn, name, None), torch.nn.Module):
                 raise ValueError(f"positional-hidden: layer {layer} attention ({type(attn).__name__}) has no "
                                  f"separate {name}; only attention with q_proj / k_proj / v_proj is supported")
-        self._hooks.append(attn.register_forward_pre_hook(self._pre_hook(layer, attn), with_kwargs=True))
+        self._hooks.append(attn.register_forward_pre_hook(self._pre_hook(layer), with_kwargs=True))
         self._hooks.append(attn.register_forward_hook(self._post_hook(layer), with_kwargs=True))
         if not self.cfg.change_value:
             self._hooks.append(attn.v_proj.register_forward_hook(self._value_hook(layer)))
@@ -155,7 +155,7 @@ class PositionalHiddenScaling:
         out[..., dims] = scaled
         return out
 
-    def _pre_hook(self, layer: int, attn):
+    def _pre_hook(self, layer: int):
         def hook(module, args, kwargs):
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             rest = args[1:] if "hidden_states" not in kwargs else args
