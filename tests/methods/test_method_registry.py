@@ -15,6 +15,8 @@ IDENTITY = {
     "ms-poe": {"r_min": 1.0, "r_max": 1.0, "skip_layers": 0},
     "attention-buckets": {"multipliers": [1.0]},
     "moice": {"multipliers": [1.0], "top_k": 1},
+    "temperature": {"t": 1.0},
+    "positional-hidden": {"dims": [3], "factor": 1.0},
 }
 # non-trivial, static settings (Ms-PoE by head index: see test_methods_ms_poe for the score order)
 ACTIVE = {
@@ -23,6 +25,7 @@ ACTIVE = {
     "ms-poe": {"order": "index", "skip_layers": 1},
     "attention-buckets": {},
     "moice": {"top_k": 2},
+    "temperature": {"t": 1.5},  # positional-hidden is prompt-dependent: tests/methods/test_positional_hidden.py
 }
 
 

@@ -85,3 +85,34 @@ def test_the_objective_chooses_the_setting_like_the_search_would():
     done = {r["key"]: r for r in (row(a, 2, -3.0), row(b, 1, -0.5))}
     assert _best(done, "pi", [a, b], "accuracy")["setting"] == a
     assert _best(done, "pi", [a, b], "logprob")["setting"] == b
+
+
+def test_tune_positional_hidden_and_temperature(tiny_folder, tmp_path):
+    """positional-hidden's grid is dimension x band x factor from a positional-dims JSON; temperature's
+    the global values; the chosen settings re-apply."""
+    from typer.testing import CliRunner
+
+    from posbias.methods.positional_hidden import TUNE_BANDS, TUNE_FACTORS
+    from posbias.search.tune import DEFAULT_GRIDS
+
+    dims = tmp_path / "dims.json"
+    dims.write_text(json.dumps({"dims": [{"dim": 5}, {"dim": 17}]}))
+    out = tmp_path / "tune"
+    args = ["tune", "--model", str(tiny_folder), "--task", "kv", "--num-keys", "4", "--n-per-depth", "1",
+            "--methods", "positional-hidden,temperature", "--dims-file", str(dims), "--out", str(out)]
+    r = CliRunner().invoke(_app(), args)
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    ph = [x["setting"] for x in rows if x["method"] == "positional-hidden"]
+    assert len(ph) == 2 * len(TUNE_BANDS) * len(TUNE_FACTORS) and {s["dims"][0] for s in ph} == {5, 17}
+    assert ph[0] == {"dims": [5], "dims_file": None, "band": [10 / 32, 26 / 32], "factor": 0.0}
+    assert len([x for x in rows if x["method"] == "temperature"]) == len(DEFAULT_GRIDS["temperature"])
+    best = json.loads((out / "best_settings.json").read_text())
+    from conftest import make_tiny_model
+    from posbias.methods import apply_method
+
+    for m in ("positional-hidden", "temperature"):
+        apply_method(make_tiny_model("qwen2", layers=3), m, **best[m]).remove()
+    r = CliRunner().invoke(_app(), ["tune", "--model", str(tiny_folder), "--methods", "positional-hidden",
+                                    "--out", str(tmp_path / "t2")])
+    assert r.exit_code == 2 and "--dims-file" in r.output

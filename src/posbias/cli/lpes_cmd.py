@@ -50,6 +50,8 @@ def search_command(
     workers: int = Count(1, help="processes (or Ray actors) scoring individuals in parallel, one model each"),
     backend: str = typer.Option("processes", help="processes (this machine) | ray (Ray actors, across nodes)"),
     ray_address: Optional[str] = typer.Option(None, help="ray.init address for --backend ray (e.g. auto)"),
+    target: str = typer.Option("rope", help="what the per-layer curve sets: rope (LPES factors) | temperature "
+                                            "(attention temperatures, default grid 0.5..2)"),
     curve: str = typer.Option("bezier", help="bezier | linear | step"),
     control_points: int = Count(4, minimum=2, help="number of control points (4 = cubic Bézier)"),
     population: Optional[int] = Count(None, minimum=2, help="override the preset's population"),
@@ -69,8 +71,9 @@ def search_command(
     device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
     config: Optional[str] = ConfigFileOption(),
 ):
-    """Search per-layer RoPE factors (LPES GA over a curve) on the search split of a task, then
-    compare accuracy by depth before / after on held-out instances (out/heldout)."""
+    """Search per-layer RoPE factors (LPES GA over a curve; --target temperature: per-layer attention
+    temperatures) on the search split of a task, then compare accuracy by depth before / after on
+    held-out instances (out/heldout)."""
     import dataclasses
 
     from rich.console import Console
@@ -88,7 +91,7 @@ def search_command(
                  weights=parse_numbers(weights, "weights") if weights else None, chat=chat,
                  grid=parse_numbers(grid, "grid") if grid else None, round_to_grid=round_to_grid,
                  overrides=overrides, prune=prune, backend=backend, ray_address=ray_address, objective=objective,
-                 shared_context=shared_context, heldout_n=heldout_n)
+                 shared_context=shared_context, heldout_n=heldout_n, target=target)
     # the GA overrides and task options are dicts: merged key by key with the file's
     flags = settings_with_file(ctx, config, "search", flags, field_names(SearchConfig), ignore=DERIVED_KEYS)
     require(flags, "out", "--out")
@@ -111,7 +114,7 @@ def search_command(
         heldout = Path(cfg.out) / "heldout"
         console.print(f"held-out accuracy by depth, before / after ({cfg.heldout_n} per depth) -> {heldout}")
         before_after(model=cfg.model, task=cfg.task, factors_path=res.factors_path, out=heldout, n=cfg.heldout_n,
-                     seed=cfg.seed, task_options=cfg.task_options, chat=cfg.chat, load=load)
+                     seed=cfg.seed, task_options=cfg.task_options, chat=cfg.chat, load=load, target=cfg.target)
         console.print((heldout / "comparison.md").read_text())
     return res
 

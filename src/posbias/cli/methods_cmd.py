@@ -90,11 +90,14 @@ def tune_command(
     model: str = ModelOption(),
     task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
     methods: str = typer.Option("pi,ms-poe,attention-buckets", help="comma-separated methods to tune "
-                                                                    "(pi, ms-poe, attention-buckets, moice)"),
+                                                                    "(pi, ms-poe, attention-buckets, moice, "
+                                                                    "temperature, positional-hidden)"),
     out: Optional[str] = typer.Option(None, help="tuning folder: results.jsonl, tune.md, best_settings.json "
                                                  "(re-running resumes); required unless --config names it"),
     n_per_depth: int = Count(8, help="search-split instances (contexts) per depth"),
     routers: Optional[str] = typer.Option(None, help="trained MoICE routers (needed to tune moice)"),
+    dims_file: Optional[str] = typer.Option(None, help="positional_dims.json of posbias positional-dims: its top "
+                                                       "3 dimensions are positional-hidden's candidates"),
     batch_size: int = Count(8, help="instances per forward pass"),
     workers: int = Count(1, help="processes scoring settings in parallel, one model each (one GPU each on a "
                                  "CUDA machine)"),
@@ -112,9 +115,11 @@ def tune_command(
     from posbias.search.tune import tune_methods
 
     load = load_options(device, dtype, revision)
+    base = {"moice": {"routers": routers}} if routers else {}
+    if dims_file:
+        base["positional-hidden"] = {"dims_file": dims_file}
     flags = dict(model=model, task=task, methods=parse_names(methods), n_per_depth=n_per_depth, out=out, seed=seed,
-                 batch_size=batch_size, base_options={"moice": {"routers": routers}} if routers else {},
-                 objective=objective,
+                 batch_size=batch_size, base_options=base, objective=objective,
                  task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
                  load=load, workers=workers)
     settings = settings_with_file(ctx, config, "tune", flags,

@@ -13,7 +13,9 @@ def apply_lpes(model, factors: str | None = None) -> MethodHandle:
     path = Path(str(factors)).expanduser()
     if not path.exists():
         raise ValueError(f"lpes: factors file {path} does not exist")
-    from posbias.patching.rope_scaling import apply_factors_file
+    from posbias.patching.rope_scaling import apply_factors_file, load_factors_file
 
+    if load_factors_file(path).get("target", "rope") != "rope":  # e.g. a temperature search's curve
+        raise ValueError(f"lpes: {path} holds {load_factors_file(path)['target']} values, not RoPE factors")
     inner = apply_factors_file(model, path)
     return MethodHandle("lpes", model, remove_fn=inner.remove, options={"factors": str(path)}, state={"patch": inner})

@@ -25,6 +25,8 @@ class SearchConfig:
             individuals that cannot reach the elite; ``shared_context``: one prefill per search context.
         chat: wrap prompts in the tokenizer's chat template.
         heldout_n: held-out instances per depth of ``posbias search``'s before / after table (0: none).
+        target: ``rope`` (LPES: per-layer RoPE factors) or ``temperature`` (per-layer attention
+            temperatures, :mod:`posbias.methods.temperature`); the values file records it.
     """
 
     out: str | None = None
@@ -47,6 +49,7 @@ class SearchConfig:
     shared_context: bool = True
     chat: bool = False
     heldout_n: int = 20
+    target: str = "rope"
 
 
 # what a search folder's config.json records beside the SearchConfig fields (resolved from them)

@@ -198,11 +198,16 @@ class TeacherForcedFitness:
         objective: ``"accuracy"`` or ``"logprob"`` (see the module docstring).
         shared: score the questions of one shared context from one prefill (instances made with
             ``shared_context=True``; equal scores, see :mod:`posbias.evaluation.scoring`).
+        target: what the per-layer values are (:data:`SEARCH_TARGETS`): ``rope`` (LPES factors) or
+            ``temperature`` (attention temperatures, :mod:`posbias.methods.temperature`).
     """
 
     def __init__(self, model, tokenizer, instances: Sequence[Any], *, weights=None, batch_size: int = 4,
                  chunk_size: int | None = None, chat: bool = True, objective: str = "accuracy",
-                 shared: bool = True):
+                 shared: bool = True, target: str = "rope"):
+        if target not in SEARCH_TARGETS:
+            raise ValueError(f"unknown search target {target!r}; choose one of {', '.join(SEARCH_TARGETS)}")
+        self.target = target
         if not instances:
             raise ValueError("no search instances")
         if objective not in OBJECTIVES:
@@ -241,12 +246,11 @@ class TeacherForcedFitness:
         ``partial`` (an earlier pruned result of the same factors) is continued, not redone.
         """
         from posbias.evaluation.teacher_forced import score_instances
-        from posbias.patching.rope_scaling import apply_layer_scaling
 
         res = FitnessResult.from_dict(partial.to_dict()) if partial is not None else self.empty_result()
         res.pruned = False
         t0, f0 = time.perf_counter(), self._forwards
-        with apply_layer_scaling(self.model, factors):
+        with apply_values(self.model, self.target, factors):
             while res.n_scored < res.n_total:
                 if threshold is not None and res.upper_bound < threshold:
                     res.pruned = True
@@ -259,6 +263,20 @@ class TeacherForcedFitness:
         res.forward_passes += self._forwards - f0
         res.seconds += time.perf_counter() - t0
         return res
+
+
+SEARCH_TARGETS = ("rope", "temperature")
+
+
+def apply_values(model, target: str, values: Sequence[float]):
+    """Apply one per-layer value set of a search ``target``; the handle removes it (a context manager)."""
+    if target == "temperature":
+        from posbias.methods.temperature import TemperatureHooks
+
+        return TemperatureHooks(model, values)
+    from posbias.patching.rope_scaling import apply_layer_scaling
+
+    return apply_layer_scaling(model, values)
 
 
 def empty_result(instances: Sequence[Any], weights=None, objective: str = "accuracy") -> FitnessResult:

@@ -50,7 +50,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 BEST = "best_factors.json"
 # Settings that must match when a search folder is resumed (``generations`` may grow).
 RESUME_KEYS = ("model", "model_path", "task", "seed", "curve", "control_points", "task_options", "weights", "chat",
-               "ga", "n_per_depth", "prune", "objective", "shared_context", "dtype")
+               "ga", "n_per_depth", "prune", "objective", "shared_context", "dtype", "target")
 
 
 # -- the real search -----------------------------------------------------------------------------
@@ -73,7 +73,7 @@ def build_fitness(cfg: SearchConfig, *, n_per_depth: int, batch_size: int = 4,
                   depths: Sequence[float] = DEFAULT_DEPTHS, model=None, tokenizer=None, load=None):
     """The teacher-forced fitness of ``cfg.model`` (loaded with ``load``, a :class:`LoadOptions`) on the
     *search* split of ``cfg.task`` (with ``cfg.shared_context``: each search context asked at every
-    depth, scored from one prefill)."""
+    depth, scored from one prefill), scoring ``cfg.target`` values."""
     from posbias.evaluation.runner import check_fits
     from posbias.evaluation.session import build_instances
     from posbias.models import get_decoder_layers, load_model
@@ -85,14 +85,15 @@ def build_fitness(cfg: SearchConfig, *, n_per_depth: int, batch_size: int = 4,
     instances = build_instances(model, tokenizer, cfg.task, list(depths), n_per_depth, cfg.seed, "search", opts)
     check_fits(model, tokenizer, instances, cfg.chat)
     fit = TeacherForcedFitness(model, tokenizer, instances, weights=cfg.weights, batch_size=batch_size,
-                               chat=cfg.chat, objective=cfg.objective, shared=cfg.shared_context)
+                               chat=cfg.chat, objective=cfg.objective, shared=cfg.shared_context, target=cfg.target)
     fit.num_layers = len(get_decoder_layers(model))
     return fit
 
 
 def run_search(cfg: SearchConfig, *, resume: bool = False, log: Callable[[dict], None] | None = None,
                loaded: tuple | None = None, load: LoadOptions | None = None) -> SearchResult:
-    """Search per-layer factors for ``cfg.model`` on ``cfg.task`` and write the run folder ``cfg.out``.
+    """Search per-layer factors (``cfg.target``: RoPE factors for LPES, or attention temperatures) for
+    ``cfg.model`` on ``cfg.task`` and write the run folder ``cfg.out``.
 
     Args:
         cfg: the search's settings (:class:`posbias.search.config.SearchConfig`; ``workers > 1`` scores
@@ -122,7 +123,7 @@ def run_search(cfg: SearchConfig, *, resume: bool = False, log: Callable[[dict],
     meta = {"model": cfg.model, "task": cfg.task, "seed": cfg.seed, "preset": cfg.preset,
             "task_options": cfg.task_options, "n_per_depth": settings["n_per_depth"],
             "generations_planned": settings["generations"], "curve": cfg.curve,
-            "round_to_grid": list(ga.grid) if cfg.round_to_grid else None}
+            "round_to_grid": list(ga.grid) if cfg.round_to_grid else None, "target": cfg.target}
     write_outputs = functools.partial(_write_factors, out / BEST, meta=meta)
     try:
         res = run_ga(evaluator, ga, num_layers=num_layers, generations=settings["generations"], seed=cfg.seed,
@@ -134,7 +135,8 @@ def run_search(cfg: SearchConfig, *, resume: bool = False, log: Callable[[dict],
             evaluator.fitness.close()
     folder.commit()
     write_outputs(res)
-    _plot_search(out, res, title=f"LPES factors ({cfg.model}, {cfg.task})")
+    what = "LPES factors" if cfg.target == "rope" else "attention temperatures"
+    _plot_search(out, res, title=f"{what} ({cfg.model}, {cfg.task})")
     return _search_result(out, res, ga, cfg.curve)
 
 
@@ -164,8 +166,9 @@ RUN_KEYS = ("generations", "n_per_depth", "batch_size")  # preset keys that are 
 def _check_request(cfg: SearchConfig, loaded) -> tuple[dict, GAConfig, SearchConfig]:
     """Everything checkable before the model loads: ``(settings of the preset with its overrides,
     GAConfig, cfg with its task options and shared_context as the search uses them)``."""
+    from posbias.methods.temperature import TEMPERATURE_GRID
     from posbias.patching.curves import DEFAULT_GRID
-    from posbias.search.fitness import _dkey, _normalise_weights
+    from posbias.search.fitness import SEARCH_TARGETS, _dkey, _normalise_weights
     from posbias.tasks import precheck_instances
     from posbias.tasks.base import check_int
 
@@ -176,10 +179,13 @@ def _check_request(cfg: SearchConfig, loaded) -> tuple[dict, GAConfig, SearchCon
         raise ValueError(f"unknown backend {cfg.backend!r}; choose processes or ray")
     if loaded is not None and (cfg.workers > 1 or cfg.backend == "ray"):
         raise ValueError("loaded=(model, tokenizer) cannot be shared with workers")
+    if cfg.target not in SEARCH_TARGETS:
+        raise ValueError(f"unknown search target {cfg.target!r}; choose one of {', '.join(SEARCH_TARGETS)}")
     settings = {**PRESETS[cfg.preset], **(cfg.overrides or {})}
     for key in RUN_KEYS:
         check_int(key, settings[key])
-    ga = GAConfig(n_control=cfg.control_points, curve=cfg.curve, grid=tuple(cfg.grid or DEFAULT_GRID),
+    default = TEMPERATURE_GRID if cfg.target == "temperature" else DEFAULT_GRID
+    ga = GAConfig(n_control=cfg.control_points, curve=cfg.curve, grid=tuple(cfg.grid or default),
                   round_to_grid=cfg.round_to_grid, **{k: v for k, v in settings.items() if k not in RUN_KEYS})
     task_options = dict(cfg.task_options or {})
     if cfg.objective not in OBJECTIVES:
@@ -230,4 +236,5 @@ def _write_factors(path: Path, res: GAResult, *, meta: dict) -> None:
         generations=res.generations, seed=meta["seed"], preset=meta["preset"], task_options=meta["task_options"],
         search_split="search", n_per_depth=meta["n_per_depth"],
         interim=res.generations < meta["generations_planned"], generations_planned=meta["generations_planned"],
+        **({"target": meta["target"]} if meta["target"] != "rope" else {}),
     )

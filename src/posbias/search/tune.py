@@ -34,8 +34,18 @@ DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
         [1.0, 1.5, 2.0, 3.0, 4.0],             # wide
     )],
     "moice": [{"top_k": k} for k in (7, 1, 2, 3)],
+    "temperature": [{"t": t} for t in (1.0, 0.8, 0.9, 1.1, 1.25, 1.5, 2.0)],
 }
 TUNE_KEYS = ("model", "model_path", "task", "seed", "n_per_depth", "task_options", "base_options", "dtype")
+
+
+def default_grid(method: str, base: dict) -> list[dict]:
+    """The grid of ``method``; positional-hidden's is built from its candidate dimensions in ``base``."""
+    if method == "positional-hidden":
+        from posbias.methods.positional_hidden import tune_grid
+
+        return tune_grid(base)
+    return DEFAULT_GRIDS.get(method, [])
 
 
 def setting_key(method: str, setting: dict) -> str:
@@ -123,10 +133,11 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     task_options, base_options = dict(task_options or {}), dict(base_options or {})
-    grids = {m: list((grids or {}).get(m) or DEFAULT_GRIDS.get(m, [])) for m in methods}
+    grids = {m: list((grids or {}).get(m) or default_grid(m, base_options.get(m, {}))) for m in methods}
     for m in methods:
         if not grids[m]:
-            raise ValueError(f"tune: no settings grid for method {m!r} (tunable: {', '.join(DEFAULT_GRIDS)})")
+            raise ValueError(f"tune: no settings grid for method {m!r} "
+                             f"(tunable: {', '.join(DEFAULT_GRIDS)}, positional-hidden)")
         if m == "moice" and not base_options.get("moice", {}).get("routers"):
             raise ValueError("tune: moice needs trained routers (--routers, from posbias train-moice)")
         for setting in grids[m]:
