@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
-from posbias.cli.common import Count, ModelOption, friendly_errors
+from posbias.cli.common import Count, Device, Dtype, ModelOption, Revision, friendly_errors, load_options
 
 RESULT = "positional_dims.json"
 
@@ -21,20 +22,24 @@ def positional_dims_command(
     length: int = Count(1000, minimum=20, help="tokens per row (the reference: 1000)"),
     top_k: int = Count(10, "--top-k", help="dimensions listed, smoothest first"),
     batch_size: int = Count(1, help="rows per forward pass"),
+    device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
 ):
     """Rank hidden dimensions by how smoothly and monotonically their corpus-mean value follows the
     token position (the statistic of Yu et al. 2024, arXiv 2406.02536), print the top ones and
     write them as JSON."""
     from posbias.methods.positional_dims import find_positional_dims
     from posbias.models import load_model
+    from posbias.models.options import load_settings
     from posbias.utils.corpus import load_texts
     from posbias.utils.io import atomic_write_json
     from posbias.utils.run_folder import open_run
 
+    load = load_options(device, dtype, revision)
     config = {"model": model, "corpus": corpus, "samples": samples, "length": length, "top_k": top_k}
-    folder = open_run(out, "positional-dims", config, check_keys=tuple(config))
+    folder = open_run(out, "positional-dims", {**config, **load_settings(model, load)},
+                      check_keys=(*config, "dtype"))
     texts = load_texts(corpus)
-    lm, tok = load_model(model)
+    lm, tok = load_model(model, load)
     res = find_positional_dims(lm, tok, texts, samples=samples, length=length, top_k=top_k, batch_size=batch_size)
     folder.commit()
     atomic_write_json(folder.path / RESULT, {"model": model, "corpus": corpus, "samples": samples,
