@@ -47,7 +47,8 @@ def eval_command(
     batch_size: int = Count(8, help="instances per forward pass"),
     chat: bool = typer.Option(False, "--chat/--no-chat", help="wrap prompts in the tokenizer's chat template"),
     max_new_tokens: int = Count(16, help="greedy generation: tokens generated at most"),
-    method: str = typer.Option("none", help="none | pi | lpes | ms-poe | attention-buckets | moice"),
+    method: str = typer.Option("none", help="none | pi | lpes | ms-poe | attention-buckets | moice | temperature | "
+                                            "positional-hidden"),
     method_opt: Optional[list[str]] = typer.Option(None, "--method-opt", help="method option key=value (repeatable)"),
     factors: Optional[str] = typer.Option(None, help=FACTORS_HELP),
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
