@@ -74,6 +74,7 @@ SUBCOMMAND_MODULES = [
     "posbias.cli.methods_cmd",
     "posbias.cli.train_cmd",
     "posbias.cli.ability_cmd",
+    "posbias.cli.map_cmd",
 ]
 
 for _name in SUBCOMMAND_MODULES:

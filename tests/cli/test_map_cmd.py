@@ -1,0 +1,43 @@
+"""``posbias map`` from the command line: output, the heatmap path, and bad input as one line."""
+import pytest
+from typer.testing import CliRunner
+
+from conftest import save_tiny_folder
+from posbias.cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return save_tiny_folder(tmp_path_factory.mktemp("tiny-map"), max_positions=1024)
+
+
+def _map(folder, out, *extra):
+    return runner.invoke(app, ["map", "--model", folder, "--out", str(out), "--lengths", "96,0.125w", "--depths",
+                               "0,0.5,1", "--n", "2", "--bootstrap", "20", *extra])
+
+
+def test_map_prints_the_summary_and_the_heatmap_path(tiny_folder, tmp_path):
+    res = _map(tiny_folder, tmp_path / "m", "--methods", "none,pi@factor=0.9")
+    assert res.exit_code == 0, res.output
+    assert "| pi@factor=0.9 |" in res.output and "128 (0.125w)" in res.output
+    assert res.output.strip().endswith(f"heatmap: {tmp_path / 'm' / 'heatmap_none.png'}")
+    assert (tmp_path / "m" / "heatmap_none.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--task", "mdqa"), "the map runs kv, kv-uuid, niah, passkey"),
+    (("--lengths", "0.1x"), "--lengths: '0.1x'"),
+    (("--lengths", "4096"), "longer than the model's window (1024)"),
+    (("--methods", "pi@factr=2"), "has no option(s) factr"),
+    (("--data", "missing.jsonl.gz", "--task", "kv"), "--data is the lost-in-the-middle KV file"),
+    (("--opt", "num_keys=5"), "give --lengths, not a length or num_keys option"),
+    (("--threshold", "1.5"), "--threshold must be between 0 and 1"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tiny_folder, tmp_path, extra, message):
+    out = tmp_path / "bad"
+    res = _map(tiny_folder, out, *extra)
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert not out.exists()
