@@ -145,3 +145,29 @@ def test_bias_statistics_of_a_known_u():
     assert s["primacy"] == pytest.approx(1 - 0.5) and s["recency"] == pytest.approx(0.75 - 0.5)
     assert s["middle_dip"] == pytest.approx(0.25) and s["effective_length"] == 200
     assert bias_stats({100: flat}, depths, 0.5)["effective_length"] == math.inf
+
+
+@pytest.mark.parametrize("task, prefills", [("niah", 2), ("passkey", 2 * 3)])
+def test_niah_shares_its_haystack_and_passkey_asks_one_prompt_per_question(loaded, tmp_path, task, prefills):
+    cfg = _cfg(tmp_path / task, task=task, lengths=["400"], methods=["none"], mode="both")
+    summary = run_map(cfg, loaded, log=lambda _: None)
+    recs = read_jsonl(tmp_path / task / "results.jsonl")
+    assert len(recs) == 2 * 3 and all(r["prompt_tokens"] <= 400 and "failure" in r for r in recs)
+    assert [m["prefills"] for m in read_jsonl(tmp_path / task / "metrics.jsonl")] == [prefills]
+    assert sum(summary["failures"]["none"]["counts"].values()) == 6
+
+
+def test_figures_name_model_task_and_n(full_run, saved_figures):
+    from posbias.evaluation.bias_map import MapConfig as Cfg
+    from posbias.evaluation.map_plots import plot_map
+
+    out, summary = full_run
+    plot_map(Cfg(model="tiny", out=str(out)), out, summary)
+    heat = saved_figures["heatmap_none.png"]
+    assert "tiny / kv, n = 4 per cell" in heat._suptitle.get_text()
+    assert heat.axes[0].get_ylabel() == "prompt length (tokens)" and "depth" in heat.axes[0].get_xlabel()
+    diff = saved_figures["diff_pi@factor=1.0.png"]
+    assert "n = 4 per cell" in diff.axes[0].get_title() and not diff.axes[0].patches  # identity: nothing marked
+    curves = saved_figures["accuracy_by_depth.png"].axes[0]
+    assert len(curves.lines) == 2  # one line per length
+    assert "tokens between the gold item and the question" in saved_figures["accuracy_by_distance.png"].axes[0].get_xlabel()
