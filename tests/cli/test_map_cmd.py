@@ -41,3 +41,12 @@ def test_bad_input_is_one_line_and_writes_nothing(tiny_folder, tmp_path, extra, 
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
     assert not out.exists()
+
+
+def test_demo_is_a_small_map_ending_with_the_heatmap_path(tiny_folder, tmp_path):
+    out = tmp_path / "demo"
+    res = runner.invoke(app, ["demo", "--model", tiny_folder, "--out", str(out), "--n", "1"])
+    assert res.exit_code == 0, res.output
+    assert "| pi@factor=1.1 |" in res.output and "posbias demo --search" in res.output
+    assert res.output.strip().splitlines()[-1] == f"heatmap: {out / 'heatmap_none.png'}"
+    assert (out / "heatmap_none.png").exists() and (out / "diff_pi@factor=1.1.png").exists()

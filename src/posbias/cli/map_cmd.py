@@ -43,7 +43,7 @@ def map_command(
     """Score a depth x length grid (one prefill per shared context), summarise primacy, recency, middle
     dip and effective length with intervals (map.md, summary.json) and draw the heatmaps."""
     from posbias.evaluation.bias_map import run_map
-    from posbias.evaluation.compare import method_folder
+    from posbias.evaluation.map_plots import heatmap_path
 
     cfg = map_config(model=model, out=out, task=task, data=data, lengths=lengths, depths=depths, methods=methods,
                      factors=factors, pi_factor=pi_factor, routers=routers, settings=settings, n=n, repeats=repeats,
@@ -52,7 +52,7 @@ def map_command(
     run_map(cfg, log=typer.echo)
     folder = Path(out)
     typer.echo((folder / "map.md").read_text())
-    typer.echo(f"heatmap: {folder / f'heatmap_{method_folder(cfg.methods[0])}.png'}")
+    typer.echo(f"heatmap: {heatmap_path(cfg)}")
     return cfg
 
 

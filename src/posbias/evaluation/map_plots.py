@@ -18,6 +18,11 @@ from posbias.evaluation.plots import short_label
 from posbias.utils.figures import pyplot, save_figure
 
 
+def heatmap_path(cfg) -> Path:
+    """The heatmap of a map's first method (the one a user looks at first)."""
+    return Path(cfg.out) / f"heatmap_{method_folder(cfg.methods[0])}.png"
+
+
 def plot_map(cfg, out: Path, summary: dict) -> list[Path]:
     """Every figure of the map into ``out``; returns their paths (the first: the first method's heatmap)."""
     paths = [plot_heatmaps(summary, out / f"heatmap_{method_folder(m)}.png", m) for m in summary["methods"]]
