@@ -171,3 +171,18 @@ def test_figures_name_model_task_and_n(full_run, saved_figures):
     curves = saved_figures["accuracy_by_depth.png"].axes[0]
     assert len(curves.lines) == 2  # one line per length
     assert "tokens between the gold item and the question" in saved_figures["accuracy_by_distance.png"].axes[0].get_xlabel()
+
+
+def test_a_larger_n_scores_only_the_new_contexts(loaded, tmp_path):
+    out = tmp_path / "grow"
+    run_map(_cfg(out, methods=["none"], lengths=["160"]), loaded, log=lambda _: None)
+    first = {r["id"]: r for r in read_jsonl(out / "results.jsonl")}
+    run_map(_cfg(out, methods=["none"], lengths=["160"], n=3), loaded, log=lambda _: None)
+    after = read_jsonl(out / "results.jsonl")
+    assert len(after) == 3 * 3 and [m["questions"] for m in read_jsonl(out / "metrics.jsonl")] == [6, 3]
+    # the contexts scored first are the same contexts under the larger n (their keys were fitted alike)
+    cfg3 = _cfg(out, lengths=["160"], n=3)
+    prompts = {i.id: i for i in grid_instances(cfg3, loaded[1], Length("160", 160), 0)}
+    cfg2 = _cfg(out, lengths=["160"], n=2)
+    for inst in grid_instances(cfg2, loaded[1], Length("160", 160), 0):
+        assert prompts[inst.id].prompt == inst.prompt and inst.id in first

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -36,6 +37,9 @@ DEFAULT_WINDOW_CAP = 8192
 MAP_RESUME_KEYS = ("model", "task", "lengths", "depths", "seed", "mode", "task_options", "method_options",
                    "max_new_tokens")
 REPEAT_SEED_STRIDE = 1000  # repeat r draws its instances with seed + 1000 r
+# A KV context's number of keys is fitted on this many contexts whatever n is, so that instance i
+# is the same for every n (a larger n resumes and scores only the new contexts).
+FIT_CONTEXTS = 4
 
 
 @dataclass
@@ -142,6 +146,8 @@ def check_map(cfg: MapConfig) -> None:
     for spec in cfg.lengths:
         parse_length(spec)
     check_request(cfg.task, n=cfg.n, depths=list(cfg.depths), seed=cfg.seed, **task_options_for(cfg, 64))
+    if cfg.task_options.get("path") is not None:
+        _file_keys(cfg.task_options["path"])  # a missing or malformed data file fails here
     check_method_list(list(cfg.methods))
     for label in cfg.methods:
         check_method(*variant_options(label, cfg.method_options))
@@ -163,8 +169,8 @@ def task_options_for(cfg: MapConfig, tokens: int) -> dict[str, Any]:
 def fit_kv_keys(make: Callable[[int], list], tokenizer, length: int, max_keys: int) -> int:
     """The largest number of keys (>= 2) whose longest prompt + answer fits ``length`` tokens.
 
-    ``make(num_keys)`` builds the instances (one per context is enough). ``fit_units`` searches the
-    count of keys beyond the minimum of two."""
+    ``make(num_keys)`` builds the instances the fit looks at (one per context is enough).
+    ``fit_units`` searches the count of keys beyond the minimum of two."""
     from posbias.evaluation.batching import encode
     from posbias.tasks.fitting import fit_units
 
@@ -182,18 +188,13 @@ def grid_instances(cfg: MapConfig, tokenizer, length: Length, repeat: int) -> li
     seed = cfg.seed + REPEAT_SEED_STRIDE * repeat
     opts = task_options_for(cfg, length.tokens)
 
-    def make(num_keys: int | None = None, depths=tuple(cfg.depths)) -> list:
+    def make(num_keys: int | None = None, n: int = cfg.n, depths=tuple(cfg.depths)) -> list:
         extra = {} if num_keys is None else {"num_keys": num_keys}
-        return make_instances(cfg.task, tokenizer=tokenizer, n=cfg.n, depths=list(depths), seed=seed, **opts, **extra)
+        return make_instances(cfg.task, tokenizer=tokenizer, n=n, depths=list(depths), seed=seed, **opts, **extra)
 
-    if cfg.task == "kv":
-        words = int(opts.get("key_words", 1))
-        keys = fit_kv_keys(lambda k: make(k, depths=(cfg.depths[-1],)), tokenizer, length.tokens,
-                           len(WORDS) // words)
-        return make(keys)
-    if cfg.task == "kv-uuid":
-        top = _file_keys(opts.get("path"))
-        keys = fit_kv_keys(lambda k: make(k, depths=(cfg.depths[-1],)), tokenizer, length.tokens, top)
+    if cfg.task in ("kv", "kv-uuid"):
+        top = len(WORDS) // int(opts.get("key_words", 1)) if cfg.task == "kv" else _file_keys(opts.get("path"))
+        keys = fit_kv_keys(lambda k: make(k, n=FIT_CONTEXTS, depths=(cfg.depths[-1],)), tokenizer, length.tokens, top)
         return make(keys)
     return make()
 
@@ -301,12 +302,19 @@ def score_grid(cfg: MapConfig, folder, model, tokenizer, lengths: list[Length],
     from posbias.methods.registry import variant_options
 
     results = folder.path / "results.jsonl"
-    done = {record_key(r) for r in repair_jsonl(results)}
+    existing = repair_jsonl(results)
+    done = {record_key(r) for r in existing}
     built: dict[tuple[int, int], list] = {}
+    per_row = cfg.n * len(cfg.depths)
+    depths = {round(float(d), 6) for d in cfg.depths}
+    counts = Counter((r["method"], r["repeat"], r["length"]) for r in existing
+                     if r["index"] < cfg.n and round(float(r["depth"]), 6) in depths)
     for label in cfg.methods:
         with applied_method(model, *variant_options(label, cfg.method_options)) as scored:
             for repeat in range(cfg.repeats):
                 for length in lengths:
+                    if counts[(label, repeat, length.tokens)] >= per_row:  # resumed: nothing left to build
+                        continue
                     key = (repeat, length.tokens)
                     if key not in built:
                         built[key] = grid_instances(cfg, tokenizer, length, repeat)
