@@ -40,3 +40,17 @@ def test_failure_summary_counts_and_offsets():
     f = failure_summary(recs, ["none"])["none"]
     assert f["counts"] == {"correct": 1, "worded": 0, "other_item": 2, "not_in_context": 0, "format": 1}
     assert f["offsets"] == {"-1": 2} and f["by_length"]["200"]["format"] == 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_generation_from_one_context_prefill_equals_one_prompt_per_question(arch, tiny_tokenizer):
+    from conftest import make_tiny_model
+    from posbias.evaluation.generation import greedy_generate
+    from posbias.evaluation.map_failures import generate_from_context
+
+    model = make_tiny_model(arch)
+    insts = [i for i in make_instances("kv", n=1, depths=[0.0, 0.3, 0.6, 1.0], num_keys=12, shared_context=True)]
+    # keys of different token lengths: the questions are left-padded against each other
+    shared = generate_from_context(model, tiny_tokenizer, insts, max_new_tokens=6, batch_size=3)
+    alone = greedy_generate(model, tiny_tokenizer, insts, max_new_tokens=6, batch_size=1)
+    assert shared == alone and any(shared)

@@ -15,6 +15,8 @@ import re
 from collections import Counter, defaultdict
 from typing import Sequence
 
+import torch
+
 FAILURE_CLASSES = ("correct", "worded", "other_item", "not_in_context", "format")
 FAILURE_NAMES = {"correct": "correct", "worded": "right answer, worded differently",
                  "other_item": "another item of the context", "not_in_context": "a value not in the context",
@@ -52,8 +54,10 @@ def classify(task: str, prompt: str, gold: str, prediction: str) -> dict:
 
 def classify_group(model, tokenizer, group: Sequence, records: list[dict], cfg) -> None:
     """Add ``failure`` (and ``prediction`` / ``offset`` for the wrong ones) to ``records`` (one per
-    instance of ``group``): greedy generation only on the questions teacher forcing got wrong."""
+    instance of ``group``): greedy generation only on the questions teacher forcing got wrong, from
+    one prefill of their shared context where they have one (:func:`generate_from_context`)."""
     from posbias.evaluation.generation import greedy_generate
+    from posbias.evaluation.scoring import prompt_dependent
 
     wrong = [(inst, rec) for inst, rec in zip(group, records) if not rec["correct"]]
     for rec in records:
@@ -61,11 +65,54 @@ def classify_group(model, tokenizer, group: Sequence, records: list[dict], cfg) 
             rec["failure"] = "correct"
     if not wrong:
         return
-    preds = greedy_generate(model, tokenizer, [i for i, _ in wrong], max_new_tokens=cfg.max_new_tokens,
-                            batch_size=cfg.batch_size)
+    insts = [i for i, _ in wrong]
+    contexts = {i.meta.get("context_id") for i in insts}
+    if None not in contexts and len(contexts) == 1 and not prompt_dependent(model):
+        preds = generate_from_context(model, tokenizer, insts, max_new_tokens=cfg.max_new_tokens,
+                                      batch_size=cfg.batch_size)
+    else:
+        preds = greedy_generate(model, tokenizer, insts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
     for (inst, rec), pred in zip(wrong, preds):
         rec.update(prediction=pred, **classify(inst.task if inst.task in ITEM_PATTERNS else cfg.task, inst.prompt,
                                                str(inst.answers[0]), pred))
+
+
+@torch.no_grad()
+def generate_from_context(model, tokenizer, instances: Sequence, *, max_new_tokens: int, batch_size: int) -> list[str]:
+    """Greedy completions of questions that share one context (``meta["context_id"]``), the context
+    prefilled once: its cache is repeated for up to ``batch_size`` questions, each question
+    left-padded after it (pads masked, positions continuing from the context without gaps for the
+    real tokens), then decoded greedily (:func:`posbias.evaluation.generation.greedy_continue`).
+    The same completions as prefilling every ``context + question`` alone (same token ids)."""
+    from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions, pad_id_of
+    from posbias.evaluation.generation import greedy_continue
+    from posbias.evaluation.scoring import cache_of, prefill, repeat_cache
+
+    limit, pad_id = model_max_positions(model), pad_id_of(tokenizer)
+    encoded = [encode(tokenizer, inst, False, limit) for inst in instances]
+    context = encoded[0].prompt_ids[:encoded[0].context_len]
+    last, cache, mask, next_pos = prefill(model, [context], pad_id)
+    texts = []
+    for start in range(0, len(encoded), batch_size):
+        chunk = encoded[start:start + batch_size]
+        questions = [e.prompt_ids[len(context):] for e in chunk]
+        k, width = len(chunk), max(len(q) for q in questions)
+        dev = mask.device
+        ids = torch.full((k, width), pad_id, dtype=torch.long, device=dev)
+        qmask = torch.zeros((k, width), dtype=torch.long, device=dev)
+        pos = next_pos.expand(k, -1).repeat(1, width).clone()  # (k, width); pads keep the first position
+        for b, q in enumerate(questions):
+            ids[b, width - len(q):] = torch.tensor(q, dtype=torch.long, device=dev)
+            qmask[b, width - len(q):] = 1
+            pos[b, width - len(q):] += torch.arange(len(q), device=dev)
+        full = torch.cat([mask.expand(k, -1), qmask], 1)
+        rep = repeat_cache(cache, k)
+        out = model(input_ids=ids, attention_mask=full, position_ids=pos, cache=rep, use_cache=True, logits_to_keep=1)
+        after = next_pos.expand(k, -1) + torch.tensor([[len(q)] for q in questions], device=dev)
+        new = greedy_continue(model, cache_of(out) or rep, full, after, out.logits[:, -1], eos_ids_of(tokenizer),
+                              max_new_tokens)
+        texts += [tokenizer.decode(t, skip_special_tokens=True) for t in new]
+    return texts
 
 
 def failure_summary(records: Sequence[dict], methods: Sequence[str]) -> dict:
