@@ -147,8 +147,8 @@ def test_bias_statistics_of_a_known_u():
     assert bias_stats({100: flat}, depths, 0.5)["effective_length"] == math.inf
 
 
-@pytest.mark.parametrize("task, prefills", [("niah", 2), ("passkey", 2 * 3)])
-def test_niah_shares_its_haystack_and_passkey_asks_one_prompt_per_question(loaded, tmp_path, task, prefills):
+@pytest.mark.parametrize("task, prefills", [("niah", 2), ("passkey", 2 * 3), ("kv-uuid", 2 * 3)])
+def test_niah_shares_its_haystack_passkey_and_kv_uuid_ask_one_prompt_per_question(loaded, tmp_path, task, prefills):
     cfg = _cfg(tmp_path / task, task=task, lengths=["400"], methods=["none"], mode="both")
     summary = run_map(cfg, loaded, log=lambda _: None)
     recs = read_jsonl(tmp_path / task / "results.jsonl")
