@@ -356,7 +356,8 @@ def map_markdown(s: dict) -> str:
 
 
 def _length_text(x: dict) -> str:
-    return f"{x['tokens']} ({x['spec']})"
+    """``512 (0.0625w)``, or ``512`` for a length given in tokens."""
+    return str(x["tokens"]) if x["spec"] == str(x["tokens"]) else f"{x['tokens']} ({x['spec']})"
 
 
 def _grid(s: dict, cells: dict, extra: dict | None = None) -> list[str]:
