@@ -142,13 +142,19 @@ def plot_distance(s: dict, path: Path) -> Path:
         err = [[100 * (r["accuracy"] - r["ci_low"]) for r in rows], [100 * (r["ci_high"] - r["accuracy"]) for r in rows]]
         ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=2, label=short_label(m))
     ax.set_xscale("log")
-    ax.set_xlabel("tokens between the gold item and the question (log scale, bin centres)")
+    from matplotlib.ticker import NullFormatter
+
+    edges = sorted({e for rows in s["by_distance"].values() for r in rows for e in (r["low"], r["high"])})
+    ax.set_xticks(edges, [str(e) for e in edges], fontsize=7)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ns = [r["n"] for rows in s["by_distance"].values() for r in rows]
+    ax.set_xlabel("tokens between the gold item and the question (log scale; ticks: bin edges, points: bin centres)")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"accuracy by distance to the question, all lengths pooled\n{s['model']} / {s['task']}, "
-                 f"questions per point in the JSON", fontsize=9)
+    ax.set_title(f"accuracy by distance to the question, all lengths pooled (bars: 95% Wilson)\n"
+                 f"{s['model']} / {s['task']}, n = {min(ns)}-{max(ns)} questions per point", fontsize=9)
     fig.tight_layout()
     return save_figure(fig, path)
 
