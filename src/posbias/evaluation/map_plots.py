@@ -56,8 +56,9 @@ def _heat(ax, s: dict, values: np.ndarray, *, cmap: str, vmin: float, vmax: floa
     im = ax.imshow(values, origin="lower", aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax)
     for (i, j), v in np.ndenumerate(values):
         if not np.isnan(v):
+            r, g, b, _ = im.cmap(im.norm(v))
             ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=7,
-                    color="white" if abs(v - (vmin + vmax) / 2) > 0.35 * (vmax - vmin) else "black")
+                    color="black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white")
     ax.set_xticks(range(len(s["depths"])), [f"{d:g}" for d in s["depths"]])
     ax.set_yticks(range(len(s["lengths"])), [str(x["tokens"]) for x in s["lengths"]])
     ax.set_xlabel("relative depth of the gold item (0 = beginning, 1 = end)")
