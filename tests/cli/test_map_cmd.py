@@ -50,3 +50,23 @@ def test_demo_is_a_small_map_ending_with_the_heatmap_path(tiny_folder, tmp_path)
     assert "| pi@factor=1.1 |" in res.output and "posbias demo --search" in res.output
     assert res.output.strip().splitlines()[-1] == f"heatmap: {out / 'heatmap_none.png'}"
     assert (out / "heatmap_none.png").exists() and (out / "diff_pi@factor=1.1.png").exists()
+
+
+def test_data_maps_the_lost_in_the_middle_kv_file(tiny_folder, tmp_path):
+    import gzip
+    import json
+
+    from posbias.utils.io import read_jsonl
+
+    line = json.dumps({"ordered_kv_records": [[f"k{i}", f"v{i}"] for i in range(40)], "key": "k3", "value": "v3"})
+    data = tmp_path / "kv-retrieval-40_keys.jsonl.gz"
+    data.write_bytes(gzip.compress(("\n".join([line] * 8) + "\n").encode()))
+    out = tmp_path / "m"
+    res = _map(tiny_folder, out, "--data", str(data), "--lengths", "200")
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    assert cfg["task"] == "kv-uuid" and cfg["task_options"] == {"path": str(data)}
+    recs = read_jsonl(out / "results.jsonl")
+    assert len(recs) == 2 * 3 and all(r["prompt_tokens"] <= 200 and 2 <= r["num_items"] <= 40 for r in recs)
+    missing = _map(tiny_folder, tmp_path / "none", "--data", str(tmp_path / "missing.jsonl.gz"))
+    assert missing.exit_code == 2 and "data file not found" in missing.output and not (tmp_path / "none").exists()
