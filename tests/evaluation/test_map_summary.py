@@ -59,3 +59,10 @@ def test_intervals_are_seeded(tmp_path):
     first = write_summary(cfg, tmp_path, LENGTHS)["bias"]
     assert write_summary(cfg, tmp_path, LENGTHS)["bias"] == first
     assert "run `--repeats 2`" in (tmp_path / "map.md").read_text()
+
+
+def test_distance_plot_takes_an_interval_rounded_below_its_accuracy(tmp_path):
+    from posbias.evaluation.map_plots import plot_distance
+
+    row = {"low": 10, "high": 20, "center": 14.1, "n": 7, "accuracy": 1.0, "ci_low": 0.6, "ci_high": 1.0 - 1e-16}
+    assert plot_distance({"model": "m", "task": "kv", "by_distance": {"none": [row]}}, tmp_path / "d.png").exists()

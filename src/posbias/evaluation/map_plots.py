@@ -140,7 +140,8 @@ def plot_distance(s: dict, path: Path) -> Path:
     for m, rows in s["by_distance"].items():
         x = [r["center"] for r in rows]
         y = [100 * r["accuracy"] for r in rows]
-        err = [[100 * (r["accuracy"] - r["ci_low"]) for r in rows], [100 * (r["ci_high"] - r["accuracy"]) for r in rows]]
+        err = [[max(0.0, 100 * (r["accuracy"] - r["ci_low"])) for r in rows],  # rounding: never below 0
+               [max(0.0, 100 * (r["ci_high"] - r["accuracy"])) for r in rows]]
         ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=2, label=short_label(m))
     ax.set_xscale("log")
     from matplotlib.ticker import NullFormatter
