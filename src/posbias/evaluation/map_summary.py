@@ -294,7 +294,10 @@ def stat_text(stat: str, value: float, ci: Sequence[float], lengths: Sequence[in
     if math.isnan(value):
         return "-"
     sign = "+" if diff or stat != "overall" else ""
-    return f"{100 * value:{sign}.0f} [{100 * ci[0]:{sign}.0f}, {100 * ci[1]:{sign}.0f}]"
+
+    def points(x: float) -> str:
+        return "?" if math.isnan(x) else f"{round(100 * x) + 0:{sign}d}"  # + 0: no "-0"
+    return f"{points(value)} [{points(ci[0])}, {points(ci[1])}]"
 
 
 def map_markdown(s: dict) -> str:
