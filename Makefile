@@ -19,7 +19,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/posbias demo --out runs/demo
+	$(BIN)/posbias demo --out runs/demo-map
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -1,7 +1,8 @@
-"""``posbias demo``: the main job on the embedded model and data, in minutes on a laptop CPU.
+"""``posbias demo``: the main jobs on the embedded model and data, in minutes on a laptop CPU.
 
-Quick LPES search on SmolLM2-135M (word-key KV retrieval, the project's default
-lost-in-the-middle setting), then accuracy by depth before / after on held-out instances.
+Default: a small position-bias map of SmolLM2-135M (word-key KV retrieval, depth x prompt length, the
+model as it is beside one fix), ending with the path of its heatmap. ``--search``: the quick LPES search
+on the same task, then accuracy by depth before / after on held-out instances.
 """
 from __future__ import annotations
 
@@ -13,15 +14,51 @@ import typer
 from posbias.cli.common import Count, Device, Dtype, ModelOption, Revision, Seed, friendly_errors, load_options
 from posbias.cli.lpes_cmd import generation_line
 
+DEMO_LENGTHS = "256,512,1024"
+DEMO_DEPTHS = "0,0.25,0.5,0.75,1"
+DEMO_METHODS = "none,pi@factor=1.1"
+
 
 def demo_command(
-    out: str = typer.Option("runs/demo", help="run folder (re-running resumes)"),
+    out: str = typer.Option(None, help="run folder (re-running resumes; default runs/demo-map, with --search runs/demo)"),
     model: str = ModelOption(),
-    preset: str = typer.Option("quick", help="search preset: quick | standard | paper"),
-    n: int = Count(10, help="held-out instances per depth"),
+    search: bool = typer.Option(False, "--search", help="the LPES search demo instead of the map: quick search, "
+                                                        "then the held-out before / after table"),
+    preset: str = typer.Option("quick", help="--search: search preset: quick | standard | paper"),
+    n: int = Count(10, help="map: contexts per length (questions per cell); --search: held-out instances per depth"),
     seed: int = Seed,
     device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
 ):
+    """A small position-bias map of the default model (none beside pi), or with --search the LPES search demo."""
+    load = load_options(device, dtype, revision)
+    if search:
+        return search_demo(out="runs/demo" if out is None else out, model=model, preset=preset, n=n, seed=seed,
+                           load=load)
+    return map_demo(out="runs/demo-map" if out is None else out, model=model, n=n, seed=seed, load=load)
+
+
+def map_demo(*, out: str, model: str, n: int, seed: int, load) -> None:
+    """The map of ``model`` on word-key KV at 256 / 512 / 1,024 tokens, 5 depths, ``none`` and ``pi``."""
+    from posbias.utils.run_folder import out_path
+
+    from posbias.cli.map_cmd import map_config
+    from posbias.evaluation.bias_map import run_map
+    from posbias.evaluation.map_plots import heatmap_path
+
+    start = time.time()
+    cfg = map_config(model=model, out=out, task=None, data=None, lengths=DEMO_LENGTHS, depths=DEMO_DEPTHS,
+                     methods=DEMO_METHODS, factors=None, pi_factor=1.1, routers=None, settings=None, n=n, repeats=1,
+                     seed=seed, mode="teacher-forced", threshold=0.5, batch_size=8, bootstrap=1000, haystack=None,
+                     opt=None)
+    typer.echo(f"position-bias map of {model}: word-key KV at {DEMO_LENGTHS} tokens, depths {DEMO_DEPTHS}, "
+               f"methods {DEMO_METHODS}, n = {n} per cell -> {out}")
+    run_map(cfg, log=typer.echo, load=load)
+    typer.echo((out_path(out) / "map.md").read_text())
+    typer.echo(f"wall time: {time.time() - start:.0f} s; the LPES search demo: posbias demo --search")
+    typer.echo(f"heatmap: {heatmap_path(cfg)}")
+
+
+def search_demo(*, out: str, model: str, preset: str, n: int, seed: int, load) -> None:
     """Quick LPES search on the default model and task, then the held-out before/after table."""
     from posbias.models import load_model
     from posbias.search.heldout import before_after
@@ -31,7 +68,6 @@ def demo_command(
 
     start = time.time()
     out_dir = out_path(out)
-    load = load_options(device, dtype, revision)
     load.check(model)
     loaded = load_model(model, load)
     typer.echo(f"[1/2] LPES search ({preset}) on {model}, task kv (30 word keys) -> {out_dir / 'search'}")

@@ -75,6 +75,7 @@ SUBCOMMAND_MODULES = [
     "posbias.cli.train_cmd",
     "posbias.cli.ability_cmd",
     "posbias.cli.positional_cmd",
+    "posbias.cli.map_cmd",
 ]
 
 for _name in SUBCOMMAND_MODULES:

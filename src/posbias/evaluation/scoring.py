@@ -148,14 +148,14 @@ def score_shared_context(model, context_ids: Sequence[int], items: Sequence[Cont
     results = []
     for start in range(0, len(items), batch_size):
         chunk = list(items[start:start + batch_size])
-        rep = _repeat_cache(cache, len(chunk))
+        rep = repeat_cache(cache, len(chunk))
         k = len(chunk)
         results += score_continuations(model, rep, mask.expand(k, -1), next_pos.expand(k, -1),
                                        last.expand(k, -1), chunk, pad_id)
     return results
 
 
-def _repeat_cache(cache, k: int):
+def repeat_cache(cache, k: int):
     """A copy of a one-row cache (or an Attention-Buckets cache of one row per base) with each row
     repeated ``k`` times (``batch_repeat_interleave`` order)."""
     import copy

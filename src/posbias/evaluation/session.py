@@ -123,7 +123,7 @@ def run_planned(plan: EvalPlan, loaded=None, progress: bool = True) -> dict:
         instances = build_instances(lm, tok, c["task"], c["depths"], c["n"], c["seed"], c["split"],
                                     c["task_options"])
     method, options = ("none", {}) if c.get("adapter") else (c["method"], c["method_options"])
-    with _method(lm, method, options) as scored_model:
+    with applied_method(lm, method, options) as scored_model:
         return evaluate(scored_model, tok, instances, plan.folder.path, mode=c["mode"], batch_size=c["batch_size"],
                         chat=c["chat"], max_new_tokens=c["max_new_tokens"], label=f"{c['method']} / {c['task']}",
                         progress=progress, before_write=plan.folder.commit)
@@ -146,7 +146,7 @@ def run_eval(*, model: str, task: str, depths: list[float], n: int, out: str | P
     return run_planned(plan, loaded)
 
 
-class _method:
+class applied_method:
     """Context manager applying a registered inference method (``none`` needs no registry)."""
 
     def __init__(self, model, name: str, options: dict):

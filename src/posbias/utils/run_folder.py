@@ -42,7 +42,7 @@ from posbias.utils.folder_lock import hold
 CONFIG = "config.json"
 INVOCATIONS = "invocations.jsonl"
 KINDS = ("eval", "compare", "search", "analyze", "apply", "train", "study", "tune", "train-moice", "ability",
-         "positional-dims")
+         "positional-dims", "map")
 # Configs written before ``kind`` was recorded: the key that only that kind's settings have.
 _LEGACY_MARKERS = (("search", "ga"), ("compare", "methods"), ("study", "schemes"), ("train", "pe"),
                    ("analyze", "controls"), ("eval", "method"))

@@ -1,0 +1,72 @@
+"""``posbias map`` from the command line: output, the heatmap path, and bad input as one line."""
+import pytest
+from typer.testing import CliRunner
+
+from conftest import save_tiny_folder
+from posbias.cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return save_tiny_folder(tmp_path_factory.mktemp("tiny-map"), max_positions=1024)
+
+
+def _map(folder, out, *extra):
+    return runner.invoke(app, ["map", "--model", folder, "--out", str(out), "--lengths", "96,0.125w", "--depths",
+                               "0,0.5,1", "--n", "2", "--bootstrap", "20", *extra])
+
+
+def test_map_prints_the_summary_and_the_heatmap_path(tiny_folder, tmp_path):
+    res = _map(tiny_folder, tmp_path / "m", "--methods", "none,pi@factor=0.9")
+    assert res.exit_code == 0, res.output
+    assert "| pi@factor=0.9 |" in res.output and "128 (0.125w)" in res.output
+    assert res.output.strip().endswith(f"heatmap: {tmp_path / 'm' / 'heatmap_none.png'}")
+    assert (tmp_path / "m" / "heatmap_none.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--task", "mdqa"), "the map runs kv, kv-uuid, niah, passkey"),
+    (("--lengths", "0.1x"), "--lengths: '0.1x'"),
+    (("--lengths", "4096"), "longer than the model's window (1024)"),
+    (("--methods", "pi@factr=2"), "has no option(s) factr"),
+    (("--data", "missing.jsonl.gz", "--task", "kv"), "--data is the lost-in-the-middle KV file"),
+    (("--opt", "num_keys=5"), "give --lengths, not a length or num_keys option"),
+    (("--threshold", "1.5"), "--threshold must be between 0 and 1"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tiny_folder, tmp_path, extra, message):
+    out = tmp_path / "bad"
+    res = _map(tiny_folder, out, *extra)
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert not out.exists()
+
+
+def test_demo_is_a_small_map_ending_with_the_heatmap_path(tiny_folder, tmp_path):
+    out = tmp_path / "demo"
+    res = runner.invoke(app, ["demo", "--model", tiny_folder, "--out", str(out), "--n", "1"])
+    assert res.exit_code == 0, res.output
+    assert "| pi@factor=1.1 |" in res.output and "posbias demo --search" in res.output
+    assert res.output.strip().splitlines()[-1] == f"heatmap: {out / 'heatmap_none.png'}"
+    assert (out / "heatmap_none.png").exists() and (out / "diff_pi@factor=1.1.png").exists()
+
+
+def test_data_maps_the_lost_in_the_middle_kv_file(tiny_folder, tmp_path):
+    import gzip
+    import json
+
+    from posbias.utils.io import read_jsonl
+
+    line = json.dumps({"ordered_kv_records": [[f"k{i}", f"v{i}"] for i in range(40)], "key": "k3", "value": "v3"})
+    data = tmp_path / "kv-retrieval-40_keys.jsonl.gz"
+    data.write_bytes(gzip.compress(("\n".join([line] * 8) + "\n").encode()))
+    out = tmp_path / "m"
+    res = _map(tiny_folder, out, "--data", str(data), "--lengths", "200")
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    assert cfg["task"] == "kv-uuid" and cfg["task_options"] == {"path": str(data)}
+    recs = read_jsonl(out / "results.jsonl")
+    assert len(recs) == 2 * 3 and all(r["prompt_tokens"] <= 200 and 2 <= r["num_items"] <= 40 for r in recs)
+    missing = _map(tiny_folder, tmp_path / "none", "--data", str(tmp_path / "missing.jsonl.gz"))
+    assert missing.exit_code == 2 and "data file not found" in missing.output and not (tmp_path / "none").exists()
