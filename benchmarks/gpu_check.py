@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not a.dry_run and not torch.cuda.is_available():
         raise SystemExit("error: no CUDA device here; run with --dry-run to check the script on the CPU")
     import latency
+
     from posbias.utils.devices import dtype_name
 
     out = Path(a.out)

@@ -67,7 +67,8 @@ def equivalence(setup: str, backends: list[str], device) -> dict:
         results[backend] = [out.detach().float(), *[t.grad.detach().float() for t in [q, k, v, *params]]]
     ref = results[backends[0]]
     names = ["out", "dq", "dk", "dv"] + [f"dparam{i}" for i in range(len(params))]
-    return {b: {name: {"abs": float((x - y).abs().max()), "rel": float((x - y).abs().max() / y.abs().max().clamp(min=1e-12))}
+    return {b: {name: {"abs": float((x - y).abs().max()),
+                       "rel": float((x - y).abs().max() / y.abs().max().clamp(min=1e-12))}
                 for name, x, y in zip(names, got, ref)}
             for b, got in results.items() if b != backends[0]}
 

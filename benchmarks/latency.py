@@ -199,7 +199,8 @@ def print_table(summary: dict, methods: list[str], lengths: list[int]) -> None:
         for n in lengths:
             s = summary[m][str(n)]
             pre = f"{s['prefill_s']:.2f}s x{s['prefill_ratio']:.2f} [{s['prefill_ratio_rep_median']:.2f}]"
-            dec = f"{s['decode_s_per_token'] * 1000:.1f}ms x{s['decode_ratio']:.2f} [{s['decode_ratio_rep_median']:.2f}]"
+            dec = (f"{s['decode_s_per_token'] * 1000:.1f}ms x{s['decode_ratio']:.2f} "
+                   f"[{s['decode_ratio_rep_median']:.2f}]")
             row += f" | {pre:>22s} {dec:>24s}"
         print(row)
 
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         model, tok = load_model(args.model, dtype=dtype, device=args.device)
         prompts = {n: prompt_ids(tok, n).to(args.device) for n in lengths}
-    for m, (name, opts) in specs.items():
+    for name, opts in specs.values():
         if name == "lpes":
             if not args.lpes_factors:
                 raise SystemExit("--methods lpes needs --lpes-factors PATH")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import GEMMA3_ROPE, ROPE_VARIANTS, make_variant_model
-from posbias.methods import apply_method
+
 from posbias.architecture.rope_layout import RopeLayoutError, rope_layout
+from posbias.methods import apply_method
 from posbias.patching.rope_scaling import apply_layer_scaling
 
 VARIANTS = list(ROPE_VARIANTS)

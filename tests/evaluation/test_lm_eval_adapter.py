@@ -9,6 +9,7 @@ import torch
 pytest.importorskip("lm_eval")
 
 from conftest import make_tiny_model  # noqa: E402
+
 from posbias.evaluation.lm_eval_adapter import PosbiasLM  # noqa: E402
 
 
@@ -157,6 +158,7 @@ def test_lm_eval_command_line_with_model_posbias(tmp_path):
     from pathlib import Path
 
     from conftest import save_tiny_folder
+
     from posbias.patching.rope_scaling import save_factors_file
 
     model = save_tiny_folder(tmp_path / "model")
@@ -182,6 +184,7 @@ def test_lm_eval_command_line_with_model_posbias(tmp_path):
 
 def test_model_args_build_the_method(tmp_path):
     from conftest import save_tiny_folder
+
     from posbias.evaluation.lm_eval_adapter import PosbiasLM
 
     model = save_tiny_folder(tmp_path / "model")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_tiny_model
+
 from posbias.evaluation.batching import Encoded
 from posbias.evaluation.scoring import Continuation, score_shared_context, score_via_cache
 from posbias.evaluation.teacher_forced import score_batch
@@ -59,7 +59,8 @@ def test_shared_context_equals_one_prompt_per_question(arch, name, tmp_path):
     model = make_tiny_model(arch)
     context = torch.randint(3, 500, (17,), generator=torch.Generator().manual_seed(1)).tolist()
     questions, answers = _rows(2, 5), _rows(3, 5)
-    items = [Continuation(f"q{i}", q + a, len(a), len(context) + len(q)) for i, (q, a) in enumerate(zip(questions, answers))]
+    items = [Continuation(f"q{i}", q + a, len(a), len(context) + len(q))
+             for i, (q, a) in enumerate(zip(questions, answers))]
     with _apply(model, name, tmp_path) as h:
         shared = score_shared_context(h.model, context, items, PAD, batch_size=2)
         single = score_batch(h.model, [Encoded(_inst(i), context + q, a)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import left_padded_batch, make_tiny_model, make_variant_model
+
 from posbias.methods import METHODS, apply_method, method_options, split_variant
 
 # options that make each method an exact no-op

@@ -5,8 +5,8 @@ import json
 
 import pytest
 import torch
-
 from conftest import make_tiny_model, make_tiny_tokenizer
+
 from posbias.methods import apply_method
 from posbias.methods._attention import base_inv_freq
 from posbias.methods.moice import load_routers, save_routers

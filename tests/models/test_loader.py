@@ -1,8 +1,8 @@
 """Model loading: HF folders of each architecture, clear errors, and the real SmolLM2."""
 import pytest
 import torch
-
 from conftest import ARCHS, make_tiny_model, make_tiny_tokenizer
+
 from posbias.models import ModelLoadError, get_decoder_layers, load_model
 
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 import torch
-
 from conftest import ARCHS, make_tiny_model
+
 from posbias.patching.rope_scaling import (
     FactorsFileError,
     apply_factors_file,

@@ -8,10 +8,19 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from posbias.search.fitness import FitnessResult, SyntheticFitness, TeacherForcedFitness, bump_objective
-from posbias.search.ga import (GAConfig, Genome, crossover, genome_factors, genome_points,
-                               identity_genome, mutate, random_genome, repair_x)
 from posbias.search.evaluators import PoolEvaluator, SerialEvaluator
+from posbias.search.fitness import FitnessResult, SyntheticFitness, TeacherForcedFitness, bump_objective
+from posbias.search.ga import (
+    GAConfig,
+    Genome,
+    crossover,
+    genome_factors,
+    genome_points,
+    identity_genome,
+    mutate,
+    random_genome,
+    repair_x,
+)
 from posbias.search.loop import run_ga
 
 CFG = dict(population=6, elite=2, n_control=4)
@@ -202,8 +211,9 @@ fake_scorer.calls = 0
 
 @pytest.fixture
 def stub_fitness(monkeypatch):
-    import posbias.evaluation.teacher_forced as tf
     from conftest import make_tiny_model
+
+    import posbias.evaluation.teacher_forced as tf
 
     monkeypatch.setattr(tf, "score_teacher_forced", fake_scorer)
     fake_scorer.calls = 0
@@ -270,9 +280,9 @@ def test_fitness_result_roundtrip():
 
 def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer, saved_figures):
     import typer
+    from conftest import make_tiny_model
     from typer.testing import CliRunner
 
-    from conftest import make_tiny_model
     from posbias.cli import lpes_cmd
     from posbias.models import load_model
 
@@ -287,7 +297,8 @@ def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer, saved_
             "--population", "3", "--n-per-depth", "2", "--batch-size", "2", "--curve", "linear"]
     r = runner.invoke(app, args + ["--generations", "2", "--heldout-n", "1"])
     assert r.exit_code == 0, r.output
-    assert "gen  1" in r.output and "winner chosen by log-prob (accuracy breaks ties); its search-split accuracy" in text_of(r)
+    assert "gen  1" in r.output
+    assert "winner chosen by log-prob (accuracy breaks ties); its search-split accuracy" in text_of(r)
     table = (out / "heldout" / "comparison.md").read_text()
     assert "| none |" in table and "| lpes |" in table and (out / "heldout" / "comparison.png").exists()
     args += ["--heldout-n", "0"]

@@ -24,8 +24,8 @@ def demo_command(
 ):
     """Quick LPES search on the default model and task, then the held-out before/after table."""
     from posbias.models import load_model
-    from posbias.search.heldout import before_after
     from posbias.search.config import SearchConfig
+    from posbias.search.heldout import before_after
     from posbias.search.runner import run_search
     from posbias.utils.run_folder import out_path
 
@@ -42,7 +42,8 @@ def demo_command(
     before_after(model=model, task="kv", factors_path=result.factors_path, out=out_dir / "heldout", n=n,
                  seed=seed, loaded=loaded, load=load)
     typer.echo((out_dir / "heldout" / "comparison.md").read_text())
-    typer.echo(f"factors: {result.factors_path}\nplots: {out_dir / 'search'}/*.png, {out_dir / 'heldout'}/comparison.png")
+    typer.echo(f"factors: {result.factors_path}\nplots: {out_dir / 'search'}/*.png, "
+               f"{out_dir / 'heldout'}/comparison.png")
     typer.echo(f"wall time: {time.time() - start:.0f} s")
 
 

@@ -146,9 +146,8 @@ def score_ability(model, tokenizer, *, tasks: Sequence[str], out: str | Path, me
     it was in (rescored whole: :func:`completed_rows`); ``summary.json`` at the end. A folder holding
     another method's or other options' scores is refused (:func:`check_method_folder`). Returns the
     summary."""
-    from tqdm.auto import tqdm
-
     from lm_eval.tasks import TaskManager
+    from tqdm.auto import tqdm
 
     from posbias.evaluation.lm_eval_adapter import PosbiasLM
 
@@ -212,7 +211,8 @@ def completed_rows(path: Path) -> tuple[list[dict], set[str]]:
         done = {_spec_of(r) for r in questions} - {_spec_of(questions[-1])}
     kept = [r for r in questions if _spec_of(r) in done]
     if len(kept) != len(questions):
-        markers = [{"spec": name, "task_done": True, "n": sum(_spec_of(r) == name for r in kept)} for name in sorted(done)]
+        markers = [{"spec": name, "task_done": True,
+                    "n": sum(_spec_of(r) == name for r in kept)} for name in sorted(done)]
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept + markers))
     return kept, done
 

@@ -172,8 +172,7 @@ class PosbiasLM(TemplateLM):
         scoring each row within float tolerance); returns the items left to score row by row (``bar``, a
         tqdm bar, advances by the requests scored here). A
         :func:`~posbias.evaluation.scoring.prompt_dependent` model scores every row alone."""
-        from posbias.evaluation.scoring import Continuation, score_shared_context
-        from posbias.evaluation.scoring import prompt_dependent
+        from posbias.evaluation.scoring import Continuation, prompt_dependent, score_shared_context
 
         if prompt_dependent(self.handle.model):
             return items

@@ -12,7 +12,8 @@ split="eval", length=length, **task_kwargs)`` and scored two ways:
   the passkey task, ``string_match_all`` for NIAH) by ``posbias.evaluation.metrics.score``.
 
 Every instance's result is appended as one line to a jsonl file, keyed by
-``(model, task, length, instance id)`` (an instance id names task, split, seed, depth and index); a rerun skips the keys already there, so a grid killed
+``(model, task, length, instance id)`` (an instance id names task, split, seed, depth and index); a rerun skips the
+keys already there, so a grid killed
 at any point resumes where it stopped. With both modes, each instance is prefilled once and
 both scores come from that prefill (:func:`score_shared_prefill`; tested equal to the two-pass
 scorers), at batch size 1; a single mode runs the batched scorers with the batch capped so that
@@ -31,8 +32,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from posbias.evaluation.modes import GENERATE, TEACHER_FORCED, canonical_mode
-from posbias.utils.memory import peak_rss_mb, reset_peak_rss
 from posbias.utils.io import append_jsonl, read_jsonl
+from posbias.utils.memory import peak_rss_mb, reset_peak_rss
 
 MODES = (TEACHER_FORCED, GENERATE)
 

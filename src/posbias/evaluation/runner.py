@@ -55,7 +55,8 @@ def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch
             rec.update(tf_em=r["em"], tf_logprob=r["logprob"], n_tokens=r["n_tokens"],
                        prompt_tokens=r["prompt_tokens"])
     if mode in (GENERATE, "both"):
-        preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens, batch_size=batch_size, chat=chat)
+        preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                chat=chat)
         for rec, inst, pred in zip(records, chunk, preds):
             rec.update(prediction=pred, gen_score=score(inst.metric, pred, inst.answers))
     for rec in records:

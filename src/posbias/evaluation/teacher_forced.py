@@ -16,8 +16,13 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from posbias.evaluation.batching import encode, length_sorted_batches, model_max_positions, pad_id_of
-from posbias.evaluation.scoring import (PROMPT_DEPENDENT_ATTR, Continuation, prompt_dependent,  # noqa: F401
-                                        score_shared_context, score_token_rows)
+from posbias.evaluation.scoring import (  # noqa: F401
+    PROMPT_DEPENDENT_ATTR,
+    Continuation,
+    prompt_dependent,
+    score_shared_context,
+    score_token_rows,
+)
 from posbias.tasks.base import Instance
 
 

@@ -141,8 +141,8 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """(B, KV, L, d) -> (B, KV * n_rep, L, d); query head h uses key head h // n_rep (HF layout)."""
     if n_rep == 1:
         return x
-    b, kv, l, d = x.shape
-    return x[:, :, None].expand(b, kv, n_rep, l, d).reshape(b, kv * n_rep, l, d)
+    b, kv, length, d = x.shape
+    return x[:, :, None].expand(b, kv, n_rep, length, d).reshape(b, kv * n_rep, length, d)
 
 
 def query_key_positions(query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None):
@@ -212,7 +212,8 @@ class RotatedKeyCache:
         if prev is not None and q_len < kv and cache is not None:
             rot, seen, owner = prev
             n = seen.shape[2]
-            if owner() is cache and n == kv - q_len and seen.shape[:2] == key.shape[:2] and torch.equal(seen, key[:, :, :n]):
+            if (owner() is cache and n == kv - q_len and seen.shape[:2] == key.shape[:2]
+                    and torch.equal(seen, key[:, :, :n])):
                 start = n
                 self.reused += 1
         new = rotate_from(start)

@@ -16,9 +16,9 @@ from typing import Sequence
 
 import torch
 
+from posbias.architecture.rope_layout import rope_layout
 from posbias.methods import _attention as A
 from posbias.methods.registry import MethodHandle, as_list, register_method
-from posbias.architecture.rope_layout import rope_layout
 
 DEFAULT_MULTIPLIERS = (1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8)
 

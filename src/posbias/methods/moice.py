@@ -27,10 +27,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from posbias.methods import _attention as A
-from posbias.methods.registry import MethodHandle, as_bool, as_layer_indices, as_list, register_method
 from posbias.architecture.layers import get_decoder_layers
 from posbias.architecture.rope_layout import rope_layout
+from posbias.methods import _attention as A
+from posbias.methods.registry import MethodHandle, as_bool, as_layer_indices, as_list, register_method
 from posbias.utils.io import atomic_write_bytes, atomic_write_json
 from posbias.utils.options import check_int
 
@@ -133,7 +133,8 @@ class MoICE:
         n_exp, k = len(self.multipliers), min(self.routers.top_k, len(self.multipliers))
 
         q_pos, k_pos = A.query_key_positions(query, key, kwargs.get("position_ids"))
-        logits = router(self._router_input(module.layer_idx, query, q_pos).to(router.gate1.weight.dtype))  # (B, H, q, E)
+        routed = self._router_input(module.layer_idx, query, q_pos).to(router.gate1.weight.dtype)
+        logits = router(routed)  # (B, H, q, E)
         probs = torch.softmax(logits.float(), dim=-1)
         top_p, top_i = probs.topk(k, dim=-1)
         top_w = top_p / top_p.sum(-1, keepdim=True)
@@ -224,7 +225,8 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
     rotated_cache = as_bool(rotated_cache, "moice: rotated_cache")
     top_k = None if top_k is None else check_int("moice: top_k", top_k)
     n_layers = len(get_decoder_layers(model))
-    head_dim = int(getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads)
+    config = model.config
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     thetas = sorted(set(rope_layout(model).thetas.values()))
     if routers is not None:
         clash = [name for name, v in (("multipliers", multipliers), ("bases", bases), ("hidden", hidden),

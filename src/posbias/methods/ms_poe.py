@@ -35,11 +35,18 @@ from typing import Sequence
 
 import torch
 
-from posbias.methods import _attention as A
-from posbias.methods.registry import (PROMPT_DEPENDENT_ATTR, MethodHandle, as_bool, as_choice,
-                                      as_layer_indices, as_list, register_method)
-from posbias.utils.options import check_int
 from posbias.architecture.layers import get_decoder_layers
+from posbias.methods import _attention as A
+from posbias.methods.registry import (
+    PROMPT_DEPENDENT_ATTR,
+    MethodHandle,
+    as_bool,
+    as_choice,
+    as_layer_indices,
+    as_list,
+    register_method,
+)
+from posbias.utils.options import check_int
 
 
 def ratio_grid(num_heads: int, r_min: float, r_max: float) -> torch.Tensor:
@@ -136,14 +143,15 @@ class MsPoE:
         grouped = n_rep > 1 and self.shared_by_groups(n_rep)
         inv_k = inv_h[:, ::n_rep] if grouped else inv_h  # (B, KV, d/2): one ratio per key head
 
-        def rotate_keys(start: int) -> torch.Tensor:  # keys start..: (B, KV, kv - start, d) or per query head (B, H, ...)
+        def rotate_keys(start: int) -> torch.Tensor:
+            """Keys from ``start`` on, rotated: (B, KV, kv - start, d), or per query head (B, H, kv - start, d)."""
             ck, sk = A.cos_sin(k_pos[:, None, start:], inv_k, att_scale, query.dtype)
             return A.rotate(key[:, :, start:] if grouped else A.repeat_kv(key[:, :, start:], n_rep), ck, sk)
 
         k_rot = rotate_keys(0) if self.rotated is None else self.rotated.keys(module, "k", key, q_len, rotate_keys)
         out = A.attend_as_model(native, module, A.rotate(query, cq, sq), k_rot,
                                 value if grouped else A.repeat_kv(value, n_rep),  # head h reads key head h // n_rep
-                               
+
                                 attention_mask, scaling, per_query_head=not grouped, **kwargs)
         return out, None
 

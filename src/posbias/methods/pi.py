@@ -1,8 +1,8 @@
 """Position interpolation (PI): one global factor, positions m -> m / factor in every layer."""
 from __future__ import annotations
 
-from posbias.methods.registry import MethodHandle, register_method
 from posbias.architecture.layers import get_decoder_layers
+from posbias.methods.registry import MethodHandle, register_method
 
 
 @register_method("pi", "position interpolation with one global factor (option factor)",

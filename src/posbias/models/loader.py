@@ -250,7 +250,8 @@ def load_hf_folder(path: Path, dtype: torch.dtype = torch.float32, device: torch
     if pickled and not any(path.glob("*.safetensors")):
         raise ModelLoadError(f"{path} holds its weights only as {', '.join(pickled)}, a Python pickle that can run "
                              "code when loaded; posbias loads safetensors only (convert the folder where you trust "
-                             "it: AutoModelForCausalLM.from_pretrained(...).save_pretrained(..., safe_serialization=True))")
+                             "it: AutoModelForCausalLM.from_pretrained(...).save_pretrained(..., "
+                             "safe_serialization=True))")
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (ValueError, KeyError, OSError, TypeError) as e:
@@ -340,7 +341,8 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     missing, unexpected = fresh.load_state_dict(src.state_dict(), strict=False)
     missing = [k for k in missing if "lm_head" not in k]
     if missing or unexpected:
-        raise ModelLoadError(f"GGUF conversion of {gguf} lost weights: missing={missing[:3]} unexpected={unexpected[:3]}")
+        raise ModelLoadError(f"GGUF conversion of {gguf} lost weights: missing={missing[:3]} "
+                             f"unexpected={unexpected[:3]}")
     if getattr(fresh_cfg, "tie_word_embeddings", False):
         fresh.tie_weights()
     tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")  # two first loads at once each write their own

@@ -29,7 +29,8 @@ n_d`` (its remaining instances counted wrong) with the mean log-prob of what was
 elite of every generation is exact, but the ranking among non-elite individuals (hence the later
 trajectory) can differ from an unpruned run; ``prune=False`` (``--no-prune``) gives the exact GA.
 Because the threshold is fixed before the generation starts, results do not depend on evaluation
-order or on the number of workers, and a resumed run equals an uninterrupted one. A pruned result keeps its counts, so should it ever need a full score (its
+order or on the number of workers, and a resumed run equals an uninterrupted one. A pruned result keeps its counts, so
+should it ever need a full score (its
 bound reaching a later threshold) scoring resumes where it stopped — nothing is scored twice.
 """
 from __future__ import annotations

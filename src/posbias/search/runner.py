@@ -12,7 +12,8 @@ teacher-forced fitness, runs the GA loop (:mod:`posbias.search.loop`) with an ev
 Everything that can be checked without the model (preset, GA settings, task and data file, the
 run folder) is checked before it loads; ``config.json`` is written with the first checkpoint.
 
-Settings: :class:`posbias.search.config.SearchConfig`. Resume: a killed search restarted with ``resume=True`` (the ``posbias search`` command passes it, so
+Settings: :class:`posbias.search.config.SearchConfig`. Resume: a killed search restarted with ``resume=True`` (the
+``posbias search`` command passes it, so
 re-running the command resumes) continues from the last completed generation with the saved rng
 state and memo, and reaches exactly the result of an uninterrupted run.
 """
@@ -34,7 +35,8 @@ from posbias.search.plots import plot_factors, plot_fitness
 from posbias.tasks.registry import supports_shared_context
 from posbias.utils.run_folder import open_run
 
-__all__ = ["PRESETS", "GAResult", "SearchConfig", "SearchResult", "run_ga", "run_search", "SerialEvaluator", "PoolEvaluator",
+__all__ = ["PRESETS", "GAResult", "SearchConfig", "SearchResult", "run_ga", "run_search", "SerialEvaluator",
+           "PoolEvaluator",
            "RayEvaluator",
            "plot_factors", "plot_fitness"]
 

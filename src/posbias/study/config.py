@@ -5,13 +5,18 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from posbias.study.grid import (DEFAULT_DEPTHS, DEFAULT_MULTIPLIERS, DEFAULT_PPL_MULTIPLIERS, DEFAULT_SCHEMES,
-                                grid_lengths, parse_schemes)
 from posbias.evaluation.long_context import check_needle_draw
 from posbias.evaluation.modes import canonical_mode
+from posbias.study.grid import (
+    DEFAULT_DEPTHS,
+    DEFAULT_MULTIPLIERS,
+    DEFAULT_PPL_MULTIPLIERS,
+    DEFAULT_SCHEMES,
+    grid_lengths,
+    parse_schemes,
+)
 from posbias.training.config import typed_train_options
 from posbias.utils.options import check_int
-
 
 MODELS_FILE = "models.json"
 METRICS_FILE = "metrics.jsonl"

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from posbias.utils.io import atomic_write_text
 from posbias.study.config import HELDOUT_CHARS_PER_TOKEN, MAX_HELDOUT_FRACTION, StudyConfig, has_split, split_files
+from posbias.utils.io import atomic_write_text
 
 
 def _load_texts(corpus: str | None) -> list[str]:

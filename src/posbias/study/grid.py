@@ -180,7 +180,7 @@ def evaluate_model(model, tokenizer, cfg: StudyConfig, *, name: str, passkey_hel
                         batch_size=cfg.batch_size, token_budget=cfg.token_budget, task_kwargs=options,
                         needle_draw=cfg.needle_draw)
         res[view] = _run_view(model, tokenizer, spec, out_jsonl=out / fname, n_at=cfg.n_at, dead_after=cfg.dead_after,
-                              common=common, log=lambda msg: log(f"[study] {name} {view}: {msg}"))
+                              common=common, log=lambda msg, view=view: log(f"[study] {name} {view}: {msg}"))
     if ppl_tokens is not None and len(cfg.ppl_contexts):
         res["perplexity"] = run_perplexity(model, ppl_tokens, model_name=name, out_jsonl=out / PPL_FILE,
                                            contexts=cfg.ppl_contexts, extra=extra, progress=progress)

@@ -6,10 +6,10 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from posbias.study.grid import PPL_FILE, TRAIN_PPL_FILE, VIEW_FILES
-from posbias.utils.io import atomic_write_text, read_jsonl
 from posbias.study.config import METRICS_FILE, SUMMARY_FILE, StudyConfig, read_models_file
+from posbias.study.grid import PPL_FILE, TRAIN_PPL_FILE, VIEW_FILES
 from posbias.study.training import is_saved_model, model_dir_name
+from posbias.utils.io import atomic_write_text, read_jsonl
 
 
 def write_report(cfg: StudyConfig) -> list[dict]:
@@ -79,7 +79,8 @@ def _n_beyond(cfg: StudyConfig) -> str:
 def _header(cfg: StudyConfig) -> str:
     options = _key_values(cfg.train_options) or "none"
     text = (f"# Length-extrapolation study\n\npreset `{cfg.preset}`, training context {cfg.train_context}, "
-            f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus `{cfg.corpus or 'trainer default'}`, "
+            f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus "
+            f"`{cfg.corpus or 'trainer default'}`, "
             f"tokenizer `{cfg.tokenizer or 'trainer default'}`, passkey rate {cfg.passkey_rate}, "
             f"NIAH rate {cfg.niah_rate}, training options: {options}{_model_options(cfg)}; n = {cfg.n} per cell"
             f"{_n_beyond(cfg)}, depths {cfg.depths}.\n")
@@ -165,7 +166,8 @@ def paired_schemes_table(view: str, recs: list[dict], schemes: Sequence[str], le
         return ""
     note = ("Gained/lost instances, accuracy difference in points [95% interval], per-token gold log-prob "
             "difference +- 95% half-width; blank: not scored for both.\n")
-    return length_table(f"{view}, paired against {ref} (the same instances)", lengths, train_context, rows) + "\n" + note
+    title = f"{view}, paired against {ref} (the same instances)"
+    return length_table(title, lengths, train_context, rows) + "\n" + note
 
 
 def failing_needles(recs: list[dict], schemes: Sequence[str], *, shown: int = 5) -> list[str]:

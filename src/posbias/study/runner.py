@@ -66,16 +66,30 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
+from posbias.study.config import (  # noqa: F401
+    CHECK_KEYS,
+    DATA_DIR,
+    METRICS_FILE,
+    MODELS_FILE,
+    SUMMARY_FILE,
+    StudyConfig,
+    needle_draw_of,
+    upgrade_settings,
+)
+from posbias.study.data import prepare_data, split_heldout  # noqa: F401
 from posbias.study.grid import PPL_FILE, TRAIN_PPL_FILE, VIEW_FILES
+from posbias.study.report import write_report  # noqa: F401
+from posbias.study.training import (  # noqa: F401
+    check_training_options,
+    default_train_fn,
+    ensure_models,
+    load_trained,
+    model_dir_name,
+    prepare_tokenizer,
+    train_config,
+)
 from posbias.utils.io import atomic_write_json, atomic_write_text
 from posbias.utils.run_folder import open_run
-from posbias.study.config import (CHECK_KEYS, DATA_DIR, METRICS_FILE, MODELS_FILE, SUMMARY_FILE,  # noqa: F401
-                                  StudyConfig, needle_draw_of, upgrade_settings)
-from posbias.study.data import prepare_data, split_heldout  # noqa: F401
-from posbias.study.report import write_report  # noqa: F401
-from posbias.study.training import (check_training_options, default_train_fn, ensure_models, load_trained, model_dir_name,  # noqa: F401
-                                    prepare_tokenizer, train_config)
-
 
 
 def _ppl_tokens(cfg: StudyConfig, tokenizer, heldout: str | None) -> list[int] | None:
@@ -136,7 +150,8 @@ def _training_text_perplexity(cfg: StudyConfig, scheme: str, model, tokenizer, t
 
     ids = eval_tokens_from_corpus(tokenizer, train_corpus, cfg.ppl_eval_tokens)
     run_perplexity(model, ids, model_name=scheme, out_jsonl=Path(cfg.out) / TRAIN_PPL_FILE,
-                   contexts=[cfg.train_context], modes=("non-overlapping",), extra={"scheme": scheme, "text": "training"})
+                   contexts=[cfg.train_context], modes=("non-overlapping",),
+                   extra={"scheme": scheme, "text": "training"})
 
 
 RESULT_FILES = (MODELS_FILE, METRICS_FILE, PPL_FILE, TRAIN_PPL_FILE, *(f for _v, _t, f in VIEW_FILES))

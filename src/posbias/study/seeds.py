@@ -83,8 +83,8 @@ def load_studies(folders: Sequence[str | Path], schemes: Sequence[str] = ()) -> 
 def _differences(studies: list[Study]) -> list[str]:
     keys = [k for k in CHECK_KEYS if k != "seed"]
     first = studies[0]
-    return [f"{s.label} vs {first.label}: {d}" for s in studies[1:] for d in settings_diff(first.config, s.config, keys)] \
-        + _model_differences(studies)
+    return [f"{s.label} vs {first.label}: {d}"
+            for s in studies[1:] for d in settings_diff(first.config, s.config, keys)] + _model_differences(studies)
 
 
 # how a saved model runs, not what was trained (a later version may change them without retraining)

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from posbias.study.grid import (parse_scheme)
-from posbias.utils.io import atomic_write_json
-from posbias.utils.options import refuse_unknown
 from posbias.study.config import MODELS_FILE, StudyConfig, read_models_file
 from posbias.study.data import _load_texts
+from posbias.study.grid import parse_scheme
+from posbias.utils.io import atomic_write_json
+from posbias.utils.options import refuse_unknown
 
 
 def model_dir_name(scheme: str) -> str:

@@ -264,7 +264,7 @@ def make_kv_uuid(*, tokenizer=None, n, depths, seed, split, num_keys=None, path=
     else:
         data = load_kv_file(path)
         path = Path(path)
-        for i, ex in enumerate(pick_examples(task, len(data), n, split, seed, path)):
+        for ex in pick_examples(task, len(data), n, split, seed, path):
             d = data[ex]
             records, gold = d["records"], d["gold"]
             if num_keys is not None and num_keys != len(records):

@@ -60,11 +60,12 @@ def make_passkey(*, tokenizer=None, n, depths, seed, split, length=1024, digits=
 
     def tokens(key: str, units: int, depth: float) -> int:
         pos = depth_to_index(depth, units + 1)
-        return prompt_tokens(tokenizer, apply_chat(tokenizer, passkey_prompt(key, units, pos, haystack), PASSKEY_PREFIX))
+        return prompt_tokens(tokenizer,
+                             apply_chat(tokenizer, passkey_prompt(key, units, pos, haystack), PASSKEY_PREFIX))
 
     fitted = []
     for key in keys:
-        units = fit_units(lambda u: tokens(key, u, 0.5), length, what="the passkey prompt")
+        units = fit_units(lambda u, key=key: tokens(key, u, 0.5), length, what="the passkey prompt")
         while units > 0 and max(tokens(key, units, d) for d in depths) > length:
             units -= 1
         fitted.append(units)

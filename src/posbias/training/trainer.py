@@ -2,7 +2,8 @@
 
 The schedule and optimizer (:mod:`.schedule`), gradient clipping, bf16 autocast on CUDA, DDP under
 torchrun, atomic checkpoints read without pickle (:mod:`.checkpoint`: model, optimizer, scheduler,
-RNG, step = data position), the metrics log (:mod:`.step_log`) and an exact ``resume``: a run killed after a checkpoint and resumed ends with the same weights as an
+RNG, step = data position), the metrics log (:mod:`.step_log`) and an exact ``resume``: a run killed after a checkpoint
+and resumed ends with the same weights as an
 uninterrupted one. Writes ``config.json``, ``metrics.jsonl``, ``checkpoint.pt`` and the final
 model (``save_pretrained``) under ``out/final``.
 """
@@ -90,11 +91,13 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
             if probes:
                 probe = run_probes(model, probes)
                 append_jsonl(out / "metrics.jsonl", {"step": done, **probe})
-                streak = streak + 1 if cfg.probe_target and probe_reached(probe, cfg.probe_target, cfg.probe_task_names) else 0
+                streak = streak + 1 if cfg.probe_target and probe_reached(probe, cfg.probe_target,
+                                                                          cfg.probe_task_names) else 0
             reached = bool(cfg.probe_target) and mean_across(float(streak >= cfg.probe_patience), info) > 0
             if reached and info.is_main:
                 append_jsonl(out / "metrics.jsonl", {"step": done, "stopped_by": "probe_target",
-                                                     "probe_target": cfg.probe_target, "tokens": done * log.tokens_per_step})
+                                                     "probe_target": cfg.probe_target,
+                                                     "tokens": done * log.tokens_per_step})
         bar.update(1)
         if done % cfg.checkpoint_every == 0 or done == end or reached:
             if info.is_main:
@@ -103,7 +106,8 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
             barrier(info)
     bar.close()
     if not reached and start < end == last < cfg.steps and info.is_main:
-        append_jsonl(out / "metrics.jsonl", {"step": end, "stopped_by": "final_step", "tokens": end * log.tokens_per_step})
+        append_jsonl(out / "metrics.jsonl",
+                     {"step": end, "stopped_by": "final_step", "tokens": end * log.tokens_per_step})
     return _save_final(out, model, tokenizer, info) if reached or end >= last else out
 
 
@@ -161,7 +165,7 @@ def _resume(cfg: TrainConfig, info: DistInfo, out: Path, model, optimizer, sched
             atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
         return start
     if cfg.resume and info.is_main:
-        warnings.warn(f"resume=True: no checkpoint in {out}, starting from step 0")
+        warnings.warn(f"resume=True: no checkpoint in {out}, starting from step 0", stacklevel=2)
     return 0
 
 
