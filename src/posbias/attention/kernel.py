@@ -31,6 +31,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from posbias.utils.memory import keep_freed_memory
 
@@ -175,7 +176,6 @@ def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causa
 
 
 def _flex(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0=None):  # pragma: no cover (CUDA)
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     b, h, nq, _ = q.shape
     nk = k.shape[2]
@@ -228,7 +228,7 @@ def flex_available(device: torch.device | str) -> bool:
     if torch.device(device).type != "cuda":
         return False
     try:
-        from torch.nn.attention import flex_attention  # noqa: F401
+        from torch.nn.attention import flex_attention  # noqa: F401, PLC0415 (probes whether this torch ships it)
     except ImportError:
         return False
     return True
