@@ -1,6 +1,8 @@
 """Configuration of the BAM decoder (``model_type = "posbias-bam"``) and its size presets."""
 from __future__ import annotations
 
+import inspect
+
 from transformers import PretrainedConfig
 
 from posbias.positional import get_scheme
@@ -118,7 +120,6 @@ class BamConfig(PretrainedConfig):
     def defaults(cls) -> dict:
         """Every constructor argument with its default: the model settings a saved config records and
         ``--model-opt`` may set."""
-        import inspect
 
         params = inspect.signature(cls.__init__).parameters.values()
         return {p.name: p.default for p in params if p.kind is p.POSITIONAL_OR_KEYWORD and p.name != "self"}
