@@ -9,6 +9,7 @@ from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.session import plan_eval, run_planned
 from posbias.evaluation.stats import paired_difference, percent_cell
 from posbias.methods.registry import variant_options
+from posbias.models import load_model, model_identity
 from posbias.models.options import LoadOptions, load_settings, options_for
 from posbias.utils.io import append_jsonl, atomic_write_text, read_json, read_jsonl
 from posbias.utils.run_folder import INVOCATIONS, open_run, safe_name
@@ -33,7 +34,6 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
     checked (name, options, factors file, its folder) before the model loads or anything is
     scored, and nothing is written before the first result.
     """
-    from posbias.models import load_model, model_identity
 
     method_options = method_options or {}
     task_options = dict(task_options or {})

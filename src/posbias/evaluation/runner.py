@@ -24,6 +24,7 @@ from posbias.evaluation.stats import accuracy_by_depth, format_table
 from posbias.evaluation.teacher_forced import score_teacher_forced
 from posbias.tasks.base import Instance, check_int
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl
+from posbias.utils.run_folder import announce_resume
 
 MODES = (TEACHER_FORCED, GENERATE, "both")
 
@@ -102,7 +103,6 @@ def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *
     done = {r["id"] for r in read_jsonl(results_path, key="id")}
     todo = depth_interleaved([i for i in instances if i.id not in done])
     if len(todo) < len(instances):
-        from posbias.utils.run_folder import announce_resume
 
         announce_resume(len(instances) - len(todo), len(instances), "instances", out)
     if todo:

@@ -11,6 +11,7 @@ answer never reaches its prefill and teacher forcing sees what generation sees.
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Sequence
 
 from tqdm.auto import tqdm
@@ -62,7 +63,6 @@ def score_instances(model, tokenizer, instances, *, batch_size: int = 8, chat: b
     (``meta["context_id"]``) from one prefill of that context, everything else (and everything when
     ``shared`` is False, under a chat template, or for a :func:`prompt_dependent` model) one prompt
     per question (:func:`posbias.evaluation.teacher_forced.score_teacher_forced`)."""
-    from collections import defaultdict
 
     groups: dict[str, list] = defaultdict(list)
     singles = []
