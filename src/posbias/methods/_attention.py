@@ -27,12 +27,15 @@ configuration reproduces the model bit for bit), else ``kv - 1``.
 from __future__ import annotations
 
 import copy
+import sys
 import weakref
 from typing import Callable
 
 import torch
+from transformers import AttentionInterface
 
 from posbias.architecture.layers import get_decoder_layers
+from posbias.architecture.rope_layout import rope_layout
 
 ATTN_NAME = "posbias_rope_override"
 
@@ -49,9 +52,7 @@ def native_attention(module, implementation: str) -> Callable:
     """The attention function ``module`` calls unpatched under ``implementation``, chosen as the
     modeling code chooses it: its modeling file's ``eager_attention_forward`` for ``eager``, else
     transformers' registered function (``sdpa``, flash attention, ...)."""
-    import sys
 
-    from transformers import AttentionInterface
 
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
     if eager is None:
@@ -84,7 +85,6 @@ def attend_as_model(native: Callable, module, query: torch.Tensor, key: torch.Te
 
 
 def _ensure_registered() -> None:
-    from transformers import AttentionInterface
 
     AttentionInterface.register(ATTN_NAME, _dispatch)
 
@@ -95,7 +95,6 @@ def check_self_rotating(model, layers, what: str):
     """The :class:`~posbias.architecture.rope_layout.RopeLayout` of a model whose ``layers`` a method
     re-implements attention for; ``ValueError`` (one line) for a layout or feature it cannot reproduce:
     interleaved or partial rotary, or attention-logit soft-capping (Gemma 2), which SDPA lacks."""
-    from posbias.architecture.rope_layout import rope_layout
 
     layout = rope_layout(model)
     layout.require_rotate_half(what, layers)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from safetensors.torch import load_file, save
 from torch import nn
 
 from posbias.architecture.layers import get_decoder_layers
@@ -75,7 +76,6 @@ class MoICERouters(nn.Module):
 
 def save_routers(routers: MoICERouters, out_dir: str | Path, extra: dict | None = None) -> Path:
     """Write ``routers.safetensors`` + ``moice_config.json`` into ``out_dir``; returns the folder."""
-    from safetensors.torch import save
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,7 +90,6 @@ def save_routers(routers: MoICERouters, out_dir: str | Path, extra: dict | None 
 
 def load_routers(path: str | Path) -> MoICERouters:
     """Load routers saved by :func:`save_routers` (a folder or its safetensors file)."""
-    from safetensors.torch import load_file
 
     p = Path(str(path)).expanduser()
     folder = p if p.is_dir() else p.parent

@@ -11,7 +11,10 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from posbias.utils.options import as_list  # noqa: F401 (methods parse list options with it)
+from posbias.utils.options import (
+    as_list,  # noqa: F401 (methods parse list options with it)
+    parse_key_values,
+)
 
 
 @dataclass
@@ -111,7 +114,7 @@ def check_option_names(name: str, options: dict) -> MethodSpec:
 
 def apply_method(model, name: str, **options) -> MethodHandle:
     """Apply method ``name`` to ``model``; unknown names / options raise :class:`ValueError`."""
-    from posbias.models.trained import check_method_fits
+    from posbias.models.trained import check_method_fits  # noqa: PLC0415 (cycle: posbias.models.adapter imports posbias.methods)
 
     spec = check_option_names(name, options)
     check_method_fits(model, spec.name)  # a posbias-trained (BAM) model has no RoPE to rescale
@@ -128,7 +131,6 @@ def split_variant(label: str) -> tuple[str, dict[str, Any]]:
     label names its folder and its table row); the option names are checked against the method.
     List values cannot be written here (the method list is comma-separated): give them through
     ``posbias tune``'s settings file."""
-    from posbias.utils.options import parse_key_values
 
     name, *pairs = str(label).split("@")
     if not name or any(not p for p in pairs):
