@@ -23,15 +23,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from posbias.architecture.layers import (  # noqa: F401 (re-exported)
     SUPPORTED_HINT,
     ModelLoadError,
     get_decoder_layers,
 )
+from posbias.architecture.rope_layout import RopeLayoutError, is_rotary_module, rope_layout
 from posbias.models.adapter import read_adapter
+from posbias.models.hub import looks_like_hub_id, resolve_hub_model
 from posbias.models.options import LoadOptions
 from posbias.models.trained import register_folder_model_type
+from posbias.utils.io import atomic_write_text, read_json
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,6 @@ def model_identity(spec: str) -> str:
     """What a run folder records as the model a ``spec`` names, beside the spec itself: an alias or a
     Hub id as it is (its revision and commit are recorded with the load settings), a path resolved (a
     relative ``--model`` re-run from another folder names another model)."""
-    from posbias.models.hub import looks_like_hub_id
 
     if spec in ALIASES or looks_like_hub_id(spec):
         return spec
@@ -177,7 +181,6 @@ def model_identity(spec: str) -> str:
 def resolve_spec(spec: str, revision: str | None = None) -> Path:
     """Turn an alias / path / Hugging Face Hub id (at ``revision``) into a filesystem path (a folder
     or a ``.gguf`` file)."""
-    from posbias.models.hub import looks_like_hub_id, resolve_hub_model
 
     if spec in ALIASES:
         return _resolve_alias(ALIASES[spec])
@@ -232,10 +235,7 @@ def load_hf_folder(path: Path, dtype: torch.dtype = torch.float32, device: torch
     weights read straight into ``dtype`` on ``device``; a damaged JSON or weights file is a
     :class:`ModelLoadError` naming it, and weights stored only as a pickle (``pytorch_model.bin``, which
     can run code when loaded) are refused. ``config``: a config object to load the weights with."""
-    from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posbias.utils.io import read_json
 
     path = Path(path)
     if not (path / "config.json").exists():
@@ -302,7 +302,6 @@ def gguf_sha256(path: Path) -> str:
         known = record.read_text().strip()
         if len(known) == 64:
             return known
-    from posbias.utils.io import atomic_write_text
 
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -313,7 +312,6 @@ def gguf_sha256(path: Path) -> str:
 
 
 def _read_gguf(gguf: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     for mod, pip_name in (("gguf", "gguf"), ("accelerate", "accelerate")):
         if importlib.util.find_spec(mod) is None:
@@ -330,7 +328,6 @@ def _read_gguf(gguf: Path):
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
     """Rebuild a plain model from a GGUF (GGUF-loaded models refuse save_pretrained) into ``target``."""
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     src, tok = _read_gguf(gguf)
     config = src.config
@@ -364,14 +361,12 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 
 def get_rotary_modules(model) -> list[torch.nn.Module]:
     """All rotary-embedding modules of a model (usually one shared ``model.model.rotary_emb``)."""
-    from posbias.architecture.rope_layout import is_rotary_module
 
     return [m for name, m in model.named_modules() if is_rotary_module(name, m)]
 
 
 def check_rope_model(model) -> None:
     """Raise :class:`ModelLoadError` unless every decoder layer's RoPE can be described (and patched)."""
-    from posbias.architecture.rope_layout import RopeLayoutError, rope_layout
 
     try:
         rope_layout(model)
