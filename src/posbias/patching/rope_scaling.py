@@ -34,10 +34,18 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+
+from posbias.architecture.layers import get_decoder_layers
+from posbias.architecture.rope_layout import rope_layout
+from posbias.patching.curves import CURVE_KINDS, check_control_points, check_grid, curve_factors
+from posbias.utils.io import atomic_write_json, read_json
 
 FACTORS_FORMAT = "posbias-lpes-factors"
 FACTORS_VERSION = 1
@@ -58,7 +66,6 @@ class FactorsFileError(ValueError):
 
 
 def _layout(model):
-    from posbias.architecture.rope_layout import rope_layout
 
     return rope_layout(model)
 
@@ -212,7 +219,6 @@ class ScalingHandle:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _install(self) -> None:
-        from posbias.architecture.layers import get_decoder_layers
 
         for i, (layer, f) in enumerate(zip(get_decoder_layers(self.model), self.factors)):
             if f == 1.0:
@@ -252,7 +258,6 @@ def apply_layer_scaling(model, factors: Sequence[float]) -> ScalingHandle:
         ValueError: a model without rotary embeddings, a wrong number of factors, or a factor that is
             not a number from 1e-3 to 1e3.
     """
-    from posbias.architecture.layers import get_decoder_layers
 
     layout = _layout(model)  # RopeLayoutError (a ValueError) for a model that cannot be patched
     layers = get_decoder_layers(model)
@@ -282,7 +287,6 @@ def save_factors_file(path: str | Path, *, factors: Sequence[float], curve: dict
     ``round_to_grid``: list of grid values); without it the file cannot be re-evaluated for
     another layer count.
     """
-    from posbias.utils.io import atomic_write_json
 
     facs = [float(f) for f in factors]
     validate_factors(facs, len(facs))
@@ -295,7 +299,6 @@ def save_factors_file(path: str | Path, *, factors: Sequence[float], curve: dict
 
 
 def _check_curve(curve: Any, path) -> None:
-    from posbias.patching.curves import CURVE_KINDS, check_control_points, check_grid
 
     if not isinstance(curve, dict) or "type" not in curve or "control_points" not in curve:
         raise FactorsFileError(f"{path}: 'curve' must be an object with 'type' and 'control_points'")
@@ -319,7 +322,6 @@ def load_factors_file(path: str | Path, num_layers: int | None = None) -> dict:
     matches the file, re-evaluated from the curve otherwise (``FactorsFileError`` if the file has no
     curve). The file's own factors stay under ``saved_factors``.
     """
-    from posbias.utils.io import read_json
 
     path = Path(path)
     if not path.exists():
@@ -355,7 +357,6 @@ _ANNOUNCED: set = set()
 def _announce_resampling(path: Path, doc: dict, num_layers: int) -> None:
     """One line on stderr (once per file and layer count in a process): the factors used are not the
     file's but its curve re-evaluated for another depth."""
-    import sys
 
     key = (str(Path(path).resolve()), num_layers)
     if key in _ANNOUNCED:
@@ -377,7 +378,6 @@ def factors_for_model(doc: dict, num_layers: int, *, path: Any = "<factors>") ->
             f"{path}: has {len(saved)} factors but the model has {num_layers} decoder layers, and no "
             "'curve' to re-evaluate at the new depths"
         )
-    from posbias.patching.curves import curve_factors
 
     try:
         vals = curve_factors(curve["type"], curve["control_points"], num_layers,
@@ -389,7 +389,6 @@ def factors_for_model(doc: dict, num_layers: int, *, path: Any = "<factors>") ->
 
 def apply_factors_file(model, path: str | Path) -> ScalingHandle:
     """Apply a factors file to ``model`` (re-evaluating its curve for another layer count)."""
-    from posbias.architecture.layers import get_decoder_layers
 
     _layout(model)
     n = len(get_decoder_layers(model))
@@ -407,8 +406,6 @@ def save_patched_model(model, tokenizer, factors_path: str | Path, out: str | Pa
     ``out`` when complete, so a killed write leaves no ``out`` at all, never a folder that loads
     unpatched; the temporaries of killed writes are removed by the next one.
     """
-    import os
-    import shutil
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -434,8 +431,6 @@ def save_patched_model(model, tokenizer, factors_path: str | Path, out: str | Pa
 def _remove_killed_writes(out: Path) -> None:
     """Remove the temporary folders (``.<name>.partial-<pid>``) of killed writes of ``out`` whose
     process has ended."""
-    import os
-    import shutil
 
     for p in out.parent.glob(f".{out.name}.partial-*"):
         pid = p.name.rsplit("-", 1)[-1]
@@ -451,9 +446,7 @@ def write_model_factors(model, factors_path: str | Path, target: str | Path) -> 
     """Write the factors file ``factors_path`` as it applies to ``model`` into ``target``: a copy, or
     the curve re-evaluated for the model's layer count, naming this model and (``resampled_from``) the
     model and layer count the curve was found on. Returns the factors."""
-    import shutil
 
-    from posbias.architecture.layers import get_decoder_layers
 
     doc = load_factors_file(factors_path, num_layers=len(get_decoder_layers(model)))
     model_name = getattr(getattr(model, "config", None), "_name_or_path", None) or None
