@@ -104,9 +104,7 @@ def test_run_grid_records_resume_and_summary(tmp_path, monkeypatch, tiny_tokeniz
         def close(self):
             pass
 
-    import tqdm.auto
-
-    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    monkeypatch.setattr(lc, "tqdm", Bar)
     recs2 = lc.run_grid(model, tiny_tokenizer, spec, **kw)
     assert sum(calls) == 3 and len(recs2) == 8
     assert (bar_kwargs["initial"], bar_kwargs["total"], bar_kwargs["updated"]) == (5, 8, 3)

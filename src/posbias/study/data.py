@@ -5,12 +5,12 @@ import json
 from typing import Callable
 
 from posbias.study.config import HELDOUT_CHARS_PER_TOKEN, MAX_HELDOUT_FRACTION, StudyConfig, has_split, split_files
+from posbias.utils.corpus import load_texts
 from posbias.utils.io import atomic_write_text
 
 
 def _load_texts(corpus: str | None) -> list[str]:
     """The corpus documents as the trainer reads them (the built-in essays when ``corpus`` is None)."""
-    from posbias.utils.corpus import load_texts
 
     return load_texts(corpus)
 
