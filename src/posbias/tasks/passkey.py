@@ -6,6 +6,7 @@ from posbias.tasks.chat import apply_chat, prompt_tokens
 from posbias.tasks.fitting import fit_units
 from posbias.tasks.haystack import haystack_units
 from posbias.tasks.kv import random_numbers
+from posbias.tasks.niah import NEEDLE
 
 PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
                  "memorize it. I will quiz you about the important information there.")
@@ -40,7 +41,6 @@ def passkey_document(key: str, units: int, position: int, filler: list[str] | No
 def task_vocabulary_texts(copies: int = 200) -> list[str]:
     """Text of the synthetic tasks (a passkey document, a RULER needle), repeated so that a tokenizer
     trained with it makes their words single tokens (``posbias.training.tokenizer``)."""
-    from posbias.tasks.niah import NEEDLE
 
     return [passkey_document("12345", 4, 2), NEEDLE.format(key="example-key", value="1234567")] * copies
 
