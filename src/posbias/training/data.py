@@ -23,7 +23,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import torch
+from transformers import AutoTokenizer
 
+from posbias.models import loader
 from posbias.tasks.fitting import fit_units
 from posbias.tasks.haystack import NOISE, split_sentences
 from posbias.tasks.kv import random_numbers
@@ -48,14 +50,12 @@ def paul_graham_dir() -> Path:
 
 def smollm2_tokenizer_dir() -> Path:
     """Folder of the cached SmolLM2-135M-Instruct conversion (created on first use by the loader)."""
-    from posbias.models import loader
 
     return loader._cached_from_gguf(loader.resolve_spec("smollm2-135m"))
 
 
 def load_tokenizer(spec: str | None = None):
     """A Hugging Face tokenizer: ``None`` / ``"smollm2"`` for SmolLM2's, else a folder or hub name."""
-    from transformers import AutoTokenizer
 
     path = smollm2_tokenizer_dir() if spec in (None, "smollm2", "smollm2-135m") else spec
     tok = AutoTokenizer.from_pretrained(str(path))

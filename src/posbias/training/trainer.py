@@ -18,7 +18,10 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
 
+from posbias.bam import BamForCausalLM
 from posbias.utils.io import append_jsonl, atomic_write_text, read_jsonl
 from posbias.utils.run_folder import prepare_run_dir
 
@@ -61,7 +64,6 @@ def train(config: TrainConfig | dict, *, tokenizer=None,
 
 def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
     """Setup, resume, the step loop (log, probe, checkpoint), the final model."""
-    from tqdm.auto import tqdm
 
     out, tokenizer, ds, probes, bam_cfg = _setup(cfg, info, tokenizer)
     model, optimizer, scheduler = _build(cfg, info, bam_cfg)
@@ -139,7 +141,6 @@ def _setup(cfg: TrainConfig, info: DistInfo, tokenizer):
 
 def _build(cfg: TrainConfig, info: DistInfo, bam_cfg):
     """Seeded model, optimizer and the learning-rate scheduler of ``cfg.schedule``."""
-    from posbias.bam import BamForCausalLM
 
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -172,7 +173,6 @@ def _resume(cfg: TrainConfig, info: DistInfo, out: Path, model, optimizer, sched
 def _wrap_ddp(model, info: DistInfo):
     if not info.distributed:
         return model
-    from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
 
