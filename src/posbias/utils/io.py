@@ -8,11 +8,15 @@ line (from a kill mid-write) is ignored on reading.
 """
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import json
 import os
 import platform
 import sys
 import tempfile
+import zlib
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -59,7 +63,6 @@ def _json_default(o: Any) -> Any:
     if hasattr(o, "tolist"):
         return o.tolist()
     if hasattr(o, "__dataclass_fields__"):
-        import dataclasses
 
         return dataclasses.asdict(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
@@ -169,7 +172,6 @@ def versions() -> dict[str, str]:
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
     for name in ("posbias", "torch", "transformers", "numpy", "accelerate", "gguf"):
         try:
-            from importlib.metadata import version
 
             out[name] = version(name)
         except Exception:
@@ -210,8 +212,6 @@ def iter_jsonl_gz(path: str | Path) -> Iterator[tuple[int, dict]]:
     :data:`MAX_LINE_CHARS`, JSON nested too deeply, a truncated or invalid gzip file and text that is
     not UTF-8.
     """
-    import gzip
-    import zlib
 
     path = Path(path)
     if not path.exists():
