@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
+import time
 
 
 def measure(model: str, tokens: int, reps: int, threads: int) -> dict:
-    import resource
-    import time
 
-    import torch
+    import torch  # noqa: PLC0415 (heavy: only the measuring child process loads torch)
 
     torch.set_num_threads(threads)
-    from posbias.models import load_model
+    from posbias.models import load_model  # noqa: PLC0415 (heavy: only the measuring child process loads torch)
 
     start = time.perf_counter()
     lm, _ = load_model(model)
