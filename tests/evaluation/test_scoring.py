@@ -6,7 +6,7 @@ import torch
 from conftest import make_tiny_model
 
 from posbias.evaluation.batching import Encoded
-from posbias.evaluation.scoring import Continuation, score_shared_context, score_via_cache
+from posbias.evaluation.scoring import Continuation, prompt_dependent, score_shared_context, score_via_cache
 from posbias.evaluation.teacher_forced import score_batch
 from posbias.methods import apply_method
 from posbias.tasks.base import Instance
@@ -95,7 +95,7 @@ def test_ms_poe_score_order_comes_from_the_prompt_alone():
         ref = score_via_cache(h.model, [Encoded(_inst(0), prompt, [5, 6, 7])], PAD)
         got = score_batch(h.model, [Encoded(_inst(0), prompt, [5, 6, 7])], PAD)
     _close(got, ref)
-    assert not hasattr(model, "_posbias_prompt_dependent")  # remove() clears the mark
+    assert not prompt_dependent(model)  # remove() clears the mark
 
 
 @pytest.mark.parametrize("name", ["none", "lpes"])

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from posbias.patching.rope_scaling import active_scaling
 from posbias.search.evaluators import PoolEvaluator, SerialEvaluator
 from posbias.search.fitness import FitnessResult, SyntheticFitness, TeacherForcedFitness, bump_objective
 from posbias.search.ga import (
@@ -195,7 +196,7 @@ class FakeInst:
 def fake_scorer(model, tokenizer, instances, *, batch_size=8, chat=False, progress=False):
     """em depends on the active factors: gold at the end is found iff the last layer's factor < 1,
     at the beginning always, in the middle iff the middle factor is 1; log-prob = -mean factor."""
-    h = getattr(model, "_posbias_scaling", None)
+    h = active_scaling(model)
     f = h.factors if h is not None else (1.0,) * 3
     fake_scorer.calls += len(instances)
     out = []
@@ -321,7 +322,7 @@ def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer, saved_
                             "--out", str(patched)])
     assert r.exit_code == 0, r.output
     m, _ = load_model(str(patched))
-    assert list(m._posbias_scaling.factors) == pytest.approx(doc["factors"])
+    assert list(active_scaling(m).factors) == pytest.approx(doc["factors"])
 
     r = runner.invoke(app, ["analyze", "--model", str(src), "--factors", str(out / "best_factors.json"),
                             "--task", "kv", "--num-keys", "4", "--n", "1", "--controls", "2",

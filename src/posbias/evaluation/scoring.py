@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 
 from posbias.evaluation.batching import left_pad
-from posbias.methods.registry import PROMPT_DEPENDENT_ATTR, prompt_dependent  # noqa: F401 (methods declare it)
+from posbias.methods.registry import prompt_dependent
 
 
 @dataclass

@@ -18,7 +18,6 @@ from tqdm.auto import tqdm
 
 from posbias.evaluation.batching import encode, length_sorted_batches, model_max_positions, pad_id_of
 from posbias.evaluation.scoring import (  # noqa: F401
-    PROMPT_DEPENDENT_ATTR,
     Continuation,
     prompt_dependent,
     score_shared_context,

@@ -38,12 +38,12 @@ import torch
 from posbias.architecture.layers import get_decoder_layers
 from posbias.methods import _attention as A
 from posbias.methods.registry import (
-    PROMPT_DEPENDENT_ATTR,
     MethodHandle,
     as_bool,
     as_choice,
     as_layer_indices,
     as_list,
+    mark_prompt_dependent,
     register_method,
 )
 from posbias.utils.options import check_int
@@ -239,11 +239,11 @@ def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int
     patch = A.RopeAttentionPatch(model, layers, state.attention)
     per_prompt = fixed is None and order == "score"
     if per_prompt:  # scorers prefill each prompt alone (no answer in the head order; no shared contexts)
-        setattr(model, PROMPT_DEPENDENT_ATTR, True)
+        mark_prompt_dependent(model)
 
     def remove():
         patch.remove()
-        model.__dict__.pop(PROMPT_DEPENDENT_ATTR, None)
+        mark_prompt_dependent(model, False)
 
     opts = {"r_min": r_min, "r_max": r_max, "layers": layers, "order": order,
             "ratios": None if fixed is None else fixed.tolist(), "threshold": float(threshold),

@@ -8,6 +8,7 @@ attention_mask=..., position_ids=..., past_key_values=..., use_cache=..., logits
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -147,14 +148,23 @@ def variant_options(label: str, options_by_name: dict[str, dict]) -> tuple[str, 
     return name, {**options_by_name.get(name, {}), **variant}
 
 
-PROMPT_DEPENDENT_ATTR = "_posbias_prompt_dependent"
+# models a method has marked prompt-dependent (held weakly: a model leaves the set when it is freed)
+_PROMPT_DEPENDENT: weakref.WeakSet = weakref.WeakSet()
+
+
+def mark_prompt_dependent(model, dependent: bool = True) -> None:
+    """Mark ``model`` as needing each prompt prefilled alone (or clear the mark): a method whose
+    behaviour depends on where the prompt ends (Ms-PoE's head order) marks it while applied."""
+    if dependent:
+        _PROMPT_DEPENDENT.add(model)
+    else:
+        _PROMPT_DEPENDENT.discard(model)
 
 
 def prompt_dependent(model) -> bool:
-    """True when ``model`` (or the model a wrapper scores with) must see each prompt prefilled alone:
-    a method whose behaviour depends on where the prompt ends (Ms-PoE's head order) sets
-    :data:`PROMPT_DEPENDENT_ATTR` on the model, and every scorer then prefills prompts alone."""
-    return bool(getattr(model, PROMPT_DEPENDENT_ATTR, False))
+    """True when ``model`` (or the model a wrapper scores with) must see each prompt prefilled alone
+    (:func:`mark_prompt_dependent`); every scorer then prefills prompts alone."""
+    return model in _PROMPT_DEPENDENT
 
 
 def as_choice(value, choices, name: str) -> str:

@@ -37,6 +37,7 @@ import numbers
 import os
 import shutil
 import sys
+import weakref
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -55,7 +56,7 @@ SAVED_FACTORS_NAME = "posbias_factors.json"
 FACTOR_MIN, FACTOR_MAX = 1e-3, 1e3
 
 __all__ = [
-    "ScalingHandle", "apply_layer_scaling", "remove_layer_scaling", "validate_factors",
+    "ScalingHandle", "active_scaling", "apply_layer_scaling", "remove_layer_scaling", "validate_factors",
     "save_factors_file", "load_factors_file", "factors_for_model", "apply_factors_file",
     "FactorsFileError", "SAVED_FACTORS_NAME",
 ]
@@ -98,6 +99,10 @@ def _version(t: torch.Tensor) -> int:
     """In-place modification counter (inference tensors have none and cannot be modified in place
     outside inference mode: 0)."""
     return 0 if t.is_inference() else t._version
+
+
+# The scaling active on each model: a weak reference to its handle, keyed weakly by the model.
+_ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ScalingHandle:
@@ -224,7 +229,12 @@ class ScalingHandle:
             if f == 1.0:
                 continue
             self._hooks.append(layer.register_forward_pre_hook(self._make_hook(i, f), with_kwargs=True))
-        self.model._posbias_scaling = self
+        # a no-op hook through which the model holds its handle (an all-ones scaling has no layer hook)
+        self._hooks.append(self.model.register_forward_pre_hook(self._keep_alive))
+        _ACTIVE[self.model] = weakref.ref(self)
+
+    def _keep_alive(self, module, args) -> None:
+        return None
 
     def remove(self) -> None:
         """Remove the hooks; the model computes exactly as before. Idempotent."""
@@ -232,8 +242,8 @@ class ScalingHandle:
             h.remove()
         self._hooks.clear()
         self._cs, self._pos_ref, self._tables = {}, None, {}
-        if getattr(self.model, "_posbias_scaling", None) is self:
-            del self.model._posbias_scaling
+        if active_scaling(self.model) is self:
+            del _ACTIVE[self.model]
         self.removed = True
 
     def __enter__(self) -> "ScalingHandle":
@@ -243,7 +253,7 @@ class ScalingHandle:
         self.remove()
 
     def __repr__(self) -> str:
-        state = "removed" if self.removed else f"{len(self._hooks)} layers patched"
+        state = "removed" if self.removed else f"{len(self._hooks) - 1} layers patched"
         return f"ScalingHandle({state}, factors={list(self.factors)})"
 
 
@@ -268,9 +278,15 @@ def apply_layer_scaling(model, factors: Sequence[float]) -> ScalingHandle:
     return handle
 
 
+def active_scaling(model) -> ScalingHandle | None:
+    """The handle of the scaling active on ``model`` (None without one); the model's hooks hold it."""
+    ref = _ACTIVE.get(model)
+    return None if ref is None else ref()
+
+
 def remove_layer_scaling(model) -> bool:
     """Remove the scaling active on ``model``, if any; return whether there was one."""
-    h = getattr(model, "_posbias_scaling", None)
+    h = active_scaling(model)
     if h is None:
         return False
     h.remove()

@@ -41,6 +41,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from posbias.architecture.layers import get_decoder_layers
+
 __all__ = ["FitnessResult", "TeacherForcedFitness", "SyntheticFitness", "interleave_by_depth", "empty_result",
            "DEFAULT_DEPTHS", "DEFAULT_OBJECTIVE", "OBJECTIVES"]
 
@@ -210,6 +212,7 @@ class TeacherForcedFitness:
             raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
         self.objective, self.shared = objective, shared
         self.model, self.tokenizer = model, tokenizer
+        self.num_layers = len(get_decoder_layers(model))  # the length of a factors vector
         self.instances = interleave_by_depth(instances)
         self.totals: dict[str, int] = defaultdict(int)
         for inst in self.instances:

@@ -78,7 +78,7 @@ def build_fitness(cfg: SearchConfig, *, n_per_depth: int, batch_size: int = 4,
     depth, scored from one prefill)."""
     from posbias.evaluation.runner import check_fits
     from posbias.evaluation.session import build_instances
-    from posbias.models import get_decoder_layers, load_model
+    from posbias.models import load_model
     from posbias.search.fitness import TeacherForcedFitness
 
     if model is None:
@@ -88,7 +88,6 @@ def build_fitness(cfg: SearchConfig, *, n_per_depth: int, batch_size: int = 4,
     check_fits(model, tokenizer, instances, cfg.chat)
     fit = TeacherForcedFitness(model, tokenizer, instances, weights=cfg.weights, batch_size=batch_size,
                                chat=cfg.chat, objective=cfg.objective, shared=cfg.shared_context)
-    fit.num_layers = len(get_decoder_layers(model))
     return fit
 
 
