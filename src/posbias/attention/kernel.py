@@ -31,7 +31,6 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from posbias.utils.memory import keep_freed_memory
 
@@ -176,6 +175,9 @@ def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causa
 
 
 def _flex(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0=None):  # pragma: no cover (CUDA)
+    # FlexAttention ships with torch >= 2.5 (pyproject allows 2.4), and only CUDA runs use it
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: PLC0415 (optional)
+
 
     b, h, nq, _ = q.shape
     nk = k.shape[2]

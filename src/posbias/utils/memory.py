@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import resource
 import sys
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc <malloc.h>
@@ -61,6 +60,7 @@ def peak_rss_mb() -> float:
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
+    import resource  # noqa: PLC0415 (Unix only: off Linux, and Windows has none)
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KB elsewhere
