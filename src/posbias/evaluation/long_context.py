@@ -38,7 +38,7 @@ from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions,
 from posbias.evaluation.generation import greedy_continue, greedy_generate
 from posbias.evaluation.metrics import score
 from posbias.evaluation.modes import GENERATE, TEACHER_FORCED, canonical_mode
-from posbias.evaluation.scoring import Continuation, _device, prefill, score_continuations
+from posbias.evaluation.scoring import Continuation, model_device, prefill, score_continuations
 from posbias.evaluation.teacher_forced import score_teacher_forced
 from posbias.tasks import make_instances
 from posbias.tasks.base import depth_seed
@@ -226,7 +226,7 @@ def run_grid(model, tokenizer, spec: GridSpec, *, model_name: str, out_jsonl: st
 
 def _model_device(model):
 
-    return _device(model)
+    return model_device(model)
 
 
 def _reset_peak(model) -> None:

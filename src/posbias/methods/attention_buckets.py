@@ -18,7 +18,7 @@ import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from posbias.architecture.rope_layout import rope_layout
-from posbias.methods import _attention as A
+from posbias.methods import rope_attention as A
 from posbias.methods.registry import MethodHandle, as_list, register_method
 
 DEFAULT_MULTIPLIERS = (1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8)

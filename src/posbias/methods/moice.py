@@ -4,7 +4,7 @@ One router per layer, shared by the layer's heads, is applied per head and token
 rotated with the layer's own base (the reference code routes on q after RoPE with its first base):
 ``logits = gate2(act(gate1(q)) * gate3(q))``; the top-k experts are kept with renormalised softmax
 weights; attention is computed once per selected base and the outputs are mixed with those weights.
-Keys are cached before RoPE (see :mod:`posbias.methods._attention`); each expert's rotated keys are
+Keys are cached before RoPE (see :mod:`posbias.methods.rope_attention`); each expert's rotated keys are
 kept between decoding steps (``rotated_cache``). Only the routers are trained
 (:func:`posbias.training.moice.train_routers`), with the LM loss plus a Switch-style load-balancing
 loss (coef 0.3), on general text.
@@ -30,7 +30,7 @@ from torch import nn
 
 from posbias.architecture.layers import get_decoder_layers
 from posbias.architecture.rope_layout import rope_layout
-from posbias.methods import _attention as A
+from posbias.methods import rope_attention as A
 from posbias.methods.registry import MethodHandle, as_bool, as_layer_indices, as_list, register_method
 from posbias.utils.io import atomic_write_bytes, atomic_write_json
 from posbias.utils.options import check_int

@@ -25,7 +25,7 @@ Which head gets which ratio (``order``):
 Grouped-query attention: several query heads share one key head, but with per-query-head ratios
 the *key* rotation differs per query head, so keys are expanded to query heads (HF layout: query
 head ``h`` reads key head ``h // (H / KV)``) and rotated with the ratio of the query head that
-reads them. The cache stores un-rotated keys (see :mod:`posbias.methods._attention`); the rotated,
+reads them. The cache stores un-rotated keys (see :mod:`posbias.methods.rope_attention`); the rotated,
 head-expanded keys are kept between decoding steps (``rotated_cache``, default on), so a step
 rotates only its new keys.
 """
@@ -36,7 +36,7 @@ from typing import Sequence
 import torch
 
 from posbias.architecture.layers import get_decoder_layers
-from posbias.methods import _attention as A
+from posbias.methods import rope_attention as A
 from posbias.methods.registry import (
     MethodHandle,
     as_bool,

@@ -214,7 +214,7 @@ def load_model(spec: str, options: LoadOptions | None = None, *, dtype: torch.dt
         return adapter.apply(*load_model(adapter.base_spec(), options, dtype=dtype, device=device,
                                          require_rope=require_rope))
     if path.is_file() and path.suffix == ".gguf":
-        path = _cached_from_gguf(path)
+        path = cached_from_gguf(path)
     if register_folder_model_type(path):  # a posbias train / study model: its own positional scheme
         require_rope = False
     config = adapter.base_config() if adapter else None
@@ -280,7 +280,7 @@ def _first_line(e: Exception) -> str:
     return line.rstrip(":") if len(text) > 1 else line
 
 
-def _cached_from_gguf(gguf: Path) -> Path:
+def cached_from_gguf(gguf: Path) -> Path:
     """Dequantise a GGUF once and cache it as a safetensors HF folder; return that folder. The cache
     entry is keyed on the file's content (its SHA-256, :func:`gguf_sha256`), so another file of the
     same name and size is never taken for it."""

@@ -155,7 +155,7 @@ class FitnessResult:
                 "n_scored": self.n_scored, "n_total": self.n_total}
 
 
-def _dkey(depth: float) -> str:
+def depth_key(depth: float) -> str:
     return f"{float(depth):g}"
 
 
@@ -163,7 +163,7 @@ def interleave_by_depth(instances: Sequence[Any]) -> list[Any]:
     """Reorder instances round-robin over their depths (first of each depth, second of each, ...)."""
     groups: dict[str, list] = defaultdict(list)
     for inst in instances:
-        groups[_dkey(inst.depth)].append(inst)
+        groups[depth_key(inst.depth)].append(inst)
     order = sorted(groups, key=float)
     out = []
     for i in range(max((len(g) for g in groups.values()), default=0)):
@@ -171,11 +171,11 @@ def interleave_by_depth(instances: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _normalise_weights(depths: Sequence[str], weights: Sequence[float] | dict | None) -> dict[str, float]:
+def normalise_weights(depths: Sequence[str], weights: Sequence[float] | dict | None) -> dict[str, float]:
     if weights is None:
         w = {d: 1.0 for d in depths}
     elif isinstance(weights, dict):
-        w = {_dkey(float(k)): float(v) for k, v in weights.items()}
+        w = {depth_key(float(k)): float(v) for k, v in weights.items()}
         missing = [d for d in depths if d not in w]
         if missing:
             raise ValueError(f"fitness weights lack depth(s) {missing}")
@@ -216,9 +216,9 @@ class TeacherForcedFitness:
         self.instances = interleave_by_depth(instances)
         self.totals: dict[str, int] = defaultdict(int)
         for inst in self.instances:
-            self.totals[_dkey(inst.depth)] += 1
+            self.totals[depth_key(inst.depth)] += 1
         self.depths = sorted(self.totals, key=float)
-        self.weights = _normalise_weights(self.depths, weights)
+        self.weights = normalise_weights(self.depths, weights)
         self.batch_size = batch_size
         if chunk_size is None:
             per = len(self.depths)
@@ -259,7 +259,7 @@ class TeacherForcedFitness:
                 rows = score_instances(self.model, self.tokenizer, chunk, batch_size=self.batch_size,
                                        chat=self.chat, shared=self.shared)
                 for inst, r in zip(chunk, rows):
-                    res.add(_dkey(inst.depth), r)
+                    res.add(depth_key(inst.depth), r)
         res.forward_passes += self._forwards - f0
         res.seconds += time.perf_counter() - t0
         return res
@@ -269,9 +269,9 @@ def empty_result(instances: Sequence[Any], weights=None, objective: str = "accur
     """A :class:`FitnessResult` with nothing scored yet for ``instances`` (depths from their ``depth``)."""
     totals: dict[str, int] = defaultdict(int)
     for inst in instances:
-        totals[_dkey(inst.depth)] += 1
+        totals[depth_key(inst.depth)] += 1
     depths = sorted(totals, key=float)
-    w = _normalise_weights(depths, weights)
+    w = normalise_weights(depths, weights)
     return FitnessResult({d: [0, 0, totals[d]] for d in depths}, w, n_total=len(instances),
                          objective=objective, logprob_by_depth={d: 0.0 for d in depths})
 

@@ -166,7 +166,7 @@ def _check_request(cfg: SearchConfig, loaded) -> tuple[dict, GAConfig, SearchCon
     """Everything checkable before the model loads: ``(settings of the preset with its overrides,
     GAConfig, cfg with its task options and shared_context as the search uses them)``."""
     from posbias.patching.curves import DEFAULT_GRID
-    from posbias.search.fitness import _dkey, _normalise_weights
+    from posbias.search.fitness import depth_key, normalise_weights
     from posbias.tasks import precheck_instances
     from posbias.tasks.base import check_int
 
@@ -186,7 +186,7 @@ def _check_request(cfg: SearchConfig, loaded) -> tuple[dict, GAConfig, SearchCon
     if cfg.objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {cfg.objective!r}; choose one of {', '.join(OBJECTIVES)}")
     shared_context = bool(cfg.shared_context) and not cfg.chat and supports_shared_context(cfg.task, task_options)
-    _normalise_weights([_dkey(d) for d in DEFAULT_DEPTHS], cfg.weights)
+    normalise_weights([depth_key(d) for d in DEFAULT_DEPTHS], cfg.weights)
     precheck_instances(cfg.task, n=settings["n_per_depth"], depths=list(DEFAULT_DEPTHS), seed=cfg.seed,
                        split="search", **task_options)
     return settings, ga, dataclasses.replace(cfg, task_options=task_options, shared_context=shared_context)

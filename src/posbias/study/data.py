@@ -9,12 +9,6 @@ from posbias.utils.corpus import load_texts
 from posbias.utils.io import atomic_write_text
 
 
-def _load_texts(corpus: str | None) -> list[str]:
-    """The corpus documents as the trainer reads them (the built-in essays when ``corpus`` is None)."""
-
-    return load_texts(corpus)
-
-
 def prepare_data(cfg: StudyConfig, log: Callable = print, before_write: Callable = lambda: None
                  ) -> tuple[str | None, str | None]:
     """Split the corpus into a training part and a held-out part for perplexity.
@@ -46,7 +40,7 @@ def prepare_data(cfg: StudyConfig, log: Callable = print, before_write: Callable
 
 def split_heldout(cfg: StudyConfig, log: Callable = print) -> tuple[list[str], list[str], int]:
     """``(training documents, held-out documents, held-out characters)`` (see :func:`prepare_data`)."""
-    texts = _load_texts(cfg.corpus)
+    texts = load_texts(cfg.corpus)
     total = sum(len(t) for t in texts)
     want = cfg.ppl_eval_tokens * HELDOUT_CHARS_PER_TOKEN
     if want > MAX_HELDOUT_FRACTION * total:

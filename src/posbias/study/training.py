@@ -14,10 +14,10 @@ import torch
 
 from posbias.models import load_model
 from posbias.study.config import MODELS_FILE, StudyConfig, read_models_file
-from posbias.study.data import _load_texts
 from posbias.study.grid import parse_scheme
 from posbias.training import TrainConfig, train
 from posbias.training.tokenizer import parse_bpe_spec, resolve_tokenizer_spec
+from posbias.utils.corpus import load_texts
 from posbias.utils.io import atomic_write_json
 from posbias.utils.options import refuse_unknown
 from posbias.utils.workers import spawn_pool
@@ -104,7 +104,7 @@ def prepare_tokenizer(cfg: StudyConfig, corpus: str | None, log: Callable = prin
     target = _tokenizer_dir(cfg)
     if not (target / "tokenizer.json").exists():
         log(f"[study] training tokenizer {cfg.tokenizer} -> {target}")
-    return str(Path(resolve_tokenizer_spec(cfg.tokenizer, _load_texts(corpus), target)).resolve())
+    return str(Path(resolve_tokenizer_spec(cfg.tokenizer, load_texts(corpus), target)).resolve())
 
 
 def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus: str | None = None,

@@ -51,7 +51,7 @@ def paul_graham_dir() -> Path:
 def smollm2_tokenizer_dir() -> Path:
     """Folder of the cached SmolLM2-135M-Instruct conversion (created on first use by the loader)."""
 
-    return loader._cached_from_gguf(loader.resolve_spec("smollm2-135m"))
+    return loader.cached_from_gguf(loader.resolve_spec("smollm2-135m"))
 
 
 def load_tokenizer(spec: str | None = None):

@@ -37,7 +37,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -57,7 +57,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
     if isinstance(o, Path):
         return str(o)
     if hasattr(o, "tolist"):
@@ -78,7 +78,7 @@ def append_jsonl(path: str | Path, record: dict) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(record, default=_json_default) + "\n").encode("utf-8")
+    line = (json.dumps(record, default=json_default) + "\n").encode("utf-8")
     with open(path, "a+b") as f:
         size = f.seek(0, os.SEEK_END)
         if size:

@@ -279,6 +279,6 @@ def _describe(kind: str) -> str:
 
 def _roundtrip(v: Any) -> Any:
     """``v`` as it reads back from JSON (tuples become lists, paths strings)."""
-    from posbias.utils.io import _json_default
+    from posbias.utils.io import json_default
 
-    return json.loads(json.dumps(v, default=_json_default))
+    return json.loads(json.dumps(v, default=json_default))
