@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
         report["equivalence"][setup] = equivalence(setup, backends, device)
         print(f"{setup:<20} {json.dumps(report['equivalence'][setup])}  ({time.perf_counter() - t:.1f} s)")
     for backend in [b for b in a.throughput_backends.split(",") if b]:
-        from train_throughput import main as throughput  # benchmarks/ is on sys.path when run as a script  # noqa: PLC0415 (script: benchmarks/ is on sys.path when run as a script)
+        from train_throughput import main as throughput  # noqa: PLC0415 (script: benchmarks/ is on sys.path when run as a script)
 
         args = ["--preset", a.preset, "--context", str(a.context), "--batch-size", str(a.batch_size),
                 "--setups", "rope,ggd,ggd+ssmax,alibi", "--device", str(device), "--backend", backend]
