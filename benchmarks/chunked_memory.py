@@ -23,10 +23,10 @@ import time
 
 
 def _measure(a) -> dict:
-    import torch
+    import torch  # noqa: PLC0415 (heavy: only the measuring child process loads torch)
 
-    from posbias.bam import BamConfig, BamForCausalLM
-    from posbias.utils.memory import peak_rss_mb, reset_peak_rss
+    from posbias.bam import BamConfig, BamForCausalLM  # noqa: PLC0415 (heavy: only the measuring child process loads torch)
+    from posbias.utils.memory import peak_rss_mb, reset_peak_rss  # noqa: PLC0415 (heavy: only the measuring child process loads torch)
 
     torch.set_num_threads(a.threads)
     dev = torch.device(a.device)

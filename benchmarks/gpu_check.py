@@ -32,6 +32,13 @@ from pathlib import Path
 
 import torch
 
+from posbias.methods import apply_method
+from posbias.patching.rope_scaling import save_factors_file
+from posbias.search.config import SearchConfig
+from posbias.search.runner import run_search
+from posbias.training.tokenizer import synthetic_task_texts, train_bpe_tokenizer
+from posbias.utils.devices import dtype_name
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # latency.py, gpu_check_bam.py beside this file
 
 IDENTITY = {
@@ -59,7 +66,6 @@ def peak_gib(device: torch.device) -> float | None:
 
 def ones_factors(model, folder: Path) -> str:
     """A factors file of 1.0 per decoder layer (LPES's identity setting)."""
-    from posbias.patching.rope_scaling import save_factors_file
 
     path = folder / "ones.factors.json"
     save_factors_file(path, factors=[1.0] * model.config.num_hidden_layers)
@@ -78,7 +84,6 @@ def _prefill_and_step(model, ids, mask, pos, keep: int) -> list[torch.Tensor]:
 
 def identity_checks(model, tokens: int, folder: Path) -> dict:
     """``{method: {"equal": bool, "max_abs_diff": float}}`` of every method at its identity setting."""
-    from posbias.methods import apply_method
 
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(0)
@@ -102,9 +107,6 @@ def identity_checks(model, tokens: int, folder: Path) -> dict:
 
 def search_check(model, config: str, folder: Path, keys: int, overrides: dict) -> dict:
     """One quick-preset LPES search on ``model`` (kv task, ``keys`` word keys) into ``folder``."""
-    from posbias.search.config import SearchConfig
-    from posbias.search.runner import run_search
-    from posbias.training.tokenizer import synthetic_task_texts, train_bpe_tokenizer
 
     tok = train_bpe_tokenizer(synthetic_task_texts(), 4096, folder / "tokenizer")
     start = time.perf_counter()
@@ -116,7 +118,7 @@ def search_check(model, config: str, folder: Path, keys: int, overrides: dict) -
 
 
 def latency_check(config: str, device: str, lengths: str, reps: int, decode: int, out: Path) -> dict:
-    import latency
+    import latency  # noqa: PLC0415 (script: benchmarks/ is put on sys.path above)
 
     return latency.main(["--random-config", config, "--device", device, "--dtype",
                          "bfloat16" if device.startswith("cuda") else "float32", "--lengths", lengths,
@@ -125,7 +127,7 @@ def latency_check(config: str, device: str, lengths: str, reps: int, decode: int
 
 
 def bam_check(device: str, out: Path, dry: bool) -> dict:
-    import gpu_check_bam
+    import gpu_check_bam  # noqa: PLC0415 (script: benchmarks/ is put on sys.path above)
 
     args = ["--device", "cpu", "--backends", "eager,chunked", "--throughput-backends", ""] if dry else []
     return gpu_check_bam.main([*args, "--out", str(out)])
@@ -169,8 +171,8 @@ def main(argv: list[str] | None = None) -> dict:
     plan = DRY if a.dry_run else FULL
     if not a.dry_run and not torch.cuda.is_available():
         raise SystemExit("error: no CUDA device here; run with --dry-run to check the script on the CPU")
-    import latency
-    from posbias.utils.devices import dtype_name
+    import latency  # noqa: PLC0415 (script: benchmarks/ is put on sys.path above)
+
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -67,7 +67,8 @@ def equivalence(setup: str, backends: list[str], device) -> dict:
         results[backend] = [out.detach().float(), *[t.grad.detach().float() for t in [q, k, v, *params]]]
     ref = results[backends[0]]
     names = ["out", "dq", "dk", "dv"] + [f"dparam{i}" for i in range(len(params))]
-    return {b: {name: {"abs": float((x - y).abs().max()), "rel": float((x - y).abs().max() / y.abs().max().clamp(min=1e-12))}
+    return {b: {name: {"abs": float((x - y).abs().max()),
+                       "rel": float((x - y).abs().max() / y.abs().max().clamp(min=1e-12))}
                 for name, x, y in zip(names, got, ref)}
             for b, got in results.items() if b != backends[0]}
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
         report["equivalence"][setup] = equivalence(setup, backends, device)
         print(f"{setup:<20} {json.dumps(report['equivalence'][setup])}  ({time.perf_counter() - t:.1f} s)")
     for backend in [b for b in a.throughput_backends.split(",") if b]:
-        from train_throughput import main as throughput  # benchmarks/ is on sys.path when run as a script
+        from train_throughput import main as throughput  # noqa: PLC0415 (script: benchmarks/ is on sys.path when run as a script)
 
         args = ["--preset", a.preset, "--context", str(a.context), "--batch-size", str(a.batch_size),
                 "--setups", "rope,ggd,ggd+ssmax,alibi", "--device", str(device), "--backend", backend]

@@ -39,8 +39,14 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from posbias.evaluation.scoring import cache_of
+from posbias.methods import apply_method
+from posbias.methods.registry import split_variant
+from posbias.models import load_model
+from posbias.patching.rope_scaling import save_factors_file
+from posbias.utils.io import atomic_write_text
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 DEFAULT_OPTIONS = {"pi": {"factor": 1.5}, "ms-poe": {}, "attention-buckets": {}, "moice": {}, "none": {}}
@@ -95,7 +101,6 @@ RANDOM_CONFIGS = {
 
 def random_model(name: str, device: str, dtype: torch.dtype):
     """A randomly initialised causal LM of ``RANDOM_CONFIGS[name]``'s shape on ``device``."""
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     spec = dict(RANDOM_CONFIGS[name])
     cfg = AutoConfig.for_model(spec.pop("model_type"), **spec)
@@ -110,7 +115,6 @@ def random_prompt(vocab: int, length: int, device) -> torch.Tensor:
 
 def method_spec(spec: str) -> tuple[str, dict]:
     """``"ms-poe@rotated_cache=false"`` -> ``("ms-poe", {**defaults, "rotated_cache": False})``."""
-    from posbias.methods.registry import split_variant
 
     name, options = split_variant(spec)
     return name, {**DEFAULT_OPTIONS.get(name, {}), **options}
@@ -177,7 +181,6 @@ def resume_raw(out: str, info: dict, lengths: list[int]) -> tuple[dict | None, i
 def write_result(out: str, info: dict, raw: dict, reps_done: int) -> dict:
     """Write (atomically) the settings, the medians of the ``reps_done`` finished repetitions and every
     measurement to ``out``; return what was written."""
-    from posbias.utils.io import atomic_write_text
 
     summary = summarise(raw)
     result = {**info, "reps_done": reps_done,
@@ -199,7 +202,8 @@ def print_table(summary: dict, methods: list[str], lengths: list[int]) -> None:
         for n in lengths:
             s = summary[m][str(n)]
             pre = f"{s['prefill_s']:.2f}s x{s['prefill_ratio']:.2f} [{s['prefill_ratio_rep_median']:.2f}]"
-            dec = f"{s['decode_s_per_token'] * 1000:.1f}ms x{s['decode_ratio']:.2f} [{s['decode_ratio_rep_median']:.2f}]"
+            dec = (f"{s['decode_s_per_token'] * 1000:.1f}ms x{s['decode_ratio']:.2f} "
+                   f"[{s['decode_ratio_rep_median']:.2f}]")
             row += f" | {pre:>22s} {dec:>24s}"
         print(row)
 
@@ -225,8 +229,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.reps < 1:
         raise SystemExit(f"--reps must be >= 1, got {args.reps}")
 
-    from posbias.methods import apply_method
-    from posbias.models import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -241,7 +243,6 @@ def main(argv: list[str] | None = None) -> dict:
         model = random_model(args.random_config, args.device, dtype)
         prompts = {n: random_prompt(model.config.vocab_size, n, args.device) for n in lengths}
         if any(name == "lpes" for name, _ in specs.values()) and not args.lpes_factors:
-            from posbias.patching.rope_scaling import save_factors_file
 
             args.lpes_factors = str(Path(args.out).with_suffix(".factors.json"))
             layers = model.config.num_hidden_layers
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         model, tok = load_model(args.model, dtype=dtype, device=args.device)
         prompts = {n: prompt_ids(tok, n).to(args.device) for n in lengths}
-    for m, (name, opts) in specs.items():
+    for name, opts in specs.values():
         if name == "lpes":
             if not args.lpes_factors:
                 raise SystemExit("--methods lpes needs --lpes-factors PATH")

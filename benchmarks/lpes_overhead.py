@@ -14,6 +14,9 @@ import time
 
 import torch
 
+from posbias.models import get_decoder_layers, load_model
+from posbias.patching.rope_scaling import apply_layer_scaling, load_factors_file
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -25,8 +28,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     args = ap.parse_args()
 
-    from posbias.models import get_decoder_layers, load_model
-    from posbias.patching.rope_scaling import apply_layer_scaling, load_factors_file
 
     if args.threads:
         torch.set_num_threads(args.threads)

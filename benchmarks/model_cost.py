@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
+import time
 
 
 def measure(model: str, tokens: int, reps: int, threads: int) -> dict:
-    import resource
-    import time
 
-    import torch
+    import torch  # noqa: PLC0415 (heavy: only the measuring child process loads torch)
 
     torch.set_num_threads(threads)
-    from posbias.models import load_model
+    from posbias.models import load_model  # noqa: PLC0415 (heavy: only the measuring child process loads torch)
 
     start = time.perf_counter()
     lm, _ = load_model(model)
@@ -40,7 +40,8 @@ def measure(model: str, tokens: int, reps: int, threads: int) -> dict:
     params = sum(p.numel() for p in lm.parameters())
     return {"model": model, "tokens": tokens, "threads": threads, "load_s": round(load_s, 1),
             "forward_s": [round(t, 3) for t in times], "forward_median_s": round(statistics.median(times), 3),
-            "params_m": round(params / 1e6, 1), "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+            "params_m": round(params / 1e6, 1),
+            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
 
 
 def main() -> None:
@@ -64,7 +65,8 @@ def main() -> None:
     print(f"\n| model | params | load (cached) | forward / {args.tokens} tokens | peak RSS |")
     print("|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['model']} | {r['params_m']}M | {r['load_s']} s | {r['forward_median_s']} s | {r['peak_rss_gb']} GB |")
+        print(f"| {r['model']} | {r['params_m']}M | {r['load_s']} s | {r['forward_median_s']} s | {r['peak_rss_gb']} "
+              "GB |")
 
 
 if __name__ == "__main__":

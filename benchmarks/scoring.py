@@ -17,9 +17,14 @@ import time
 
 import torch
 
+from posbias.evaluation.generation import greedy_generate
+from posbias.evaluation.teacher_forced import score_instances
+from posbias.models import load_model
+from posbias.tasks.kv import make_kv
+from posbias.utils.io import atomic_write_json
+
 
 def _questions(k: int, contexts: int, num_keys: int):
-    from posbias.tasks.kv import make_kv
 
     depths = [i / (k - 1) for i in range(k)] if k > 1 else [0.5]
     return make_kv(n=contexts, depths=depths, seed=0, split="eval", num_keys=num_keys, shared_context=True)
@@ -39,9 +44,6 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from posbias.evaluation.generation import greedy_generate
-    from posbias.evaluation.teacher_forced import score_instances
-    from posbias.models import load_model
 
     model, tok = load_model(args.model)
     ks = [int(k) for k in args.questions.split(",")]
@@ -74,7 +76,6 @@ def main() -> None:
               "shared_equals_single_em": agree, "max_logprob_diff": max_diff}
     print(json.dumps(result, indent=2))
     if args.out:
-        from posbias.utils.io import atomic_write_json
 
         atomic_write_json(args.out, result)
 

@@ -170,11 +170,11 @@ def saved_figures(monkeypatch):
     name: ``{name: matplotlib figure}``, still inspectable (``fig.axes[0].lines[i].get_ydata()``)."""
     from matplotlib.figure import Figure
 
-    import posbias.utils.io as io
+    import posbias.utils.figures as figures_module
 
     figures: dict = {}
     pending: list = []
-    real_savefig, real_write = Figure.savefig, io.atomic_write_bytes
+    real_savefig, real_write = Figure.savefig, figures_module.atomic_write_bytes
 
     def savefig(self, *args, **kwargs):
         pending.append(self)
@@ -186,7 +186,7 @@ def saved_figures(monkeypatch):
         return real_write(path, data)
 
     monkeypatch.setattr(Figure, "savefig", savefig)
-    monkeypatch.setattr(io, "atomic_write_bytes", write)
+    monkeypatch.setattr(figures_module, "atomic_write_bytes", write)
     return figures
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from posbias.attention import SSMax
 from posbias.evaluation.stats import percent_cell, wilson_interval
 from posbias.study.config import StudyConfig
 from posbias.study.grid import NIAH_FILE, PASSKEY_FILE, evaluate_model
@@ -29,7 +30,6 @@ from posbias.utils.io import atomic_write_text, read_jsonl
 
 def hold_multiplier(model, max_keys: int) -> int:
     """Set ``max_keys`` on every SSMax module of ``model``; returns how many were set (0: no SSMax)."""
-    from posbias.attention import SSMax
 
     modules = [m for m in model.modules() if isinstance(m, SSMax)]
     for m in modules:

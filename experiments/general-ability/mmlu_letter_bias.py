@@ -22,15 +22,22 @@ import argparse
 import collections
 import time
 
+import torch
+
+from posbias.evaluation.ability import data_root, mmlu_configs, pick
+from posbias.evaluation.lm_eval_adapter import PosbiasLM
+from posbias.evaluation.perplexity import perplexity
+from posbias.models import load_model
+from posbias.utils.corpus import load_texts
+
 SUBJECTS = "high_school_geography,marketing,us_foreign_policy,high_school_psychology,sociology"
 
 
 def score(lm, specs, limit: int, manager, chat: bool = False) -> dict:
     """Accuracy (and acc_norm where scored) and the pick counts of one lm-eval run (``manager``: an
     ``lm_eval.tasks.TaskManager``, built once: it reads every lm-eval YAML)."""
-    import lm_eval
+    import lm_eval  # noqa: PLC0415 (optional: lm-eval)
 
-    from posbias.evaluation.ability import pick
 
     res = lm_eval.simple_evaluate(model=lm, tasks=specs, task_manager=manager, limit=limit, num_fewshot=0,
                                   log_samples=True, bootstrap_iters=0, apply_chat_template=chat)
@@ -44,11 +51,7 @@ def score(lm, specs, limit: int, manager, chat: bool = False) -> dict:
 
 
 def essay_perplexity(spec: str, tokens: int = 2048, context: int = 512) -> float:
-    import torch
 
-    from posbias.evaluation.perplexity import perplexity
-    from posbias.models import load_model
-    from posbias.utils.corpus import load_texts
 
     model, tok = load_model(spec)
     ids = torch.tensor(tok(" ".join(load_texts("paul-graham")), add_special_tokens=False)["input_ids"][:tokens])
@@ -63,12 +66,9 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=12)
     ap.add_argument("--ppl-models", default="qwen2.5-coder-0.5b,smollm2-135m,gemma-3-270m")
     a = ap.parse_args()
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
+    from lm_eval.models.huggingface import HFLM  # noqa: PLC0415 (optional: lm-eval)
+    from lm_eval.tasks import TaskManager  # noqa: PLC0415 (optional: lm-eval)
 
-    from posbias.evaluation.ability import data_root, mmlu_configs
-    from posbias.evaluation.lm_eval_adapter import PosbiasLM
-    from posbias.models import load_model
 
     model, tok = load_model(a.model)
     subjects = a.subjects.split(",")

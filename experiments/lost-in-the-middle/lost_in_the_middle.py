@@ -16,6 +16,10 @@ import json
 import time
 from pathlib import Path
 
+from posbias.evaluation.plots import plot_accuracy_by_depth
+from posbias.evaluation.session import run_eval
+from posbias.models import load_model
+
 # name -> (task, task options, instances per depth, batch size); --n overrides the count
 SETTINGS = {
     "kv15": ("kv", {"num_keys": 15}, 10, 4),
@@ -45,8 +49,6 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated subset of: " + ",".join(SETTINGS))
     args = ap.parse_args()
 
-    from posbias.evaluation.session import run_eval
-    from posbias.models import load_model
 
     loaded = load_model(args.model)
     names = args.only.split(",") if args.only else list(SETTINGS)
@@ -75,7 +77,6 @@ def main() -> None:
 
 def plot_settings(root: Path, names: list[str], model: str) -> None:
     """``root/lim.png``: accuracy against depth, one curve per finished setting."""
-    from posbias.evaluation.plots import plot_accuracy_by_depth
 
     curves = {name: json.loads((root / name / "summary.json").read_text())["by_depth"]
               for name in names if (root / name / "summary.json").exists()}

@@ -19,6 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from posbias.models import get_decoder_layers, load_model
+from posbias.search.fitness import DEFAULT_DEPTHS, TeacherForcedFitness
+from posbias.search.ga import GAConfig, genome_factors, identity_genome, random_genome
+from posbias.tasks.kv import make_kv
+from posbias.utils.io import append_jsonl, read_jsonl
+
 
 def spearman(a, b) -> float:
     ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
@@ -54,11 +60,6 @@ def main() -> None:
     ap.add_argument("--out", default="runs/objective-consistency")
     args = ap.parse_args()
 
-    from posbias.models import get_decoder_layers, load_model
-    from posbias.search.fitness import DEFAULT_DEPTHS, TeacherForcedFitness
-    from posbias.search.ga import GAConfig, genome_factors, identity_genome, random_genome
-    from posbias.tasks.kv import make_kv
-    from posbias.utils.io import append_jsonl, read_jsonl
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

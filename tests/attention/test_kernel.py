@@ -7,9 +7,6 @@ from posbias.attention import SSMax, attend, visible_keys
 from posbias.positional import GGDBias
 
 
-
-
-
 def _qkv(b=2, h=4, n=40, d=8, hkv=None, seed=0):
     g = torch.Generator().manual_seed(seed)
     hkv = hkv or h
@@ -122,7 +119,8 @@ def test_gradients_reach_prior_and_ssmax():
     s = SSMax(4)
     for backend in ("sdpa", "chunked"):
         g.zero_grad(), s.zero_grad()
-        attend(q, k, v, bias=g, normaliser=s, doc_ids=_docs(n=16), backend=backend, chunk_size=5).pow(2).sum().backward()
+        attend(q, k, v, bias=g, normaliser=s, doc_ids=_docs(n=16), backend=backend,
+               chunk_size=5).pow(2).sum().backward()
         for p in (g.theta_alpha, g.theta_beta, s.s):
             assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, backend
 
@@ -136,7 +134,8 @@ def test_chunked_gradients_equal_sdpa(scope):
         q, k, v = (t.clone().requires_grad_(True) for t in _qkv(n=24))
         g = GGDBias(4, theta_alpha=0.1, theta_beta=[-1.0, 0.0, 1.0, 2.0])
         s = SSMax(4, scope=scope)
-        attend(q, k, v, bias=g, normaliser=s, doc_ids=_docs(n=24), backend=backend, chunk_size=5).pow(2).sum().backward()
+        attend(q, k, v, bias=g, normaliser=s, doc_ids=_docs(n=24), backend=backend,
+               chunk_size=5).pow(2).sum().backward()
         grads[backend] = [t.grad for t in (q, k, v, g.theta_alpha, g.theta_beta, s.s)]
     for a, b in zip(grads["sdpa"], grads["chunked"]):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)

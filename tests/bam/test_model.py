@@ -3,9 +3,6 @@ import torch
 
 from posbias.bam import BamConfig, BamForCausalLM, build_model
 
-
-
-
 SCHEMES = ["rope", "sinusoidal", "nope", "alibi", "ggd"]
 
 
@@ -33,7 +30,8 @@ def test_save_load_roundtrip(tmp_path, pe):
     assert torch.equal(m(x).logits, m2(x).logits)
 
 
-@pytest.mark.parametrize("pe,norm", [("ggd", "ssmax"), ("rope", "softmax"), ("sinusoidal", "ssmax"), ("alibi", "softmax")])
+@pytest.mark.parametrize("pe,norm",
+                         [("ggd", "ssmax"), ("rope", "softmax"), ("sinusoidal", "ssmax"), ("alibi", "softmax")])
 def test_generate_matches_argmax_loop(pe, norm):
     m = _tiny(pe, norm)
     x = torch.randint(3, 97, (2, 6))

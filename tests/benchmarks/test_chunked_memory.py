@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from conftest import load_benchmark
 
 

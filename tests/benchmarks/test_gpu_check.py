@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from conftest import load_benchmark
 
 METHODS = {"none", "pi", "lpes", "ms-poe", "attention-buckets", "moice"}

@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import load_benchmark
 
 
@@ -65,7 +64,8 @@ def test_the_same_command_resumes_at_the_next_repetition(tmp_path, monkeypatch):
     assert len(calls) == 4  # 2 more repetitions of 2 methods; the first one is kept, not rerun
     doc = json.loads(out.read_text())
     assert doc["reps_done"] == 3 and doc["reps"] == 3
-    assert [doc["raw"][m]["32"]["prefill"][0] for m in ("none", "pi")] == [first[m]["32"]["prefill"][0] for m in ("none", "pi")]
+    assert ([doc["raw"][m]["32"]["prefill"][0] for m in ("none", "pi")]
+            == [first[m]["32"]["prefill"][0] for m in ("none", "pi")])
     ratios = res["summary"]["pi"]["32"]["prefill_ratios"]
     assert len(ratios) == 3 and ratios[0] == first["pi"]["32"]["prefill"][0] / first["none"]["32"]["prefill"][0]
     latency.main([*args, "--reps", "3"])  # nothing left: no run

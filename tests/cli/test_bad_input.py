@@ -5,9 +5,9 @@ import json
 import re
 
 import pytest
+from conftest import held_by_another_process, save_tiny_folder
 from typer.testing import CliRunner
 
-from conftest import held_by_another_process, save_tiny_folder
 from posbias.cli.main import app
 from posbias.utils.io import read_jsonl
 
@@ -107,7 +107,8 @@ def test_a_foreign_non_empty_folder_is_refused(tiny, factors, tmp_path, command)
     out.mkdir()
     (out / "notes.txt").write_text("my notes")
     args = {"eval": ["--model", tiny, *KV], "compare": ["--model", tiny, *KV, "--methods", "none"],
-            "search": ["--model", tiny, *SEARCH, "--generations", "1"], "analyze": ["--model", tiny, "--factors", factors],
+            "search": ["--model", tiny, *SEARCH, "--generations", "1"],
+            "analyze": ["--model", tiny, "--factors", factors],
             "apply": ["--model", tiny, "--factors", factors], "train": ["--steps", "2"], "study": ["--n", "1"]}[command]
     refused(cli(command, *args, "--out", out), "is not empty", "notes.txt", "holds no posbias run")
     assert snapshot(out) == {"notes.txt": b"my notes"}
@@ -377,7 +378,8 @@ def test_factors_that_are_not_numbers_are_refused(tiny, tmp_path, command, value
     (["eval", *KV, "--mode", "sample"], "unknown mode 'sample'"),
     (["eval", "--task", "bogus", "--n", "1"], "unknown task"),
     (["compare", *KV, "--methods", "none,foo"], "unknown method 'foo'"),
-    (["compare", *KV, "--methods", "none,lpes", "--factors", "NEG"], "every factor must be a number from 0.001 to 1000"),
+    (["compare", *KV, "--methods", "none,lpes", "--factors", "NEG"],
+     "every factor must be a number from 0.001 to 1000"),
     (["compare", *KV, "--methods", "none,none"], "more than once"),
     (["compare", *KV, "--methods", "none,pi", "--pi-factor", "0"], "--pi-factor must be > 0"),
     (["analyze", "--factors", "NEG"], "every factor must be a number from 0.001 to 1000"),
@@ -485,7 +487,8 @@ def test_a_rejected_train_run_leaves_the_folder_free(tmp_path):
     res = cli(*args)  # the corrected command may use the folder
     assert res.exit_code == 0, res.output
     assert (out / "final").exists() and json.loads((out / "config.json").read_text())["kind"] == "train"
-    refused(cli(*args[:-8], "--tokenizer", "bpe:400", *args[-8:]), "other settings", "tokenizer: 'bpe:320' -> 'bpe:400'")
+    refused(cli(*args[:-8], "--tokenizer", "bpe:400", *args[-8:]), "other settings",
+            "tokenizer: 'bpe:320' -> 'bpe:400'")
 
 
 def test_a_study_rejected_before_any_result_does_not_lock_its_folder(tmp_path):
@@ -707,7 +710,8 @@ def test_a_curve_that_gives_no_factors_names_its_file(tmp_path):
                                                                  "round_to_grid": ["x"]}}))
     with pytest.raises(ValueError, match="f.json: bad curve round_to_grid: could not convert"):
         load_factors_file(path, num_layers=3)
-    path.write_text(json.dumps({"factors": [1.0, 1.0], "curve": {"type": "step", "control_points": [[0, 1], [1, 2000]]}}))
+    path.write_text(json.dumps({"factors": [1.0, 1.0],
+                                "curve": {"type": "step", "control_points": [[0, 1], [1, 2000]]}}))
     with pytest.raises(ValueError, match="f.json: its curve gives no factors for 3 layers .*from 0.001 to 1000"):
         load_factors_file(path, num_layers=3)
 

@@ -6,9 +6,9 @@ import re
 
 import pytest
 import torch
+from conftest import save_tiny_folder
 from typer.testing import CliRunner
 
-from conftest import save_tiny_folder
 from posbias.cli.main import app
 
 runner = CliRunner()

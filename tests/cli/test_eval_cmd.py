@@ -2,9 +2,9 @@
 import json
 
 import pytest
+from conftest import save_tiny_folder
 from typer.testing import CliRunner
 
-from conftest import save_tiny_folder
 from posbias.cli.main import app
 from posbias.utils.io import read_jsonl
 

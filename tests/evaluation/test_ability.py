@@ -9,8 +9,8 @@ pytest.importorskip("lm_eval")
 datasets = pytest.importorskip("datasets")
 
 from conftest import make_tiny_model  # noqa: E402
-from posbias.evaluation.ability import (compare_ability, data_root, mmlu_configs,  # noqa: E402
-                                        score_ability)
+
+from posbias.evaluation.ability import compare_ability, data_root, mmlu_configs, score_ability  # noqa: E402
 from posbias.evaluation.stats import paired_difference  # noqa: E402
 
 
@@ -56,7 +56,8 @@ def test_mmlu_and_arc_offline_none_vs_a_method(tmp_path, tiny_tokenizer, offline
     again = score_ability(model, tiny_tokenizer, tasks=["mmlu"], out=folders["none"], limit=2, data=root)
     assert again["groups"]["mmlu"]["n"] == 4
     # ... but never adds scores of other options to it
-    with pytest.raises(ValueError, match="holds scores of pi with options {'factor': 2.0}, not pi with {'factor': 3.0}"):
+    with pytest.raises(ValueError,
+                       match="holds scores of pi with options {'factor': 2.0}, not pi with {'factor': 3.0}"):
         score_ability(model, tiny_tokenizer, tasks=["mmlu"], out=folders["pi 2"], method="pi",
                       method_options={"factor": 3.0}, limit=2, data=root)
 
@@ -126,7 +127,8 @@ def test_a_killed_run_resumes_at_the_next_task(tmp_path, tiny_tokenizer, offline
     with pytest.raises(KeyboardInterrupt):
         score_ability(model, tiny_tokenizer, tasks=["mmlu", "arc_easy"], out=tmp_path / "o", limit=1, data=root)
     managers = []
-    monkeypatch.setattr(ability, "_score_task", lambda *a: calls.append(a[1]["task"]) or managers.append(a[3]) or real(*a))
+    monkeypatch.setattr(ability, "_score_task",
+                        lambda *a: calls.append(a[1]["task"]) or managers.append(a[3]) or real(*a))
     summary = score_ability(model, tiny_tokenizer, tasks=["mmlu", "arc_easy"], out=tmp_path / "o", limit=1, data=root)
     assert calls == ["mmlu_anatomy", "mmlu_virology", "mmlu_virology", "arc_easy"]
     # one lm-eval task index per run (building it reads every lm-eval YAML), shared by its tasks

@@ -2,9 +2,9 @@
 import json
 
 import pytest
+from conftest import save_tiny_folder
 from typer.testing import CliRunner
 
-from conftest import save_tiny_folder
 from posbias.cli.main import app
 from posbias.utils.io import read_jsonl
 
@@ -45,7 +45,8 @@ def test_a_variant_overrides_the_tuned_setting(tiny_folder, tmp_path):
     out = tmp_path / "cmp"
     r = _compare(tiny_folder, out, "pi@factor=1.5,pi", "--settings", str(settings))
     assert r.exit_code == 0, r.output
-    cfg = {m: json.loads((out / m / "config.json").read_text())["config"]["method_options"] for m in ("pi", "pi@factor=1.5")}
+    cfg = {m: json.loads((out / m / "config.json").read_text())["config"]["method_options"]
+           for m in ("pi", "pi@factor=1.5")}
     assert cfg == {"pi": {"factor": 2.0}, "pi@factor=1.5": {"factor": 1.5}}
 
 
@@ -98,7 +99,8 @@ def test_the_plot_shows_the_paired_differences_of_the_table(tiny_folder, tmp_pat
     assert all(r["diff"] == r["ci_low"] == r["ci_high"] == 0.0 for r in identity)  # the identity: no difference
     table = paired_table(records).splitlines()
     row = next(line for line in table if line.startswith("| pi@factor=3.0 |")).split(" | ")[1:4]
-    assert [f"{100 * r['diff']:+.0f} [{100 * r['ci_low']:+.0f}, {100 * r['ci_high']:+.0f}]" for r in paired["pi@factor=3.0"]] \
+    assert [f"{100 * r['diff']:+.0f} [{100 * r['ci_low']:+.0f}, {100 * r['ci_high']:+.0f}]"
+            for r in paired["pi@factor=3.0"]] \
         == [cell.split(", ", 1)[1].split("]")[0] + "]" for cell in row]  # the plot's points are the table's figures
     assert paired_by_depth(folder_records({"none": out / "none"})) == {}
 

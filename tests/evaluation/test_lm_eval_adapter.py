@@ -9,6 +9,7 @@ import torch
 pytest.importorskip("lm_eval")
 
 from conftest import make_tiny_model  # noqa: E402
+
 from posbias.evaluation.lm_eval_adapter import PosbiasLM  # noqa: E402
 
 
@@ -92,14 +93,14 @@ def test_choices_of_one_question_are_scored_from_one_prefill(tiny_tokenizer, met
     reqs = [(ctx, " blue"), (ctx, " green"), (ctx, " yellow and orange"), ("The grass", " is green.")]
     with_shared = PosbiasLM(model, tiny_tokenizer, method=method, batch_size=2)
     calls = []
-    import posbias.evaluation.scoring as scoring
+    import posbias.evaluation.lm_eval_adapter as adapter
 
-    real = scoring.score_shared_context
+    real = adapter.score_shared_context
     try:
-        scoring.score_shared_context = lambda *a, **k: calls.append(len(a[2])) or real(*a, **k)
+        adapter.score_shared_context = lambda *a, **k: calls.append(len(a[2])) or real(*a, **k)
         got = with_shared.loglikelihood([_Req(c, x) for c, x in reqs], disable_tqdm=True)
     finally:
-        scoring.score_shared_context = real
+        adapter.score_shared_context = real
         with_shared.close()
     assert calls == [3]  # the three choices, one prefill; the lone request row by row
     alone = PosbiasLM(model, tiny_tokenizer, method=method, batch_size=1)
@@ -112,7 +113,7 @@ def test_choices_of_one_question_are_scored_from_one_prefill(tiny_tokenizer, met
 
 def test_loglikelihood_shows_progress_over_every_request(tiny_tokenizer, monkeypatch):
     """Long ability runs show a progress bar: it counts shared-prefill and row-by-row requests alike."""
-    import tqdm.auto
+    import posbias.evaluation.lm_eval_adapter as adapter
 
     seen = []
 
@@ -126,7 +127,7 @@ def test_loglikelihood_shows_progress_over_every_request(tiny_tokenizer, monkeyp
         def close(self):
             seen.append("closed")
 
-    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    monkeypatch.setattr(adapter, "tqdm", Bar)
     lm = PosbiasLM(make_tiny_model("qwen2"), tiny_tokenizer, batch_size=2)
     ctx = "Question: what colour is the sky?\nAnswer:"
     lm.loglikelihood([_Req(ctx, " blue"), _Req(ctx, " green"), _Req("The grass", " is green."),
@@ -157,6 +158,7 @@ def test_lm_eval_command_line_with_model_posbias(tmp_path):
     from pathlib import Path
 
     from conftest import save_tiny_folder
+
     from posbias.patching.rope_scaling import save_factors_file
 
     model = save_tiny_folder(tmp_path / "model")
@@ -182,6 +184,7 @@ def test_lm_eval_command_line_with_model_posbias(tmp_path):
 
 def test_model_args_build_the_method(tmp_path):
     from conftest import save_tiny_folder
+
     from posbias.evaluation.lm_eval_adapter import PosbiasLM
 
     model = save_tiny_folder(tmp_path / "model")

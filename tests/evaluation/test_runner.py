@@ -1,7 +1,7 @@
 """The resumable evaluation loop: a run cut off part-way has scored every depth."""
 import pytest
-
 from conftest import make_tiny_model, make_tiny_tokenizer
+
 from posbias.evaluation import runner
 from posbias.evaluation.runner import depth_interleaved, evaluate
 from posbias.tasks.registry import make_instances

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_tiny_model
+
 from posbias.evaluation.batching import Encoded
-from posbias.evaluation.scoring import Continuation, score_shared_context, score_via_cache
+from posbias.evaluation.scoring import Continuation, prompt_dependent, score_shared_context, score_via_cache
 from posbias.evaluation.teacher_forced import score_batch
 from posbias.methods import apply_method
 from posbias.tasks.base import Instance
@@ -59,7 +59,8 @@ def test_shared_context_equals_one_prompt_per_question(arch, name, tmp_path):
     model = make_tiny_model(arch)
     context = torch.randint(3, 500, (17,), generator=torch.Generator().manual_seed(1)).tolist()
     questions, answers = _rows(2, 5), _rows(3, 5)
-    items = [Continuation(f"q{i}", q + a, len(a), len(context) + len(q)) for i, (q, a) in enumerate(zip(questions, answers))]
+    items = [Continuation(f"q{i}", q + a, len(a), len(context) + len(q))
+             for i, (q, a) in enumerate(zip(questions, answers))]
     with _apply(model, name, tmp_path) as h:
         shared = score_shared_context(h.model, context, items, PAD, batch_size=2)
         single = score_batch(h.model, [Encoded(_inst(i), context + q, a)
@@ -94,7 +95,7 @@ def test_ms_poe_score_order_comes_from_the_prompt_alone():
         ref = score_via_cache(h.model, [Encoded(_inst(0), prompt, [5, 6, 7])], PAD)
         got = score_batch(h.model, [Encoded(_inst(0), prompt, [5, 6, 7])], PAD)
     _close(got, ref)
-    assert not hasattr(model, "_posbias_prompt_dependent")  # remove() clears the mark
+    assert not prompt_dependent(model)  # remove() clears the mark
 
 
 @pytest.mark.parametrize("name", ["none", "lpes"])

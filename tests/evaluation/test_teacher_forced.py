@@ -1,7 +1,7 @@
 """Teacher-forced scoring and greedy generation agree, batched or not, on tiny random models."""
 import torch
-
 from conftest import make_tiny_model
+
 from posbias.evaluation.batching import Encoded, left_pad
 from posbias.evaluation.generation import greedy_batch, greedy_generate
 from posbias.evaluation.teacher_forced import score_batch, score_teacher_forced
@@ -29,7 +29,7 @@ def test_teacher_forced_em_equals_greedy_em(tiny_tokenizer):
     prompts = [tiny_tokenizer(p)["input_ids"] for p in PROMPTS]
     greedy = [greedy_batch(model, [p], 0, set(), 4)[0] for p in prompts]
     batch, expected = [], []
-    for i, (p, g) in enumerate(zip(prompts, greedy)):
+    for p, g in zip(prompts, greedy):
         wrong = g[:-1] + [(g[-1] + 1) % 400]
         for answer, is_greedy in ((g, True), (wrong, False)):
             batch.append(Encoded(_inst(len(batch), "", ""), p, answer))

@@ -1,12 +1,13 @@
-"""experiments/extrapolation-256/ssmax_hold.py: a study's SSMax model re-scored with its multiplier held, paired with the study."""
+"""experiments/extrapolation-256/ssmax_hold.py: a study's SSMax model re-scored with its multiplier held, paired with
+the study."""
 from __future__ import annotations
 
 import json
 
 import pytest
 import torch
-
 from conftest import load_experiment, make_tiny_tokenizer
+
 from posbias.study.grid import PASSKEY_FILE, evaluate_model
 from posbias.utils.io import read_jsonl
 from posbias.utils.run_folder import open_run

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import torch
-
 from conftest import make_tiny_model
+
 from posbias.methods import apply_method
-from posbias.methods._attention import base_inv_freq
 from posbias.methods.attention_buckets import mix_logits
+from posbias.methods.rope_attention import base_inv_freq
 
 
 def _logits_with_base(model, base, **inputs):

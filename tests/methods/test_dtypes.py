@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import left_padded_batch, make_tiny_tokenizer, make_variant_model
 from torch.overrides import TorchFunctionMode
 
-from conftest import left_padded_batch, make_tiny_tokenizer, make_variant_model
 from posbias.methods import apply_method
 
 ARCHS = ["llama", "qwen2-gqa7", "gemma3"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import left_padded_batch, make_tiny_model, make_variant_model
+
 from posbias.methods import METHODS, apply_method, method_options, split_variant
 
 # options that make each method an exact no-op
@@ -186,6 +186,31 @@ def test_active_settings_change_the_model(name):
     with apply_method(model, name, **ACTIVE[name]) as h:
         out = h.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
     assert (out - ref).abs().max() > 1e-5
+
+
+def _posbias_attributes(model) -> list[str]:
+    return [f"{name or 'model'}.{key}" for name, module in model.named_modules() for key in vars(module)
+            if key.startswith("_posbias")]
+
+
+@pytest.mark.parametrize("name,opts", [*ACTIVE.items(), ("ms-poe", {}), ("lpes", None)])
+def test_methods_write_no_state_into_the_model(name, opts, tmp_path):
+    """A method keeps its state in its handle or a registry keyed by the model: applied, run with a
+    KV cache, and removed, it leaves no ``_posbias*`` attribute on any module of the model."""
+    from posbias.methods.registry import prompt_dependent
+    from posbias.patching.rope_scaling import save_factors_file
+
+    model = make_tiny_model("llama", layers=3)
+    if opts is None:  # lpes: a factors file
+        save_factors_file(tmp_path / "factors.json", factors=[1.0, 1.4, 2.0])
+        opts = {"factors": str(tmp_path / "factors.json")}
+    ids, mask, pos = left_padded_batch()
+    h = apply_method(model, name, **opts)
+    h.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+    assert _posbias_attributes(model) == []
+    assert prompt_dependent(model) == (name == "ms-poe" and not opts)  # Ms-PoE's default head order
+    h.remove()
+    assert _posbias_attributes(model) == [] and not prompt_dependent(model)
 
 
 def test_lpes_applies_a_factors_file(tmp_path):

@@ -5,11 +5,11 @@ import json
 
 import pytest
 import torch
-
 from conftest import make_tiny_model, make_tiny_tokenizer
+
 from posbias.methods import apply_method
-from posbias.methods._attention import base_inv_freq
 from posbias.methods.moice import load_routers, save_routers
+from posbias.methods.rope_attention import base_inv_freq
 from posbias.training.moice import RouterBudget, train_routers, training_windows
 from posbias.utils.io import read_jsonl
 
@@ -189,7 +189,7 @@ def test_router_sees_the_query_rotated_with_the_layers_own_base():
     b, t = ids.shape
     q = captured["q"].view(b, t, -1, 8).transpose(1, 2)  # (B, H, T, d), no q-norm in llama
     cos, sin = model.model.rotary_emb(q, torch.arange(t)[None])
-    from posbias.methods._attention import rotate
+    from posbias.methods.rope_attention import rotate
 
     torch.testing.assert_close(seen[0], rotate(q, cos[:, None], sin[:, None]), atol=1e-6, rtol=1e-5)
     assert M.DEFAULT_TOP_K == 7

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_tiny_model
+
 from posbias.methods import apply_method
 from posbias.methods.ms_poe import position_awareness, ratio_grid, ratios_from_scores
 

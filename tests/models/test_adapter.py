@@ -78,7 +78,11 @@ def test_eval_of_an_adapter_records_its_method(base, factors, tmp_path):
     res = runner.invoke(app, ["eval", "--model", base, "--task", "kv", "--num-keys", "6", "--n", "1",
                               "--depths", "0,1", "--method", "lpes", "--factors", factors, "--out", str(ref)])
     assert res.exit_code == 0, res.output
-    rows = lambda f: [(r["tf_logprob"], r["tf_em"]) for r in map(json.loads, (f / "results.jsonl").read_text().splitlines())]
+
+    def rows(folder):
+        records = map(json.loads, (folder / "results.jsonl").read_text().splitlines())
+        return [(r["tf_logprob"], r["tf_em"]) for r in records]
+
     assert rows(run) == rows(ref)
     res = runner.invoke(app, ["eval", "--model", str(out), "--task", "kv", "--num-keys", "6", "--n", "1",
                               "--method", "pi", "--out", str(tmp_path / "stacked")])

@@ -3,9 +3,9 @@
 import json
 
 import pytest
+from conftest import save_tiny_folder
 from typer.testing import CliRunner
 
-from conftest import save_tiny_folder
 from posbias.cli.main import app
 from posbias.models import LoadOptions, ModelLoadError, load_model
 from posbias.models.hub import looks_like_hub_id, resolve_hub_model

@@ -1,8 +1,8 @@
 """Model loading: HF folders of each architecture, clear errors, and the real SmolLM2."""
 import pytest
 import torch
-
 from conftest import ARCHS, make_tiny_model, make_tiny_tokenizer
+
 from posbias.models import ModelLoadError, get_decoder_layers, load_model
 
 
@@ -184,13 +184,13 @@ def test_gguf_cache_is_keyed_on_content_hashed_once_per_file_version(tmp_path, m
     for path, fill in ((first, b"\1"), (second, b"\0")):
         path.parent.mkdir()
         path.write_bytes(fill * 4096)
-    a, b = loader._cached_from_gguf(first), loader._cached_from_gguf(second)
+    a, b = loader.cached_from_gguf(first), loader.cached_from_gguf(second)
     assert a != b and converted == [b"\1" * 4096, b"\0" * 4096]
     contents = len([x for x in hashed if not x])  # hashlib.sha256() opened for a file's content
     assert contents == 2
-    assert loader._cached_from_gguf(first) == a and len([x for x in hashed if not x]) == 2  # stored, not rehashed
+    assert loader.cached_from_gguf(first) == a and len([x for x in hashed if not x]) == 2  # stored, not rehashed
     os.utime(first, ns=(1, 1))
-    assert loader._cached_from_gguf(first) == a and len([x for x in hashed if not x]) == 3
+    assert loader.cached_from_gguf(first) == a and len([x for x in hashed if not x]) == 3
     assert len(converted) == 2
 
 

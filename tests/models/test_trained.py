@@ -43,7 +43,8 @@ def test_a_rope_method_on_a_trained_model_is_one_line(trained_folder, tmp_path):
                               "--out", str(tmp_path / "pi")])
     assert res.exit_code == 2
     lines = [x for x in res.output.splitlines() if x.startswith("error:")]  # beside transformers' progress bar
-    assert "Traceback" not in res.output and len(lines) == 1 and "method 'pi' rescales" in lines[0] and "method none" in lines[0]
+    assert "Traceback" not in res.output and len(lines) == 1
+    assert "method 'pi' rescales" in lines[0] and "method none" in lines[0]
     assert not (tmp_path / "pi" / "results.jsonl").exists()
 
 

@@ -5,10 +5,11 @@ import json
 
 import pytest
 import torch
-
 from conftest import ARCHS, make_tiny_model
+
 from posbias.patching.rope_scaling import (
     FactorsFileError,
+    active_scaling,
     apply_factors_file,
     apply_layer_scaling,
     load_factors_file,
@@ -69,7 +70,7 @@ def test_remove_restores_identical_logits(arch):
     h.remove()
     h.remove()  # idempotent
     assert torch.equal(logits(model), ref)
-    assert not hasattr(model, "_posbias_scaling")
+    assert active_scaling(model) is None
 
 
 def test_reapply_replaces_previous_scaling():
@@ -168,7 +169,7 @@ def test_validation_errors():
         apply_layer_scaling(model, [1.0, -2.0, 1.0])
     with pytest.raises(ValueError, match="a number from 0.001 to 1000"):
         apply_layer_scaling(model, [1.0, float("nan"), 1.0])
-    assert not hasattr(model, "_posbias_scaling")
+    assert active_scaling(model) is None
 
 
 def test_model_without_rope_is_rejected():
@@ -250,7 +251,7 @@ def test_saved_patched_model_reloads_with_scaling(tmp_path, tiny_tokenizer):
     with apply_layer_scaling(base, [0.8, 1.0, 1.5]):
         want = logits(base)
     reloaded, _ = load_model(str(out))
-    assert reloaded._posbias_scaling.factors == (0.8, 1.0, 1.5)
+    assert active_scaling(reloaded).factors == (0.8, 1.0, 1.5)
     torch.testing.assert_close(logits(reloaded), want, atol=1e-6, rtol=1e-6)
     plain = AutoModelForCausalLM.from_pretrained(out).eval()  # weights still load, unpatched
     torch.testing.assert_close(logits(plain), logits(base), atol=1e-5, rtol=1e-5)  # sdpa vs eager

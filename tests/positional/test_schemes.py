@@ -3,11 +3,15 @@ import math
 import pytest
 import torch
 
-from posbias.positional import (SCHEMES, ALiBiBias, GGDBias, RotaryEmbedding, SinusoidalEmbedding, alibi_slopes,
-                                get_scheme)
-
-
-
+from posbias.positional import (
+    SCHEMES,
+    ALiBiBias,
+    GGDBias,
+    RotaryEmbedding,
+    SinusoidalEmbedding,
+    alibi_slopes,
+    get_scheme,
+)
 
 
 def test_registry_names_and_kinds():
@@ -115,7 +119,8 @@ def test_sinusoidal_shape_and_values():
 
 @pytest.mark.parametrize("cls", ["ggd", "alibi"])
 def test_toeplitz_block_equals_forward(cls):
-    m = GGDBias(4, theta_alpha=[-1.0, 0.0, 0.3, 1.0], theta_beta=[-1.0, 0.0, 1.0, 2.0]) if cls == "ggd" else ALiBiBias(4)
+    m = GGDBias(4, theta_alpha=[-1.0, 0.0, 0.3, 1.0],
+                theta_beta=[-1.0, 0.0, 1.0, 2.0]) if cls == "ggd" else ALiBiBias(4)
     for q0, nq, k0, nk in [(0, 7, 0, 7), (30, 5, 0, 35), (3, 4, 10, 6), (0, 1, 0, 1)]:
         ref = m(torch.arange(q0, q0 + nq), torch.arange(k0, k0 + nk))
         assert torch.equal(m.block(q0, nq, k0, nk), ref)

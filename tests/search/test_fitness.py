@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from conftest import make_tiny_model
+
 from posbias.search.fitness import TeacherForcedFitness
 from posbias.tasks.kv import make_kv
 

@@ -8,10 +8,20 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from posbias.search.fitness import FitnessResult, SyntheticFitness, TeacherForcedFitness, bump_objective
-from posbias.search.ga import (GAConfig, Genome, crossover, genome_factors, genome_points,
-                               identity_genome, mutate, random_genome, repair_x)
+from posbias.patching.rope_scaling import active_scaling
 from posbias.search.evaluators import PoolEvaluator, SerialEvaluator
+from posbias.search.fitness import FitnessResult, SyntheticFitness, TeacherForcedFitness, bump_objective
+from posbias.search.ga import (
+    GAConfig,
+    Genome,
+    crossover,
+    genome_factors,
+    genome_points,
+    identity_genome,
+    mutate,
+    random_genome,
+    repair_x,
+)
 from posbias.search.loop import run_ga
 
 CFG = dict(population=6, elite=2, n_control=4)
@@ -186,7 +196,7 @@ class FakeInst:
 def fake_scorer(model, tokenizer, instances, *, batch_size=8, chat=False, progress=False):
     """em depends on the active factors: gold at the end is found iff the last layer's factor < 1,
     at the beginning always, in the middle iff the middle factor is 1; log-prob = -mean factor."""
-    h = getattr(model, "_posbias_scaling", None)
+    h = active_scaling(model)
     f = h.factors if h is not None else (1.0,) * 3
     fake_scorer.calls += len(instances)
     out = []
@@ -202,8 +212,9 @@ fake_scorer.calls = 0
 
 @pytest.fixture
 def stub_fitness(monkeypatch):
-    import posbias.evaluation.teacher_forced as tf
     from conftest import make_tiny_model
+
+    import posbias.evaluation.teacher_forced as tf
 
     monkeypatch.setattr(tf, "score_teacher_forced", fake_scorer)
     fake_scorer.calls = 0
@@ -270,9 +281,9 @@ def test_fitness_result_roundtrip():
 
 def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer, saved_figures):
     import typer
+    from conftest import make_tiny_model
     from typer.testing import CliRunner
 
-    from conftest import make_tiny_model
     from posbias.cli import lpes_cmd
     from posbias.models import load_model
 
@@ -287,7 +298,8 @@ def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer, saved_
             "--population", "3", "--n-per-depth", "2", "--batch-size", "2", "--curve", "linear"]
     r = runner.invoke(app, args + ["--generations", "2", "--heldout-n", "1"])
     assert r.exit_code == 0, r.output
-    assert "gen  1" in r.output and "winner chosen by log-prob (accuracy breaks ties); its search-split accuracy" in text_of(r)
+    assert "gen  1" in r.output
+    assert "winner chosen by log-prob (accuracy breaks ties); its search-split accuracy" in text_of(r)
     table = (out / "heldout" / "comparison.md").read_text()
     assert "| none |" in table and "| lpes |" in table and (out / "heldout" / "comparison.png").exists()
     args += ["--heldout-n", "0"]
@@ -310,7 +322,7 @@ def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer, saved_
                             "--out", str(patched)])
     assert r.exit_code == 0, r.output
     m, _ = load_model(str(patched))
-    assert list(m._posbias_scaling.factors) == pytest.approx(doc["factors"])
+    assert list(active_scaling(m).factors) == pytest.approx(doc["factors"])
 
     r = runner.invoke(app, ["analyze", "--model", str(src), "--factors", str(out / "best_factors.json"),
                             "--task", "kv", "--num-keys", "4", "--n", "1", "--controls", "2",

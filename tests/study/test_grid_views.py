@@ -25,7 +25,8 @@ def _grid(out, lengths, **settings):
     return StudyConfig(out=str(out), train_context=1, multipliers=lengths, ppl_multipliers=[], **settings)
 
 
-@pytest.mark.parametrize("dead_after,scored", [(0, [1, 2, 4, 8, 16]), (1, [1, 2]), (2, [1, 2, 4]), (9, [1, 2, 4, 8, 16])])
+@pytest.mark.parametrize("dead_after,scored",
+                         [(0, [1, 2, 4, 8, 16]), (1, [1, 2]), (2, [1, 2, 4]), (9, [1, 2, 4, 8, 16])])
 def test_a_view_stops_after_dead_lengths_in_a_row(monkeypatch, tmp_path, dead_after, scored):
     import posbias.evaluation.long_context as lc
     from posbias.study.grid import evaluate_model
@@ -64,7 +65,8 @@ def test_is_right_reads_either_mode():
 def test_cost_table_medians_seconds_and_largest_peak_memory():
     from posbias.study.report import _cost_table
 
-    recs = [{"model": "ggd", "length": 256, "seconds": s, "peak_rss_mb": m} for s, m in ((0.1, 700), (0.3, 720), (0.2, 710))]
+    recs = [{"model": "ggd", "length": 256, "seconds": s, "peak_rss_mb": m}
+            for s, m in ((0.1, 700), (0.3, 720), (0.2, 710))]
     recs += [{"model": "ggd", "length": 512, "seconds": 1.5, "peak_rss_mb": 900}]
     table = _cost_table("cost", recs, ["ggd", "rope"], [256, 512, 1024], 256)
     assert "| ggd | 0.2 / 720 | 1.5 / 900 |  |" in table and "| rope" not in table

@@ -17,7 +17,8 @@ def _model(out, name, metrics, probe_target=0.0, finished=True):
 def test_training_table_says_where_each_scheme_reached_its_probe_target(tmp_path):
     loss = [{"step": s, "loss": 2.0 - s / 10, "tokens": s * 1000, "elapsed_s": 6 * s} for s in (1, 2, 3)]
     _model(tmp_path, "ggd", loss + [{"step": 3, "passkey_em": 1.0, "passkey_logprob": -0.1},
-                                    {"step": 3, "stopped_by": "probe_target", "probe_target": 0.95, "tokens": 3000}], 0.95)
+                                    {"step": 3, "stopped_by": "probe_target", "probe_target": 0.95, "tokens": 3000}],
+           0.95)
     _model(tmp_path, "rope", loss + [{"step": 3, "passkey_em": 0.25, "passkey_logprob": -8.0}], 0.95)
     _model(tmp_path, "alibi", loss + [{"step": 3, "passkey_em": 0.5, "passkey_logprob": -4.0}])
     _model(tmp_path, "sinusoidal", loss + [{"step": 3, "passkey_em": 0.75, "passkey_logprob": -1.0},
@@ -81,7 +82,8 @@ def test_probe_history_reads_every_probe_and_skips_schemes_never_probed(tmp_path
     from posbias.study.plots import plot_probe_curves
 
     _model(tmp_path, "ggd", [{"step": 1, "loss": 2.0}, {"step": 1, "passkey_em": 0.0, "passkey_logprob": -9.0},
-                             {"step": 2, "passkey_em": 0.5, "passkey_logprob": -2.0, "niah_em": 0.25, "niah_logprob": -3.0}])
+                             {"step": 2, "passkey_em": 0.5, "passkey_logprob": -2.0, "niah_em": 0.25,
+                              "niah_logprob": -3.0}])
     _model(tmp_path, "rope", [{"step": 1, "loss": 2.0}])
     history = probe_history(trainer_logs(tmp_path, ["ggd", "rope"]))
     assert history == {"ggd": [{"step": 1, "passkey_em": 0.0, "niah_em": None},

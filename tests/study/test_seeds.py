@@ -58,7 +58,8 @@ def test_probe_curves_of_every_folder_in_one_figure(tmp_path):
     for folder, em in ((a, 1.0), (b, 0.0)):
         (folder / "models" / "ggd").mkdir(parents=True)
         (folder / "models" / "ggd" / "metrics.jsonl").write_text(
-            json.dumps({"step": 100, "loss": 1.0}) + "\n" + json.dumps({"step": 100, "passkey_em": em, "passkey_logprob": -1.0}) + "\n")
+            json.dumps({"step": 100, "loss": 1.0}) + "\n" + json.dumps({"step": 100, "passkey_em": em,
+                                                                        "passkey_logprob": -1.0}) + "\n")
     text = cli("study-seeds", a, b, "--out", tmp_path / "seeds.md")
     assert text.exit_code == 0, text.output
     assert "![probes during training](seeds_probes.png)" in (tmp_path / "seeds.md").read_text()

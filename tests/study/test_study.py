@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,9 +104,7 @@ def test_run_grid_records_resume_and_summary(tmp_path, monkeypatch, tiny_tokeniz
         def close(self):
             pass
 
-    import tqdm.auto
-
-    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    monkeypatch.setattr(lc, "tqdm", Bar)
     recs2 = lc.run_grid(model, tiny_tokenizer, spec, **kw)
     assert sum(calls) == 3 and len(recs2) == 8
     assert (bar_kwargs["initial"], bar_kwargs["total"], bar_kwargs["updated"]) == (5, 8, 3)
@@ -409,7 +407,8 @@ def fake_train(tmp_path, monkeypatch, tiny_tokenizer):
 
 def _corpus(tmp_path):
     path = tmp_path / "corpus.jsonl"
-    lines = [json.dumps({"text": f"Document {i}. The grass is green. The sky is blue. Here we go. " * 6}) for i in range(40)]
+    lines = [json.dumps({"text": f"Document {i}. The grass is green. The sky is blue. Here we go. " * 6})
+             for i in range(40)]
     path.write_text("\n".join(lines) + "\n")
     return str(path)
 
@@ -601,7 +600,8 @@ def test_training_table_reads_trainer_metrics(tmp_path):
 
     folder = tmp_path / "models" / "ggd_ssmax"
     folder.mkdir(parents=True)
-    recs = [{"step": 10 * i, "loss": 5.0 - 0.1 * i, "tokens": 2048 * 10 * i, "elapsed_s": 6.0 * i} for i in range(1, 21)]
+    recs = [{"step": 10 * i, "loss": 5.0 - 0.1 * i, "tokens": 2048 * 10 * i, "elapsed_s": 6.0 * i} for i in range(1,
+                                                                                                                  21)]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     table = training_table(tmp_path, trainer_logs(tmp_path, ["rope", "ggd+ssmax"]))
     assert "| ggd+ssmax | 200 | 0.41M | 3.050 | 2.0 |" in table  # mean loss of the last 2 of 20 logs

@@ -54,7 +54,8 @@ def test_oracle_builder(tmp_path):
         assert x.answers == [f"Answer{i}", f"alt{i}"]
         assert x.metric == "best_subspan_em" and x.meta["format"] == "oracle"
         assert x.prompt.startswith("Write a high-quality answer for the given question using only the "
-                                   "provided search results (some of which might be irrelevant).\n\nDocument [1](Title: ")
+                                   "provided search results (some of which might be irrelevant).\n\nDocument "
+                                   "[1](Title: ")
         assert x.prompt.endswith(f"\n\nQuestion: question {i}?\nAnswer:")
     # same documents at every depth, only the gold moves
     for k in range(3):

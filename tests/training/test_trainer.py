@@ -11,9 +11,6 @@ import torch
 from posbias.training import PackedDataset, TrainConfig, load_texts, lr_lambda, train
 from posbias.training.trainer import load_checkpoint, make_optimizer, run_label
 
-
-
-
 SENTENCES = ["The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
              "There and back again.", "The pass key is 12345.", "Remember it.", "Question: who wrote the document?"]
 TINY_MODEL = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64)
@@ -104,7 +101,8 @@ def test_passkey_mixing(tiny_tokenizer, corpus):
             key = text.split("The pass key is ")[1][:5]
             assert key.isdigit() and text.endswith(f"The pass key is {key}.")
             # the same wording as the evaluation prompt, answer included
-            assert text.startswith(eval_text.split("\n")[0]) and text.endswith(f"What is the pass key? The pass key is {key}.")
+            assert text.startswith(eval_text.split("\n")[0]) and text.endswith("What is the pass key? The pass key is "
+                                                                               f"{key}.")
     assert 8 <= n_pk <= 32
     with pytest.raises(ValueError, match="too short for passkey"):
         PackedDataset(load_texts([corpus]), tiny_tokenizer, 40, passkey_rate=0.5)
@@ -219,7 +217,7 @@ def test_lr_schedule():
 
 def test_lr_schedules_constant_and_wsd():
     for steps in (100, 200):
-        const = lambda s: lr_lambda(s, steps=steps, warmup=10, min_ratio=0.1, schedule="constant")  # noqa: E731
+        const = lambda s, steps=steps: lr_lambda(s, steps=steps, warmup=10, min_ratio=0.1, schedule="constant")  # noqa: E731
         assert const(0) == pytest.approx(0.1) and all(const(s) == 1.0 for s in range(10, steps + 1))
     wsd = lambda s: lr_lambda(s, steps=100, warmup=10, min_ratio=0.1, schedule="wsd", decay_fraction=0.2)  # noqa: E731
     assert wsd(0) == pytest.approx(0.1) and all(wsd(s) == 1.0 for s in range(10, 81))
@@ -313,7 +311,8 @@ def test_checkpoint_from_another_model_config(tmp_path, tiny_tokenizer, corpus):
     (dict(pe="xpos"), "unknown positional scheme"),
     (dict(context=0), "context must be positive"),
     (dict(optimizer="sgd"), "unknown optimizer"),
-    (dict(model_overrides=dict(TINY_MODEL, vocab_size=100)), r"tokenizer has \d+ tokens but the model vocabulary is 100"),
+    (dict(model_overrides=dict(TINY_MODEL, vocab_size=100)),
+     r"tokenizer has \d+ tokens but the model vocabulary is 100"),
 ])
 def test_bad_input_errors(tmp_path, tiny_tokenizer, corpus, kw, match):
     with pytest.raises(ValueError, match=match):
@@ -373,7 +372,8 @@ def test_a_planted_pickle_payload_in_the_checkpoint_does_not_run_on_resume(tmp_p
     out = tmp_path / "run"
     args = ["train", "--out", str(out), "--pe", "rope", "--steps", "2", "--context", "32", "--batch-size", "2",
             "--tokenizer", str(tok_dir), "--corpus", str(corpus), "--warmup", "1", "--checkpoint-every", "1",
-            "--model-opt", "num_hidden_layers=1", "--model-opt", "hidden_size=32", "--model-opt", "intermediate_size=64"]
+            "--model-opt", "num_hidden_layers=1", "--model-opt", "hidden_size=32", "--model-opt",
+            "intermediate_size=64"]
     assert CliRunner().invoke(app, args).exit_code == 0
     good = torch.load(out / "checkpoint.pt", weights_only=True)  # what posbias writes loads without pickle
     marker = tmp_path / "pwned"
@@ -524,7 +524,8 @@ def test_a_probe_target_that_is_never_reached_trains_to_the_cap(tmp_path, tiny_t
     train(cfg, tokenizer=tiny_tokenizer)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in rows if "loss" in r) == 4 and not any("stopped_by" in r for r in rows)
-    for bad, message in (({"probe_target": 0.9}, "needs probe_every"), ({"probe_target": 1.5, "probe_every": 1}, r"in \[0, 1\]"),
+    for bad, message in (({"probe_target": 0.9}, "needs probe_every"),
+                         ({"probe_target": 1.5, "probe_every": 1}, r"in \[0, 1\]"),
                          ({"probe_target": 0.9, "probe_every": 1, "probe_patience": 0}, "probe_patience")):
         with pytest.raises(ValueError, match=message):
             _cfg(tmp_path, **bad).validate()

@@ -2,8 +2,8 @@
 import json
 
 import pytest
-
 from conftest import held_by_another_process
+
 from posbias.utils.run_folder import CONFIG, INVOCATIONS, open_run
 
 

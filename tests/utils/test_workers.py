@@ -4,8 +4,8 @@ import json
 import os
 
 import torch
-
 from conftest import save_tiny_folder
+
 from posbias.utils.workers import gpu_slots, spawn_pool
 
 

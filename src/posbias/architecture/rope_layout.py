@@ -31,6 +31,8 @@ from functools import cached_property
 
 import torch
 
+from posbias.architecture.layers import ModelLoadError, get_decoder_layers
+
 #: rope types whose rotary module changes its frequencies with the sequence length it sees
 LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")
 
@@ -206,7 +208,6 @@ def rope_layout(model, layers=None) -> RopeLayout:
     ``position_embeddings``, an unreadable pairing)."""
     rotary = shared_rotary_module(model)
     if layers is None:
-        from posbias.architecture.layers import ModelLoadError, get_decoder_layers
 
         try:
             layers = get_decoder_layers(model)

@@ -175,7 +175,9 @@ def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causa
 
 
 def _flex(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0=None):  # pragma: no cover (CUDA)
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    # FlexAttention ships with torch >= 2.5 (pyproject allows 2.4), and only CUDA runs use it
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: PLC0415 (optional)
+
 
     b, h, nq, _ = q.shape
     nk = k.shape[2]
@@ -228,7 +230,7 @@ def flex_available(device: torch.device | str) -> bool:
     if torch.device(device).type != "cuda":
         return False
     try:
-        from torch.nn.attention import flex_attention  # noqa: F401
+        from torch.nn.attention import flex_attention  # noqa: F401, PLC0415 (probes whether this torch ships it)
     except ImportError:
         return False
     return True

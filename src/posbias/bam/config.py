@@ -1,6 +1,8 @@
 """Configuration of the BAM decoder (``model_type = "posbias-bam"``) and its size presets."""
 from __future__ import annotations
 
+import inspect
+
 from transformers import PretrainedConfig
 
 from posbias.positional import get_scheme
@@ -48,7 +50,8 @@ class BamConfig(PretrainedConfig):
                  embed_init_std: float | None = None, ggd_init: str = "nope",
                  ggd_theta_alpha=None,
                  ggd_theta_beta=None, ggd_eps: float = 1e-5, ggd_share_layers: bool = False,
-                 ssmax_init: float = 1.0, ssmax_scope: str = "all", rms_norm_eps: float = 1e-5, initializer_range: float = 0.02,
+                 ssmax_init: float = 1.0, ssmax_scope: str = "all", rms_norm_eps: float = 1e-5,
+                 initializer_range: float = 0.02,
                  attn_backend: str = "auto", attn_chunk_size: int = 512, ffn_chunk_size: int | None = 32768,
                  max_position_embeddings: int = 512,
                  tie_word_embeddings: bool = True, use_cache: bool = True, pad_token_id: int | None = None,
@@ -117,7 +120,6 @@ class BamConfig(PretrainedConfig):
     def defaults(cls) -> dict:
         """Every constructor argument with its default: the model settings a saved config records and
         ``--model-opt`` may set."""
-        import inspect
 
         params = inspect.signature(cls.__init__).parameters.values()
         return {p.name: p.default for p in params if p.kind is p.POSITIONAL_OR_KEYWORD and p.name != "self"}

@@ -48,9 +48,8 @@ def ability_command(
     from posbias.evaluation.ability import data_root as find_root
     from posbias.evaluation.compare import check_method_list
     from posbias.methods.registry import variant_options
-    from posbias.utils.run_folder import open_run
-
     from posbias.models.options import load_settings
+    from posbias.utils.run_folder import open_run
 
     load = load_options(device, dtype, revision)
     names = ready_methods(parse_names(methods), routers)

@@ -104,8 +104,8 @@ def check_training_run(cfg: Any, kind: str, settings: dict, check_keys, upgrade=
     resumes. ``upgrade``: see :func:`posbias.utils.run_folder.open_run`."""
     from pathlib import Path
 
-    from posbias.utils.corpus import BUILTIN_CORPORA
     from posbias.training.tokenizer import parse_bpe_spec
+    from posbias.utils.corpus import BUILTIN_CORPORA
     from posbias.utils.run_folder import open_run
 
     if hasattr(cfg, "validate"):
@@ -137,7 +137,9 @@ NumKeys = Count(None, "--num-keys", help="kv / kv-uuid: number of key-value pair
 NumDocs = Count(None, "--num-docs", help="mdqa: number of documents")
 Length = Count(None, "--length", help="passkey / niah: target prompt length in tokens")
 DataPath = typer.Option(None, "--path", help="data file (kv-uuid / mdqa lost-in-the-middle .jsonl.gz)")
-Haystack = typer.Option(None, "--haystack", help="passkey / niah filler: noise | essay | needle (niah) | the path of a text corpus (.txt, .md, .jsonl or a folder)")
+Haystack = typer.Option(None, "--haystack",
+                        help="passkey / niah filler: noise | essay | needle (niah) | the path of a text corpus (.txt, "
+                             ".md, .jsonl or a folder)")
 NumNeedles = Count(None, "--num-needles", help="niah: number of needles (multi-key)")
 Seed = Count(0, "--seed", minimum=0, help="random seed of the instances (and of the search / training)")
 ExtraOpts = typer.Option(None, "--opt", help="other task option as key=value (repeatable)")

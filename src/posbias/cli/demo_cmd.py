@@ -61,8 +61,8 @@ def map_demo(*, out: str, model: str, n: int, seed: int, load) -> None:
 def search_demo(*, out: str, model: str, preset: str, n: int, seed: int, load) -> None:
     """Quick LPES search on the default model and task, then the held-out before/after table."""
     from posbias.models import load_model
-    from posbias.search.heldout import before_after
     from posbias.search.config import SearchConfig
+    from posbias.search.heldout import before_after
     from posbias.search.runner import run_search
     from posbias.utils.run_folder import out_path
 
@@ -78,7 +78,8 @@ def search_demo(*, out: str, model: str, preset: str, n: int, seed: int, load) -
     before_after(model=model, task="kv", factors_path=result.factors_path, out=out_dir / "heldout", n=n,
                  seed=seed, loaded=loaded, load=load)
     typer.echo((out_dir / "heldout" / "comparison.md").read_text())
-    typer.echo(f"factors: {result.factors_path}\nplots: {out_dir / 'search'}/*.png, {out_dir / 'heldout'}/comparison.png")
+    typer.echo(f"factors: {result.factors_path}\nplots: {out_dir / 'search'}/*.png, "
+               f"{out_dir / 'heldout'}/comparison.png")
     typer.echo(f"wall time: {time.time() - start:.0f} s")
 
 

@@ -43,7 +43,9 @@ def search_command(
     shared_context: bool = typer.Option(True, "--shared-context/--no-shared-context",
                                         help="score each search context at every depth from one prefill "
                                              "(kv, multi-key niah); the held-out table is always per question"),
-    preset: str = typer.Option("quick", help="quick (~5 min on 2 CPU cores) | standard (~10 min for SmolLM2, ~90 min for Qwen2.5-0.5B on 1 CPU thread) | paper (GPU)"),
+    preset: str = typer.Option("quick",
+                               help="quick (~5 min on 2 CPU cores) | standard (~10 min for SmolLM2, ~90 min for "
+                                    "Qwen2.5-0.5B on 1 CPU thread) | paper (GPU)"),
     out: Optional[str] = typer.Option(None, help="run folder (re-running resumes a killed or shorter search); "
                                                  "required unless --config names it"),
     seed: int = Seed,
@@ -59,7 +61,8 @@ def search_command(
     n_per_depth: Optional[int] = Count(None, help="override the preset's search instances per depth"),
     batch_size: Optional[int] = Count(None, help="override the preset's batch size"),
     weights: Optional[str] = typer.Option(None, help="fitness weights of depths 0,0.5,1 (default equal)"),
-    grid: Optional[str] = typer.Option(None, help="factor grid, comma-separated (default: posbias.search.DEFAULT_GRID)"),
+    grid: Optional[str] = typer.Option(None,
+                                       help="factor grid, comma-separated (default: posbias.search.DEFAULT_GRID)"),
     round_to_grid: bool = typer.Option(False, "--round-to-grid", help="snap per-layer factors to the grid"),
     prune: bool = typer.Option(True, "--prune/--no-prune", help="stop scoring individuals that cannot reach the elite"),
     chat: bool = typer.Option(False, "--chat/--no-chat", help="wrap prompts in the tokenizer's chat template"),
@@ -186,13 +189,12 @@ def analyze_command(
     from posbias.evaluation.batching import prompt_text
     from posbias.evaluation.session import build_instances
     from posbias.models import get_decoder_layers, load_model
+    from posbias.models.options import load_settings
     from posbias.patching.rope_scaling import load_factors_file
     from posbias.search.analysis import analysis_table, analyze_scaling, plot_analysis
     from posbias.tasks import precheck_instances
     from posbias.utils.io import atomic_write_json, atomic_write_text
     from posbias.utils.run_folder import open_run
-
-    from posbias.models.options import load_settings
 
     opts = task_options(num_keys, num_docs, length, path, haystack, num_needles, opt)
     depths = [0.0, 0.5, 1.0]

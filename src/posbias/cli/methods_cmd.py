@@ -57,18 +57,18 @@ def train_moice_command(
     from posbias.methods import apply_method
     from posbias.methods.moice import save_routers
     from posbias.models import load_model
+    from posbias.models.options import load_settings
     from posbias.training.moice import RouterBudget, train_routers, training_windows
     from posbias.utils.corpus import load_texts
     from posbias.utils.run_folder import open_run
-
-    from posbias.models.options import load_settings
 
     load = load_options(device, dtype, revision)
     budget = RouterBudget(steps=steps, seq_len=seq_len, lr=lr, aux_coef=aux_coef, seed=seed, max_minutes=max_minutes)
     settings = {"model": model, "corpus": corpus, "steps": steps, "seq_len": seq_len, "lr": lr, "aux_coef": aux_coef,
                 "top_k": top_k, "multipliers": multipliers, "hidden": hidden, "seed": seed}
     folder = open_run(out, "train-moice", {**settings, "max_minutes": max_minutes, **load_settings(model, load)},
-                      check_keys=tuple(k for k in settings if k != "steps") + ("dtype",))  # checked before the model loads
+                      # checked before the model loads
+                      check_keys=tuple(k for k in settings if k != "steps") + ("dtype",))
     texts = load_texts(corpus)
     lm, tok = load_model(model, load)
     windows = training_windows(tok, texts, seq_len, steps, seed=seed)

@@ -40,10 +40,13 @@ def study_command(
     needle_draw: str = typer.Option("shared", help="shared: the same n needles at every depth (paired across depths; "
                                     "n independent needles per length); per-depth: n fresh needles at every depth"),
     seed: int = Seed,
-    corpus: Optional[str] = typer.Option(None, help="training text: .txt/.md, .jsonl with a 'text' field, or a folder of them (default: the trainer's)"),
+    corpus: Optional[str] = typer.Option(None,
+                                         help="training text: .txt/.md, .jsonl with a 'text' field, or a folder of "
+                                              "them (default: the trainer's)"),
     heldout: Optional[str] = typer.Option(None, help="held-out text for perplexity (default: the tail of --corpus, "
                                           "split off before training)"),
-    passkey_rate: float = typer.Option(0.1, min=0.0, max=1.0, help="fraction of training blocks that are synthetic passkey documents "
+    passkey_rate: float = typer.Option(0.1, min=0.0, max=1.0,
+                                       help="fraction of training blocks that are synthetic passkey documents "
                                                  "(the same for every scheme; 0 = plain text only)"),
     niah_rate: float = typer.Option(0.0, min=0.0, max=1.0, help="fraction of training blocks that are single-needle "
                                                                 "RULER documents (beside the passkey ones)"),
@@ -60,17 +63,20 @@ def study_command(
     dead_after: int = typer.Option(0, min=0, help="stop a scheme's passkey / NIAH grid after this many lengths in a "
                                    "row (shortest first) with no instance right; 0 = score every length"),
     modes: str = typer.Option("teacher-forced,generate", help="passkey scoring: teacher-forced, generate or both"),
-    ppl_multipliers: str = typer.Option("1,2,4,8", help="perplexity contexts as multiples of the training context ('' = none)"),
+    ppl_multipliers: str = typer.Option("1,2,4,8",
+                                        help="perplexity contexts as multiples of the training context ('' = none)"),
     ppl_tokens: Optional[int] = Count(None, help="held-out tokens for perplexity (default 4x the longest context)"),
     batch_size: int = Count(4, help="max batch; capped so batch x length <= --token-budget"),
     token_budget: int = Count(8192, help="most tokens in one evaluation batch (batch x length)"),
     device: str = Device,
     train_workers: int = Count(1, help="schemes trained at once, each in its own process with an equal "
                                               "share of the CPU threads (CPU studies: one per core)"),
-    tokenizer: Optional[str] = typer.Option(None, help="tokenizer of every model: a Hugging Face folder, or bpe:<N> = a "
+    tokenizer: Optional[str] = typer.Option(None,
+                                            help="tokenizer of every model: a Hugging Face folder, or bpe:<N> = a "
                                             "byte-level BPE of N tokens trained once on the training split "
                                             "(default: SmolLM2's 49K vocabulary)"),
-    train_opt: Optional[list[str]] = typer.Option(None, "--train-opt", help="extra training option key=value (same for all schemes)"),
+    train_opt: Optional[list[str]] = typer.Option(None, "--train-opt",
+                                                  help="extra training option key=value (same for all schemes)"),
     model_opt: Optional[list[str]] = typer.Option(None, "--model-opt", help="model setting key=value for every scheme "
                                                   "(a BamConfig field, e.g. rope_theta=10000)"),
     config: Optional[str] = ConfigFileOption(),
@@ -92,7 +98,8 @@ def study_command(
         multipliers=parse_numbers(multipliers, "multipliers"), depths=parse_numbers(depths, "depths"), n=n,
         n_beyond=parse_key_values(n_beyond, "n-beyond"),
         needle_draw=needle_draw,
-        seed=seed, corpus=corpus, heldout=heldout, passkey_rate=passkey_rate, niah_rate=niah_rate, niah=niah, niah_options=parse_key_values(niah_opt, "niah-opt"),
+        seed=seed, corpus=corpus, heldout=heldout, passkey_rate=passkey_rate, niah_rate=niah_rate, niah=niah,
+                 niah_options=parse_key_values(niah_opt, "niah-opt"),
         passkey_essay=passkey_essay, niah_essay=niah_essay, passkey_heldout=passkey_heldout, dead_after=dead_after,
         modes=parse_names(modes),
         ppl_multipliers=parse_numbers(ppl_multipliers, "ppl-multipliers"), ppl_tokens=ppl_tokens,

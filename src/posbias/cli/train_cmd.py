@@ -39,7 +39,8 @@ def train_command(
     seed: int = Seed,
     corpus: Optional[list[str]] = typer.Option(None, help="text files / folders (.txt, .md, .jsonl with 'text'); "
                                                            "repeatable; default: the Paul Graham essays"),
-    tokenizer: Optional[str] = typer.Option(None, help="HF tokenizer folder or name, or bpe:<N> = a byte-level BPE of N "
+    tokenizer: Optional[str] = typer.Option(None,
+                                            help="HF tokenizer folder or name, or bpe:<N> = a byte-level BPE of N "
                                             "tokens trained on --corpus into <out>/tokenizer (default SmolLM2's)"),
     passkey_rate: float = typer.Option(0.0, min=0.0, max=1.0,
                                        help="fraction of blocks replaced by synthetic passkey documents"),

@@ -36,6 +36,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from tqdm.auto import tqdm
+
+from posbias.evaluation.lm_eval_adapter import PosbiasLM
 from posbias.evaluation.stats import paired_difference
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_json, read_jsonl
 
@@ -146,11 +149,8 @@ def score_ability(model, tokenizer, *, tasks: Sequence[str], out: str | Path, me
     it was in (rescored whole: :func:`completed_rows`); ``summary.json`` at the end. A folder holding
     another method's or other options' scores is refused (:func:`check_method_folder`). Returns the
     summary."""
-    from tqdm.auto import tqdm
+    from lm_eval.tasks import TaskManager  # noqa: PLC0415 (optional: lm-eval)
 
-    from lm_eval.tasks import TaskManager
-
-    from posbias.evaluation.lm_eval_adapter import PosbiasLM
 
     out = Path(out)
     specs = task_specs(tasks, Path(data) if data else None)
@@ -212,7 +212,8 @@ def completed_rows(path: Path) -> tuple[list[dict], set[str]]:
         done = {_spec_of(r) for r in questions} - {_spec_of(questions[-1])}
     kept = [r for r in questions if _spec_of(r) in done]
     if len(kept) != len(questions):
-        markers = [{"spec": name, "task_done": True, "n": sum(_spec_of(r) == name for r in kept)} for name in sorted(done)]
+        markers = [{"spec": name, "task_done": True,
+                    "n": sum(_spec_of(r) == name for r in kept)} for name in sorted(done)]
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept + markers))
     return kept, done
 
@@ -229,7 +230,7 @@ def _task_name(spec) -> str:
 def _score_task(lm, spec, limit: int | None, manager) -> list[dict]:
     """Per-question metrics of one lm-eval task (every subtask of a group) through ``lm``, its name
     resolved by ``manager`` (an ``lm_eval.tasks.TaskManager``)."""
-    import lm_eval
+    import lm_eval  # noqa: PLC0415 (optional: lm-eval)
 
     res = lm_eval.simple_evaluate(model=lm, tasks=[spec], task_manager=manager,
                                   limit=limit, num_fewshot=0, log_samples=True, bootstrap_iters=0)

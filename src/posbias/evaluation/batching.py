@@ -12,6 +12,7 @@ from typing import Iterator, Sequence
 import torch
 
 from posbias.tasks.base import Instance
+from posbias.tasks.chat import apply_chat, plain_prompt
 
 
 class ContextTooLongError(ValueError):
@@ -20,7 +21,6 @@ class ContextTooLongError(ValueError):
 
 def prompt_text(tokenizer, inst: Instance, chat: bool) -> str:
     """The text the model sees before its answer (chat template applied when ``chat``)."""
-    from posbias.tasks.chat import apply_chat, plain_prompt
 
     if chat:
         return apply_chat(tokenizer, inst.prompt, inst.answer_prefix)

@@ -9,6 +9,7 @@ from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.session import plan_eval, run_planned
 from posbias.evaluation.stats import paired_difference, percent_cell
 from posbias.methods.registry import variant_options
+from posbias.models import load_model, model_identity
 from posbias.models.options import LoadOptions, load_settings, options_for
 from posbias.utils.io import append_jsonl, atomic_write_text, read_json, read_jsonl
 from posbias.utils.run_folder import INVOCATIONS, open_run, safe_name
@@ -19,7 +20,8 @@ COMPARE_KEYS = ("model", "model_path", "task", "depths", "seed", "mode", "chat",
 
 
 def compare_methods(*, model: str, task: str, methods: list[str], depths: list[float], n: int, out: str | Path,
-                    method_options: dict[str, dict[str, Any]] | None = None, seed: int = 0, mode: str = "teacher-forced",
+                    method_options: dict[str, dict[str, Any]] | None = None, seed: int = 0,
+                    mode: str = "teacher-forced",
                     batch_size: int = 8, chat: bool = False, task_options: dict | None = None, loaded=None,
                     load: LoadOptions | None = None) -> dict:
     """Evaluate every method in ``methods`` into ``out/<method>`` and write a joint table and plot.
@@ -27,17 +29,19 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
     ``methods`` are names or variants ``name@key=value@...`` (:func:`posbias.methods.registry.variant_options`:
     the variant's options override ``method_options[name]``, so ``ms-poe@r_min=1.2@r_max=1.8`` beside a
     tuned ``ms-poe`` shows the published default next to the tuned setting). Returns ``{label:
-    summary}``; ``load``: device, dtype and Hub revision of the model. Each method's folder (``out/<label>``, :func:`method_folder`) resumes independently. Every method is
+    summary}``; ``load``: device, dtype and Hub revision of the model. Each method's folder (``out/<label>``,
+    :func:`method_folder`) resumes independently. Every method is
     checked (name, options, factors file, its folder) before the model loads or anything is
     scored, and nothing is written before the first result.
     """
-    from posbias.models import load_model, model_identity
 
     method_options = method_options or {}
     task_options = dict(task_options or {})
     load = options_for(load, loaded)
     check_method_list(methods)
-    top = open_run(out, "compare", {"model": model, "model_path": model_identity(model), "task": task, "methods": methods, "depths": depths, "n": n,
+    top = open_run(out, "compare",
+                   {"model": model, "model_path": model_identity(model), "task": task, "methods": methods,
+                    "depths": depths, "n": n,
                                     "seed": seed, "mode": mode, "chat": chat, "task_options": task_options,
                                     "method_options": method_options, "batch_size": batch_size,
                                     "out": str(out), **load_settings(model, load)},
@@ -45,7 +49,8 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
     plans, instances = {}, None
     for label in methods:
         name, options = variant_options(label, method_options)
-        plans[label] = plan_eval(model=model, task=task, depths=depths, n=n, out=top.path / method_folder(label), seed=seed,
+        plans[label] = plan_eval(model=model, task=task, depths=depths, n=n, out=top.path / method_folder(label),
+                                 seed=seed,
                                  split="eval", mode=mode, batch_size=batch_size, chat=chat, method=name,
                                  method_options=options,
                                  task_options=task_options, parent=top, instances=instances, load=load)
@@ -171,7 +176,8 @@ def paired_cell(base: dict, other: dict, ids: Sequence[str], *, correct_key: str
     gained, lost = sum(y > x for x, y in zip(a, b)), sum(y < x for x, y in zip(a, b))
     acc = paired_difference(a, b)
     cell = f"+{gained}/-{lost}, {100 * acc['diff']:+.0f} [{100 * acc['ci95'][0]:+.0f}, {100 * acc['ci95'][1]:+.0f}]"
-    if all(r.get("tf_logprob") is not None and r.get("n_tokens") for r in [*(base[i] for i in ids), *(other[i] for i in ids)]):
+    if all(r.get("tf_logprob") is not None and r.get("n_tokens") for r in [*(base[i] for i in ids),
+                                                                           *(other[i] for i in ids)]):
         lp = paired_difference([base[i]["tf_logprob"] / base[i]["n_tokens"] for i in ids],
                                [other[i]["tf_logprob"] / other[i]["n_tokens"] for i in ids])
         cell += f", {lp['diff']:+.3f} +- {(lp['ci95'][1] - lp['ci95'][0]) / 2:.3f}"

@@ -59,7 +59,8 @@ def greedy_generate(model, tokenizer, instances: Sequence[Instance], *, max_new_
     if limit:
         for e in encoded:
             if len(e.prompt_ids) + max_new_tokens > limit:
-                raise ValueError(f"instance {e.inst.id}: prompt + {max_new_tokens} new tokens exceeds {limit} positions")
+                raise ValueError(f"instance {e.inst.id}: prompt + {max_new_tokens} new tokens exceeds {limit} "
+                                 "positions")
     pad_id = pad_id_of(tokenizer)
     eos_ids = eos_ids_of(tokenizer)
     texts: dict[str, str] = {}

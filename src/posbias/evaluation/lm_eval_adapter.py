@@ -21,9 +21,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from posbias.evaluation.generation import greedy_batch
-from posbias.evaluation.scoring import score_token_rows
+from posbias.evaluation.scoring import Continuation, prompt_dependent, score_shared_context, score_token_rows
+from posbias.methods import MethodHandle, apply_method
+from posbias.models import load_model
+from posbias.models.options import LoadOptions
 
 try:
     from lm_eval.api.model import TemplateLM
@@ -55,7 +59,6 @@ class PosbiasLM(TemplateLM):
     def __init__(self, model, tokenizer, method=None, method_options: dict | None = None, batch_size: int = 8,
                  max_length: int | None = None, max_gen_toks: int = 64):
         super().__init__()
-        from posbias.methods import MethodHandle, apply_method
 
         self.tokenizer = tokenizer
         self.base_model = model
@@ -74,7 +77,7 @@ class PosbiasLM(TemplateLM):
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "PosbiasLM":
         """``pretrained=...,method=lpes,factors=...,device=...,dtype=...`` (lm_eval's ``--model_args``)."""
-        from lm_eval.utils import simple_parse_args_string
+        from lm_eval.utils import simple_parse_args_string  # noqa: PLC0415 (optional: lm-eval)
 
         return cls.from_model_args(simple_parse_args_string(arg_string), additional_config)
 
@@ -89,8 +92,6 @@ class PosbiasLM(TemplateLM):
         arguments as its options (``factors`` for lpes). ``device`` defaults to the first CUDA device when
         there is one (else the CPU), ``dtype`` to bfloat16 on CUDA and float32 on the CPU; lm_eval's own
         ``--device`` / ``--batch_size`` apply where ``--model_args`` does not set them."""
-        from posbias.models import load_model
-        from posbias.models.options import LoadOptions
 
         args = {**{k: v for k, v in (additional_config or {}).items() if v is not None}, **args}
         if "pretrained" not in args:
@@ -150,7 +151,6 @@ class PosbiasLM(TemplateLM):
             inp = whole[:-1]
             n_cont = min(len(cont), len(inp))
             items.append((i, key, inp, list(cont)[-n_cont:]))
-        from tqdm.auto import tqdm
 
         bar = tqdm(total=len(items), desc="loglikelihood", unit="request", disable=disable_tqdm, leave=False)
         items = self._score_shared_contexts(items, results, bar)
@@ -172,8 +172,6 @@ class PosbiasLM(TemplateLM):
         scoring each row within float tolerance); returns the items left to score row by row (``bar``, a
         tqdm bar, advances by the requests scored here). A
         :func:`~posbias.evaluation.scoring.prompt_dependent` model scores every row alone."""
-        from posbias.evaluation.scoring import Continuation, score_shared_context
-        from posbias.evaluation.scoring import prompt_dependent
 
         if prompt_dependent(self.handle.model):
             return items
@@ -198,7 +196,7 @@ class PosbiasLM(TemplateLM):
         return rest
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: PLC0415 (optional: lm-eval)
 
         out = []
         for req in requests:

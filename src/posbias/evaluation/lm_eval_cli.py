@@ -9,12 +9,13 @@ as ``posbias``) and hands every argument to ``lm_eval.__main__.cli_evaluate``::
 """
 from __future__ import annotations
 
+import posbias.evaluation.lm_eval_adapter  # noqa: F401  (registers --model posbias)
+
 
 def main() -> None:
     """Register the posbias model with lm-eval and run lm-eval's command line."""
-    from lm_eval.__main__ import cli_evaluate
+    from lm_eval.__main__ import cli_evaluate  # noqa: PLC0415 (optional: lm-eval)
 
-    import posbias.evaluation.lm_eval_adapter  # noqa: F401  (registers --model posbias)
 
     cli_evaluate()
 

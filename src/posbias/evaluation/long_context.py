@@ -12,7 +12,8 @@ split="eval", length=length, **task_kwargs)`` and scored two ways:
   the passkey task, ``string_match_all`` for NIAH) by ``posbias.evaluation.metrics.score``.
 
 Every instance's result is appended as one line to a jsonl file, keyed by
-``(model, task, length, instance id)`` (an instance id names task, split, seed, depth and index); a rerun skips the keys already there, so a grid killed
+``(model, task, length, instance id)`` (an instance id names task, split, seed, depth and index); a rerun skips the
+keys already there, so a grid killed
 at any point resumes where it stopped. With both modes, each instance is prefilled once and
 both scores come from that prefill (:func:`score_shared_prefill`; tested equal to the two-pass
 scorers), at batch size 1; a single mode runs the batched scorers with the batch capped so that
@@ -30,9 +31,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+import torch
+from tqdm.auto import tqdm
+
+from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions, pad_id_of
+from posbias.evaluation.generation import greedy_continue, greedy_generate
+from posbias.evaluation.metrics import score
 from posbias.evaluation.modes import GENERATE, TEACHER_FORCED, canonical_mode
-from posbias.utils.memory import peak_rss_mb, reset_peak_rss
+from posbias.evaluation.scoring import Continuation, model_device, prefill, score_continuations
+from posbias.evaluation.teacher_forced import score_teacher_forced
+from posbias.tasks import make_instances
+from posbias.tasks.base import depth_seed
 from posbias.utils.io import append_jsonl, read_jsonl
+from posbias.utils.memory import peak_rss_mb, reset_peak_rss
 
 MODES = (TEACHER_FORCED, GENERATE)
 
@@ -55,7 +66,6 @@ def check_lengths(model, lengths: Iterable[int], *, allow_extrapolation: bool | 
     """
     if allow_extrapolation or supports_extrapolation(model):
         return
-    from posbias.evaluation.batching import model_max_positions
 
     limit = model_max_positions(model)  # the one max-length rule (0: no limit)
     if not limit:
@@ -70,7 +80,6 @@ def check_lengths(model, lengths: Iterable[int], *, allow_extrapolation: bool | 
 
 
 def _default_make_instances():
-    from posbias.tasks import make_instances
 
     return make_instances
 
@@ -94,7 +103,6 @@ def grid_instances(tokenizer, *, task: str, length: int, depths: Sequence[float]
     if needle_draw == "shared":
         calls = [([float(d) for d in depths], seed)]
     else:
-        from posbias.tasks.base import depth_seed
 
         calls = [([float(d)], depth_seed(seed, d)) for d in depths]
     return [inst for ds, s in calls
@@ -184,7 +192,6 @@ def run_grid(model, tokenizer, spec: GridSpec, *, model_name: str, out_jsonl: st
     done = {record_key(r) for r in existing}
     records = list(existing)
 
-    from tqdm.auto import tqdm
 
     total = len(lengths) * len(depths) * n
     resumed = min(total, sum(1 for key in done if key[2] in lengths))  # this call's lengths only
@@ -218,15 +225,13 @@ def run_grid(model, tokenizer, spec: GridSpec, *, model_name: str, out_jsonl: st
 
 
 def _model_device(model):
-    from posbias.evaluation.scoring import _device
 
-    return _device(model)
+    return model_device(model)
 
 
 def _reset_peak(model) -> None:
     dev = _model_device(model)
     if dev.type == "cuda":
-        import torch
 
         torch.cuda.reset_peak_memory_stats(dev)
     else:
@@ -239,7 +244,6 @@ def _peak_memory(model) -> dict:
     which bounds the chunk's because the grid runs lengths in increasing order)."""
     dev = _model_device(model)
     if dev.type == "cuda":
-        import torch
 
         return {"peak_gpu_mb": round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)}
     return {"peak_rss_mb": round(peak_rss_mb(), 1)}
@@ -247,7 +251,6 @@ def _peak_memory(model) -> dict:
 
 def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_size: int,
                  max_new_tokens: int | None, chat: bool, shared_prefill: bool = True) -> list[dict]:
-    from posbias.evaluation.metrics import score
 
     if shared_prefill and len(chunk) == 1 and set(modes) == set(MODES):
         inst = chunk[0]
@@ -258,14 +261,12 @@ def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_s
                      "gen_score": float(score(inst.metric, res["prediction"], inst.answers))}]
     out = [{"id": inst.id, "answers": list(inst.answers), "metric": inst.metric} for inst in chunk]
     if TEACHER_FORCED in modes:
-        from posbias.evaluation.teacher_forced import score_teacher_forced
 
         for o, r in zip(out, score_teacher_forced(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
             o.update(tf_em=bool(r["em"]), tf_logprob=float(r["logprob"]), n_tokens=int(r["n_tokens"]))
             if "prompt_tokens" in r:
                 o["prompt_tokens"] = int(r["prompt_tokens"])
     if "generate" in modes:
-        from posbias.evaluation.generation import greedy_generate
 
         budget = max_new_tokens or (max(_answer_tokens(tokenizer, i) for i in chunk) + 4)
         preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=budget, batch_size=batch_size,
@@ -288,9 +289,6 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
     lead scorers. Returns ``None`` when the model's cache cannot be cropped (the caller then
     falls back to the two-pass scorers).
     """
-    from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions, pad_id_of
-    from posbias.evaluation.generation import greedy_continue
-    from posbias.evaluation.scoring import Continuation, prefill, score_continuations
 
     enc = encode(tokenizer, inst, chat, model_max_positions(model))
     P, A = list(enc.prompt_ids), list(enc.answer_ids)

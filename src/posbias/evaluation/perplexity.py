@@ -29,6 +29,7 @@ import math
 from typing import Literal
 
 import torch
+from tqdm.auto import tqdm
 
 Mode = Literal["non-overlapping", "sliding"]
 _LOSS_CHUNK = 2048  # positions per float32 log-softmax slice
@@ -135,7 +136,6 @@ def perplexity(model, token_ids, *, context: int, mode: Mode = "non-overlapping"
         groups.setdefault((end - begin, n_scored), []).append(begin)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
 
         bar = tqdm(total=len(wins), desc=f"ppl {mode} @{context}", leave=False)
     try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from posbias.utils.figures import pyplot, save_figure
+
 # Above this many curves the accuracy panel draws only the first curve's interval band (the paired
 # panel carries every method's interval against it), so the lines stay readable.
 MAX_BANDS = 3
@@ -20,7 +22,6 @@ def plot_accuracy_by_depth(curves: dict[str, list[dict]], path: str | Path, titl
             difference to the first curve on the same instances, :func:`posbias.evaluation.compare.paired_by_depth`).
             Given, a second panel plots them as points with 95% error bars, one offset per method.
     """
-    from posbias.utils.figures import pyplot, save_figure
 
     drawn = {label: rows for label, rows in curves.items() if rows}
     two = bool(paired)

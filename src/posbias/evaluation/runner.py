@@ -24,6 +24,7 @@ from posbias.evaluation.stats import accuracy_by_depth, format_table
 from posbias.evaluation.teacher_forced import score_teacher_forced
 from posbias.tasks.base import Instance, check_int
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl
+from posbias.utils.run_folder import announce_resume
 
 MODES = (TEACHER_FORCED, GENERATE, "both")
 
@@ -55,7 +56,8 @@ def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch
             rec.update(tf_em=r["em"], tf_logprob=r["logprob"], n_tokens=r["n_tokens"],
                        prompt_tokens=r["prompt_tokens"])
     if mode in (GENERATE, "both"):
-        preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens, batch_size=batch_size, chat=chat)
+        preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                chat=chat)
         for rec, inst, pred in zip(records, chunk, preds):
             rec.update(prediction=pred, gen_score=score(inst.metric, pred, inst.answers))
     for rec in records:
@@ -101,7 +103,6 @@ def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *
     done = {r["id"] for r in read_jsonl(results_path, key="id")}
     todo = depth_interleaved([i for i in instances if i.id not in done])
     if len(todo) < len(instances):
-        from posbias.utils.run_folder import announce_resume
 
         announce_resume(len(instances) - len(todo), len(instances), "instances", out)
     if todo:

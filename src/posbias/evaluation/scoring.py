@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 
 from posbias.evaluation.batching import left_pad
-from posbias.methods.registry import PROMPT_DEPENDENT_ATTR, prompt_dependent  # noqa: F401 (methods declare it)
+from posbias.methods.registry import prompt_dependent
 
 
 @dataclass
@@ -54,7 +54,7 @@ def cache_of(out):
 def prefill(model, rows: Sequence[Sequence[int]], pad_id: int):
     """Left-padded prefill with a cache; returns ``(last_logits (B, V), cache, mask (B, T), next_pos (B, 1))``."""
     ids, mask, pos = left_pad(rows, pad_id)
-    dev = _device(model)
+    dev = model_device(model)
     ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1], cache_of(out), mask, pos[:, -1:] + 1
@@ -108,7 +108,7 @@ def score_token_rows(model, prompts: Sequence[Sequence[int]], answers: Sequence[
     if prompt_dependent(model):
         return score_rows_via_cache(model, prompts, answers, pad_id, ids)
     tokens, mask, pos = left_pad([list(p) + list(a) for p, a in zip(prompts, answers)], pad_id)
-    dev = _device(model)
+    dev = model_device(model)
     keep = max(len(a) for a in answers) + 1
     out = model(input_ids=tokens.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
                 logits_to_keep=keep, use_cache=False)
@@ -170,9 +170,9 @@ def repeat_cache(cache, k: int):
     return rep
 
 
-def _device(model) -> torch.device:
+def model_device(model) -> torch.device:
     try:
         return next(model.parameters()).device
     except (AttributeError, StopIteration, TypeError):
         base = getattr(model, "base_model", None)
-        return _device(base) if base is not None and base is not model else torch.device("cpu")
+        return model_device(base) if base is not None and base is not model else torch.device("cpu")

@@ -69,7 +69,8 @@ def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | 
         raise ValueError("a shared context (shared_context=true) is scored without a chat template: drop --chat")
     from posbias.models import model_identity
 
-    config = {"model": model, "model_path": model_identity(model), "task": task, "depths": depths, "n": n, "seed": seed, "split": split, "mode": mode,
+    config = {"model": model, "model_path": model_identity(model), "task": task, "depths": depths, "n": n, "seed": seed,
+              "split": split, "mode": mode,
               "batch_size": batch_size, "chat": chat, "max_new_tokens": max_new_tokens, "method": method,
               "method_options": method_options, "task_options": task_options,
               "out": str(out),  # not compared on resume; makes config.json usable as --config

@@ -11,13 +11,18 @@ answer never reaches its prefill and teacher forcing sees what generation sees.
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Sequence
 
 from tqdm.auto import tqdm
 
 from posbias.evaluation.batching import encode, length_sorted_batches, model_max_positions, pad_id_of
-from posbias.evaluation.scoring import (PROMPT_DEPENDENT_ATTR, Continuation, prompt_dependent,  # noqa: F401
-                                        score_shared_context, score_token_rows)
+from posbias.evaluation.scoring import (  # noqa: F401
+    Continuation,
+    prompt_dependent,
+    score_shared_context,
+    score_token_rows,
+)
 from posbias.tasks.base import Instance
 
 
@@ -57,7 +62,6 @@ def score_instances(model, tokenizer, instances, *, batch_size: int = 8, chat: b
     (``meta["context_id"]``) from one prefill of that context, everything else (and everything when
     ``shared`` is False, under a chat template, or for a :func:`prompt_dependent` model) one prompt
     per question (:func:`posbias.evaluation.teacher_forced.score_teacher_forced`)."""
-    from collections import defaultdict
 
     groups: dict[str, list] = defaultdict(list)
     singles = []

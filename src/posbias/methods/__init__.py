@@ -5,11 +5,18 @@ Methods: ``none``, ``pi`` (one global interpolation factor), ``lpes`` (per-layer
 RoPE bases, logits mixed), ``moice`` (per-head/token router over RoPE bases), ``positional-hidden``
 (scale positional hidden dimensions for the last tokens), ``temperature`` (per-layer attention-logit scale).
 """
-from posbias.methods.registry import (METHODS, MethodHandle, apply_method, method_options, register_method,
-                                      resolve_method, split_variant)
 # The built-in methods register themselves when imported (the registry imports none of them).
 from posbias.methods import attention_buckets, lpes, moice, ms_poe, pi  # noqa: F401,E402
 from posbias.methods import positional_hidden, temperature  # noqa: F401,E402
+from posbias.methods.registry import (
+    METHODS,
+    MethodHandle,
+    apply_method,
+    method_options,
+    register_method,
+    resolve_method,
+    split_variant,
+)
 
 __all__ = ["METHODS", "MethodHandle", "apply_method", "method_options", "register_method", "resolve_method",
            "split_variant"]

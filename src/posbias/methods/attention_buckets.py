@@ -15,10 +15,11 @@ import inspect
 from typing import Sequence
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from posbias.methods import _attention as A
-from posbias.methods.registry import MethodHandle, as_list, register_method
 from posbias.architecture.rope_layout import rope_layout
+from posbias.methods import rope_attention as A
+from posbias.methods.registry import MethodHandle, as_list, register_method
 
 DEFAULT_MULTIPLIERS = (1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8)
 
@@ -54,7 +55,6 @@ class AttentionBucketsModel:
 
     def __call__(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                  use_cache=None, logits_to_keep=0, cache=None, **kwargs):
-        from transformers.modeling_outputs import CausalLMOutputWithPast
 
         if cache is not None and past_key_values is None:
             past_key_values = cache

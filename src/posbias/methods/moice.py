@@ -4,7 +4,7 @@ One router per layer, shared by the layer's heads, is applied per head and token
 rotated with the layer's own base (the reference code routes on q after RoPE with its first base):
 ``logits = gate2(act(gate1(q)) * gate3(q))``; the top-k experts are kept with renormalised softmax
 weights; attention is computed once per selected base and the outputs are mixed with those weights.
-Keys are cached before RoPE (see :mod:`posbias.methods._attention`); each expert's rotated keys are
+Keys are cached before RoPE (see :mod:`posbias.methods.rope_attention`); each expert's rotated keys are
 kept between decoding steps (``rotated_cache``). Only the routers are trained
 (:func:`posbias.training.moice.train_routers`), with the LM loss plus a Switch-style load-balancing
 loss (coef 0.3), on general text.
@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from safetensors.torch import load_file, save
 from torch import nn
 
-from posbias.methods import _attention as A
-from posbias.methods.registry import MethodHandle, as_bool, as_layer_indices, as_list, register_method
 from posbias.architecture.layers import get_decoder_layers
 from posbias.architecture.rope_layout import rope_layout
+from posbias.methods import rope_attention as A
+from posbias.methods.registry import MethodHandle, as_bool, as_layer_indices, as_list, register_method
 from posbias.utils.io import atomic_write_bytes, atomic_write_json
 from posbias.utils.options import check_int
 
@@ -75,7 +76,6 @@ class MoICERouters(nn.Module):
 
 def save_routers(routers: MoICERouters, out_dir: str | Path, extra: dict | None = None) -> Path:
     """Write ``routers.safetensors`` + ``moice_config.json`` into ``out_dir``; returns the folder."""
-    from safetensors.torch import save
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,7 +90,6 @@ def save_routers(routers: MoICERouters, out_dir: str | Path, extra: dict | None 
 
 def load_routers(path: str | Path) -> MoICERouters:
     """Load routers saved by :func:`save_routers` (a folder or its safetensors file)."""
-    from safetensors.torch import load_file
 
     p = Path(str(path)).expanduser()
     folder = p if p.is_dir() else p.parent
@@ -133,7 +132,8 @@ class MoICE:
         n_exp, k = len(self.multipliers), min(self.routers.top_k, len(self.multipliers))
 
         q_pos, k_pos = A.query_key_positions(query, key, kwargs.get("position_ids"))
-        logits = router(self._router_input(module.layer_idx, query, q_pos).to(router.gate1.weight.dtype))  # (B, H, q, E)
+        routed = self._router_input(module.layer_idx, query, q_pos).to(router.gate1.weight.dtype)
+        logits = router(routed)  # (B, H, q, E)
         probs = torch.softmax(logits.float(), dim=-1)
         top_p, top_i = probs.topk(k, dim=-1)
         top_w = top_p / top_p.sum(-1, keepdim=True)
@@ -224,7 +224,8 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
     rotated_cache = as_bool(rotated_cache, "moice: rotated_cache")
     top_k = None if top_k is None else check_int("moice: top_k", top_k)
     n_layers = len(get_decoder_layers(model))
-    head_dim = int(getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads)
+    config = model.config
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     thetas = sorted(set(rope_layout(model).thetas.values()))
     if routers is not None:
         clash = [name for name, v in (("multipliers", multipliers), ("bases", bases), ("hidden", hidden),

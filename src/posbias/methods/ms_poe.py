@@ -25,7 +25,7 @@ Which head gets which ratio (``order``):
 Grouped-query attention: several query heads share one key head, but with per-query-head ratios
 the *key* rotation differs per query head, so keys are expanded to query heads (HF layout: query
 head ``h`` reads key head ``h // (H / KV)``) and rotated with the ratio of the query head that
-reads them. The cache stores un-rotated keys (see :mod:`posbias.methods._attention`); the rotated,
+reads them. The cache stores un-rotated keys (see :mod:`posbias.methods.rope_attention`); the rotated,
 head-expanded keys are kept between decoding steps (``rotated_cache``, default on), so a step
 rotates only its new keys.
 """
@@ -35,11 +35,18 @@ from typing import Sequence
 
 import torch
 
-from posbias.methods import _attention as A
-from posbias.methods.registry import (PROMPT_DEPENDENT_ATTR, MethodHandle, as_bool, as_choice,
-                                      as_layer_indices, as_list, register_method)
-from posbias.utils.options import check_int
 from posbias.architecture.layers import get_decoder_layers
+from posbias.methods import rope_attention as A
+from posbias.methods.registry import (
+    MethodHandle,
+    as_bool,
+    as_choice,
+    as_layer_indices,
+    as_list,
+    mark_prompt_dependent,
+    register_method,
+)
+from posbias.utils.options import check_int
 
 
 def ratio_grid(num_heads: int, r_min: float, r_max: float) -> torch.Tensor:
@@ -136,14 +143,15 @@ class MsPoE:
         grouped = n_rep > 1 and self.shared_by_groups(n_rep)
         inv_k = inv_h[:, ::n_rep] if grouped else inv_h  # (B, KV, d/2): one ratio per key head
 
-        def rotate_keys(start: int) -> torch.Tensor:  # keys start..: (B, KV, kv - start, d) or per query head (B, H, ...)
+        def rotate_keys(start: int) -> torch.Tensor:
+            """Keys from ``start`` on, rotated: (B, KV, kv - start, d), or per query head (B, H, kv - start, d)."""
             ck, sk = A.cos_sin(k_pos[:, None, start:], inv_k, att_scale, query.dtype)
             return A.rotate(key[:, :, start:] if grouped else A.repeat_kv(key[:, :, start:], n_rep), ck, sk)
 
         k_rot = rotate_keys(0) if self.rotated is None else self.rotated.keys(module, "k", key, q_len, rotate_keys)
         out = A.attend_as_model(native, module, A.rotate(query, cq, sq), k_rot,
                                 value if grouped else A.repeat_kv(value, n_rep),  # head h reads key head h // n_rep
-                               
+
                                 attention_mask, scaling, per_query_head=not grouped, **kwargs)
         return out, None
 
@@ -231,11 +239,11 @@ def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int
     patch = A.RopeAttentionPatch(model, layers, state.attention)
     per_prompt = fixed is None and order == "score"
     if per_prompt:  # scorers prefill each prompt alone (no answer in the head order; no shared contexts)
-        setattr(model, PROMPT_DEPENDENT_ATTR, True)
+        mark_prompt_dependent(model)
 
     def remove():
         patch.remove()
-        model.__dict__.pop(PROMPT_DEPENDENT_ATTR, None)
+        mark_prompt_dependent(model, False)
 
     opts = {"r_min": r_min, "r_max": r_max, "layers": layers, "order": order,
             "ratios": None if fixed is None else fixed.tolist(), "threshold": float(threshold),

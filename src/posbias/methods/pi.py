@@ -1,8 +1,9 @@
 """Position interpolation (PI): one global factor, positions m -> m / factor in every layer."""
 from __future__ import annotations
 
-from posbias.methods.registry import MethodHandle, register_method
 from posbias.architecture.layers import get_decoder_layers
+from posbias.methods.registry import MethodHandle, register_method
+from posbias.patching.rope_scaling import apply_layer_scaling
 
 
 @register_method("pi", "position interpolation with one global factor (option factor)",
@@ -14,7 +15,6 @@ def apply_pi(model, factor: float = 1.0) -> MethodHandle:
         raise ValueError(f"pi: factor must be a number, got {factor!r}") from None
     if not factor > 0:
         raise ValueError(f"pi: factor must be > 0, got {factor}")
-    from posbias.patching.rope_scaling import apply_layer_scaling
 
     n = len(get_decoder_layers(model))
     inner = apply_layer_scaling(model, [factor] * n)

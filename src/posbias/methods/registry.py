@@ -8,10 +8,14 @@ attention_mask=..., position_ids=..., past_key_values=..., use_cache=..., logits
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from posbias.utils.options import as_list  # noqa: F401 (methods parse list options with it)
+from posbias.utils.options import (
+    as_list,  # noqa: F401 (methods parse list options with it)
+    parse_key_values,
+)
 
 
 @dataclass
@@ -111,7 +115,7 @@ def check_option_names(name: str, options: dict) -> MethodSpec:
 
 def apply_method(model, name: str, **options) -> MethodHandle:
     """Apply method ``name`` to ``model``; unknown names / options raise :class:`ValueError`."""
-    from posbias.models.trained import check_method_fits
+    from posbias.models.trained import check_method_fits  # noqa: PLC0415 (cycle: posbias.models.adapter imports posbias.methods)
 
     spec = check_option_names(name, options)
     check_method_fits(model, spec.name)  # a posbias-trained (BAM) model has no RoPE to rescale
@@ -128,7 +132,6 @@ def split_variant(label: str) -> tuple[str, dict[str, Any]]:
     label names its folder and its table row); the option names are checked against the method.
     List values cannot be written here (the method list is comma-separated): give them through
     ``posbias tune``'s settings file."""
-    from posbias.utils.options import parse_key_values
 
     name, *pairs = str(label).split("@")
     if not name or any(not p for p in pairs):
@@ -145,14 +148,23 @@ def variant_options(label: str, options_by_name: dict[str, dict]) -> tuple[str, 
     return name, {**options_by_name.get(name, {}), **variant}
 
 
-PROMPT_DEPENDENT_ATTR = "_posbias_prompt_dependent"
+# models a method has marked prompt-dependent (held weakly: a model leaves the set when it is freed)
+_PROMPT_DEPENDENT: weakref.WeakSet = weakref.WeakSet()
+
+
+def mark_prompt_dependent(model, dependent: bool = True) -> None:
+    """Mark ``model`` as needing each prompt prefilled alone (or clear the mark): a method whose
+    behaviour depends on where the prompt ends (Ms-PoE's head order) marks it while applied."""
+    if dependent:
+        _PROMPT_DEPENDENT.add(model)
+    else:
+        _PROMPT_DEPENDENT.discard(model)
 
 
 def prompt_dependent(model) -> bool:
-    """True when ``model`` (or the model a wrapper scores with) must see each prompt prefilled alone:
-    a method whose behaviour depends on where the prompt ends (Ms-PoE's head order) sets
-    :data:`PROMPT_DEPENDENT_ATTR` on the model, and every scorer then prefills prompts alone."""
-    return bool(getattr(model, PROMPT_DEPENDENT_ATTR, False))
+    """True when ``model`` (or the model a wrapper scores with) must see each prompt prefilled alone
+    (:func:`mark_prompt_dependent`); every scorer then prefills prompts alone."""
+    return model in _PROMPT_DEPENDENT
 
 
 def as_choice(value, choices, name: str) -> str:

@@ -9,5 +9,6 @@ from posbias.models.loader import (
 )
 from posbias.models.options import LoadOptions
 
-__all__ = ["LoadOptions", "ModelLoadError", "check_rope_model", "get_decoder_layers", "get_rotary_modules", "load_model",
+__all__ = ["LoadOptions", "ModelLoadError", "check_rope_model", "get_decoder_layers", "get_rotary_modules",
+           "load_model",
            "model_identity"]

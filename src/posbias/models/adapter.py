@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from posbias.methods import apply_method
+from posbias.models.modeling_posbias import base_config
 from posbias.utils.io import read_json
 
 ADAPTER_FILE = "posbias_adapter.json"
@@ -60,7 +62,7 @@ class Adapter:
     def base_spec(self) -> str:
         """What to load as the base model: the recorded spec when it is an alias, else the recorded
         path when it still exists, else the spec (a Hugging Face id, or a path that moved)."""
-        from posbias.models.loader import ALIASES
+        from posbias.models.loader import ALIASES  # noqa: PLC0415 (cycle: posbias.models.loader imports this module)
 
         spec, path = self.base_model.get("spec"), self.base_model.get("path")
         if spec in ALIASES or not path:
@@ -71,13 +73,11 @@ class Adapter:
         """The base architecture's config of a merged folder (None for a legacy folder's plain config)."""
         if not self.merged or self.legacy:
             return None
-        from posbias.models.modeling_posbias import base_config
 
         return base_config(read_json(self.folder / "config.json"))
 
     def apply(self, model, tokenizer=None):
         """Apply the method to ``model`` (kept active while the model lives); returns ``(model, tokenizer)``."""
-        from posbias.methods import apply_method
 
         apply_method(model, self.method, **self.method_options())
         _ACTIVE[model] = self

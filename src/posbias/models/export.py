@@ -12,6 +12,11 @@ import os
 import shutil
 from pathlib import Path
 
+from posbias.architecture.layers import get_decoder_layers
+from posbias.evaluation.session import check_method
+from posbias.methods import apply_method
+from posbias.methods.registry import resolve_method
+from posbias.models import modeling_posbias as remote
 from posbias.models.adapter import (
     ADAPTER_FILE,
     ADAPTER_FORMAT,
@@ -19,6 +24,8 @@ from posbias.models.adapter import (
     ADAPTER_VERSION,
     FACTORS_FILE,
 )
+from posbias.patching.rope_scaling import write_model_factors
+from posbias.utils.io import versions
 
 MERGE_METHODS = ("lpes", "pi")  # per-layer RoPE factors, which modeling_posbias.py re-applies
 MODELING_FILE = "modeling_posbias.py"
@@ -27,8 +34,6 @@ MODELING_FILE = "modeling_posbias.py"
 def check_apply_request(method: str, options: dict, merge: bool) -> str:
     """The canonical method name, after every check that needs no model (the method, its options, a
     factors file); :class:`ValueError` with one line otherwise."""
-    from posbias.evaluation.session import check_method
-    from posbias.methods.registry import resolve_method
 
     name = resolve_method(method).name
     if name not in ADAPTER_METHODS:
@@ -45,7 +50,6 @@ def write_applied(out: str | Path, *, spec: str, model, tokenizer, method: str, 
                   merge: bool = False) -> Path:
     """Write the adapter (or, with ``merge``, the standalone) folder of ``method`` on ``model`` (loaded from
     ``spec``, unpatched) to ``out``, replacing a folder an earlier apply wrote there."""
-    from posbias.methods import apply_method
 
     handle = apply_method(model, method, **options)  # checks the options against this model
     handle.remove()
@@ -59,7 +63,6 @@ def write_applied(out: str | Path, *, spec: str, model, tokenizer, method: str, 
             factors = _write_lpes_factors(model, options["factors"], staging)
             stored["factors"] = FACTORS_FILE
         if merge:
-            from posbias.architecture.layers import get_decoder_layers
 
             per_layer = factors if method == "lpes" else [float(stored["factor"])] * len(get_decoder_layers(model))
             write_merged(staging, model, tokenizer, method, per_layer)
@@ -73,7 +76,6 @@ def write_applied(out: str | Path, *, spec: str, model, tokenizer, method: str, 
 
 
 def _write_lpes_factors(model, factors_path, folder: Path) -> list[float]:
-    from posbias.patching.rope_scaling import write_model_factors
 
     return write_model_factors(model, Path(str(factors_path)).expanduser(), folder / FACTORS_FILE)
 
@@ -81,8 +83,6 @@ def _write_lpes_factors(model, factors_path, folder: Path) -> list[float]:
 def adapter_doc(spec: str, model, method: str, options: dict, merged: bool) -> dict:
     """The content of ``posbias_adapter.json``: the method, its options and the base model's spec, path and
     revision (the Hugging Face commit where the model came from the Hub)."""
-    from posbias.architecture.layers import get_decoder_layers
-    from posbias.utils.io import versions
 
     local = Path(str(spec)).expanduser()
     return {"format": ADAPTER_FORMAT, "version": ADAPTER_VERSION, "method": method, "options": options,
@@ -97,7 +97,6 @@ def write_merged(folder: Path, model, tokenizer, method: str, factors: list[floa
     """Weights, tokenizer, ``modeling_posbias.py`` and a ``posbias-scaled`` ``config.json`` whose ``auto_map``
     points at it, so ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` re-applies the
     scaling and transformers refuses the folder without ``trust_remote_code``."""
-    from posbias.models import modeling_posbias as remote
 
     _check_mergeable(model)
     model.save_pretrained(folder)
@@ -119,7 +118,6 @@ def write_merged(folder: Path, model, tokenizer, method: str, factors: list[floa
 
 def _check_mergeable(model) -> None:
     """The layout ``modeling_posbias.py`` assumes: ``model.model.layers`` and one ``model.model.rotary_emb``."""
-    from posbias.architecture.layers import get_decoder_layers
 
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub import errors, snapshot_download
+
 from posbias.architecture.layers import ModelLoadError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -61,7 +63,6 @@ def resolve_hub_model(repo_id: str, revision: str | None = None) -> HubSnapshot:
 
     Raises :class:`ModelLoadError` (one line) when it is not cached and cannot be fetched.
     """
-    from huggingface_hub import snapshot_download
 
     kwargs = {"repo_id": repo_id, "revision": revision, "cache_dir": str(hub_cache_dir())}
     try:
@@ -77,7 +78,6 @@ def resolve_hub_model(repo_id: str, revision: str | None = None) -> HubSnapshot:
 
 
 def _download(kwargs: dict, repo_id: str, revision: str | None) -> str:
-    from huggingface_hub import errors, snapshot_download
 
     try:
         return snapshot_download(**kwargs, allow_patterns=DOWNLOAD_PATTERNS)

@@ -23,15 +23,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from posbias.architecture.layers import (  # noqa: F401 (re-exported)
     SUPPORTED_HINT,
     ModelLoadError,
     get_decoder_layers,
 )
+from posbias.architecture.rope_layout import RopeLayoutError, is_rotary_module, rope_layout
 from posbias.models.adapter import read_adapter
+from posbias.models.hub import looks_like_hub_id, resolve_hub_model
 from posbias.models.options import LoadOptions
 from posbias.models.trained import register_folder_model_type
+from posbias.utils.io import atomic_write_text, read_json
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,6 @@ def model_identity(spec: str) -> str:
     """What a run folder records as the model a ``spec`` names, beside the spec itself: an alias or a
     Hub id as it is (its revision and commit are recorded with the load settings), a path resolved (a
     relative ``--model`` re-run from another folder names another model)."""
-    from posbias.models.hub import looks_like_hub_id
 
     if spec in ALIASES or looks_like_hub_id(spec):
         return spec
@@ -177,7 +181,6 @@ def model_identity(spec: str) -> str:
 def resolve_spec(spec: str, revision: str | None = None) -> Path:
     """Turn an alias / path / Hugging Face Hub id (at ``revision``) into a filesystem path (a folder
     or a ``.gguf`` file)."""
-    from posbias.models.hub import looks_like_hub_id, resolve_hub_model
 
     if spec in ALIASES:
         return _resolve_alias(ALIASES[spec])
@@ -211,7 +214,7 @@ def load_model(spec: str, options: LoadOptions | None = None, *, dtype: torch.dt
         return adapter.apply(*load_model(adapter.base_spec(), options, dtype=dtype, device=device,
                                          require_rope=require_rope))
     if path.is_file() and path.suffix == ".gguf":
-        path = _cached_from_gguf(path)
+        path = cached_from_gguf(path)
     if register_folder_model_type(path):  # a posbias train / study model: its own positional scheme
         require_rope = False
     config = adapter.base_config() if adapter else None
@@ -232,10 +235,7 @@ def load_hf_folder(path: Path, dtype: torch.dtype = torch.float32, device: torch
     weights read straight into ``dtype`` on ``device``; a damaged JSON or weights file is a
     :class:`ModelLoadError` naming it, and weights stored only as a pickle (``pytorch_model.bin``, which
     can run code when loaded) are refused. ``config``: a config object to load the weights with."""
-    from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posbias.utils.io import read_json
 
     path = Path(path)
     if not (path / "config.json").exists():
@@ -250,7 +250,8 @@ def load_hf_folder(path: Path, dtype: torch.dtype = torch.float32, device: torch
     if pickled and not any(path.glob("*.safetensors")):
         raise ModelLoadError(f"{path} holds its weights only as {', '.join(pickled)}, a Python pickle that can run "
                              "code when loaded; posbias loads safetensors only (convert the folder where you trust "
-                             "it: AutoModelForCausalLM.from_pretrained(...).save_pretrained(..., safe_serialization=True))")
+                             "it: AutoModelForCausalLM.from_pretrained(...).save_pretrained(..., "
+                             "safe_serialization=True))")
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (ValueError, KeyError, OSError, TypeError) as e:
@@ -279,7 +280,7 @@ def _first_line(e: Exception) -> str:
     return line.rstrip(":") if len(text) > 1 else line
 
 
-def _cached_from_gguf(gguf: Path) -> Path:
+def cached_from_gguf(gguf: Path) -> Path:
     """Dequantise a GGUF once and cache it as a safetensors HF folder; return that folder. The cache
     entry is keyed on the file's content (its SHA-256, :func:`gguf_sha256`), so another file of the
     same name and size is never taken for it."""
@@ -301,7 +302,6 @@ def gguf_sha256(path: Path) -> str:
         known = record.read_text().strip()
         if len(known) == 64:
             return known
-    from posbias.utils.io import atomic_write_text
 
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -312,7 +312,6 @@ def gguf_sha256(path: Path) -> str:
 
 
 def _read_gguf(gguf: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     for mod, pip_name in (("gguf", "gguf"), ("accelerate", "accelerate")):
         if importlib.util.find_spec(mod) is None:
@@ -329,7 +328,6 @@ def _read_gguf(gguf: Path):
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
     """Rebuild a plain model from a GGUF (GGUF-loaded models refuse save_pretrained) into ``target``."""
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     src, tok = _read_gguf(gguf)
     config = src.config
@@ -340,7 +338,8 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     missing, unexpected = fresh.load_state_dict(src.state_dict(), strict=False)
     missing = [k for k in missing if "lm_head" not in k]
     if missing or unexpected:
-        raise ModelLoadError(f"GGUF conversion of {gguf} lost weights: missing={missing[:3]} unexpected={unexpected[:3]}")
+        raise ModelLoadError(f"GGUF conversion of {gguf} lost weights: missing={missing[:3]} "
+                             f"unexpected={unexpected[:3]}")
     if getattr(fresh_cfg, "tie_word_embeddings", False):
         fresh.tie_weights()
     tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")  # two first loads at once each write their own
@@ -362,14 +361,12 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 
 def get_rotary_modules(model) -> list[torch.nn.Module]:
     """All rotary-embedding modules of a model (usually one shared ``model.model.rotary_emb``)."""
-    from posbias.architecture.rope_layout import is_rotary_module
 
     return [m for name, m in model.named_modules() if is_rotary_module(name, m)]
 
 
 def check_rope_model(model) -> None:
     """Raise :class:`ModelLoadError` unless every decoder layer's RoPE can be described (and patched)."""
-    from posbias.architecture.rope_layout import RopeLayoutError, rope_layout
 
     try:
         rope_layout(model)

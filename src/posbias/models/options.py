@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from posbias.models.hub import looks_like_hub_id, resolve_hub_model
 from posbias.utils.devices import Placement, ResolvedPlacement, dtype_name
 
 
@@ -31,7 +32,6 @@ class LoadOptions:
     def check(self, spec: str) -> dict:
         """Resolve the placement and, for a Hub id, its snapshot; return the run folder's record:
         requested and resolved device / dtype, and the Hub id, revision and commit where there is one."""
-        from posbias.models.hub import looks_like_hub_id, resolve_hub_model
 
         record = self.placement().record()
         if looks_like_hub_id(spec):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import posbias.bam  # noqa: F401  (registers model_type "posbias-bam" with AutoConfig / AutoModelForCausalLM)
 from posbias.utils.io import read_json
 
 BAM_MODEL_TYPE = "posbias-bam"
@@ -29,7 +30,6 @@ def register_folder_model_type(path: str | Path) -> bool:
     folder (whose models have no RoPE for :func:`posbias.models.check_rope_model` to check)."""
     if folder_model_type(path) != BAM_MODEL_TYPE:
         return False
-    import posbias.bam  # noqa: F401  (registers model_type "posbias-bam" with AutoConfig / AutoModelForCausalLM)
 
     return True
 

@@ -2,6 +2,7 @@
 from posbias.patching.rope_scaling import (
     FactorsFileError,
     ScalingHandle,
+    active_scaling,
     apply_factors_file,
     apply_layer_scaling,
     load_factors_file,
@@ -10,6 +11,6 @@ from posbias.patching.rope_scaling import (
 )
 
 __all__ = [
-    "FactorsFileError", "ScalingHandle", "apply_factors_file", "apply_layer_scaling",
+    "FactorsFileError", "ScalingHandle", "active_scaling", "apply_factors_file", "apply_layer_scaling",
     "load_factors_file", "remove_layer_scaling", "save_factors_file",
 ]

@@ -23,6 +23,7 @@ helped the end positions; hence 0.5..1.5 with 0.02-0.05 steps around 1.
 """
 from __future__ import annotations
 
+from math import comb
 from typing import Sequence
 
 import numpy as np
@@ -77,7 +78,6 @@ def layer_depths(num_layers: int) -> np.ndarray:
 
 def _bernstein(n: int, t: np.ndarray) -> np.ndarray:
     """``(len(t), n + 1)`` Bernstein basis of degree ``n``."""
-    from math import comb
 
     k = np.arange(n + 1)
     coef = np.array([comb(n, i) for i in k], dtype=float)

@@ -34,10 +34,19 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import shutil
+import sys
+import weakref
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+
+from posbias.architecture.layers import get_decoder_layers
+from posbias.architecture.rope_layout import rope_layout
+from posbias.patching.curves import CURVE_KINDS, check_control_points, check_grid, curve_factors
+from posbias.utils.io import atomic_write_json, read_json
 
 FACTORS_FORMAT = "posbias-lpes-factors"
 FACTORS_VERSION = 1
@@ -47,7 +56,7 @@ SAVED_FACTORS_NAME = "posbias_factors.json"
 FACTOR_MIN, FACTOR_MAX = 1e-3, 1e3
 
 __all__ = [
-    "ScalingHandle", "apply_layer_scaling", "remove_layer_scaling", "validate_factors",
+    "ScalingHandle", "active_scaling", "apply_layer_scaling", "remove_layer_scaling", "validate_factors",
     "save_factors_file", "load_factors_file", "factors_for_model", "apply_factors_file",
     "FactorsFileError", "SAVED_FACTORS_NAME",
 ]
@@ -58,7 +67,6 @@ class FactorsFileError(ValueError):
 
 
 def _layout(model):
-    from posbias.architecture.rope_layout import rope_layout
 
     return rope_layout(model)
 
@@ -91,6 +99,10 @@ def _version(t: torch.Tensor) -> int:
     """In-place modification counter (inference tensors have none and cannot be modified in place
     outside inference mode: 0)."""
     return 0 if t.is_inference() else t._version
+
+
+# The scaling active on each model: a weak reference to its handle, keyed weakly by the model.
+_ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ScalingHandle:
@@ -212,13 +224,17 @@ class ScalingHandle:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _install(self) -> None:
-        from posbias.architecture.layers import get_decoder_layers
 
         for i, (layer, f) in enumerate(zip(get_decoder_layers(self.model), self.factors)):
             if f == 1.0:
                 continue
             self._hooks.append(layer.register_forward_pre_hook(self._make_hook(i, f), with_kwargs=True))
-        self.model._posbias_scaling = self
+        # a no-op hook through which the model holds its handle (an all-ones scaling has no layer hook)
+        self._hooks.append(self.model.register_forward_pre_hook(self._keep_alive))
+        _ACTIVE[self.model] = weakref.ref(self)
+
+    def _keep_alive(self, module, args) -> None:
+        return None
 
     def remove(self) -> None:
         """Remove the hooks; the model computes exactly as before. Idempotent."""
@@ -226,8 +242,8 @@ class ScalingHandle:
             h.remove()
         self._hooks.clear()
         self._cs, self._pos_ref, self._tables = {}, None, {}
-        if getattr(self.model, "_posbias_scaling", None) is self:
-            del self.model._posbias_scaling
+        if active_scaling(self.model) is self:
+            del _ACTIVE[self.model]
         self.removed = True
 
     def __enter__(self) -> "ScalingHandle":
@@ -237,7 +253,7 @@ class ScalingHandle:
         self.remove()
 
     def __repr__(self) -> str:
-        state = "removed" if self.removed else f"{len(self._hooks)} layers patched"
+        state = "removed" if self.removed else f"{len(self._hooks) - 1} layers patched"
         return f"ScalingHandle({state}, factors={list(self.factors)})"
 
 
@@ -252,7 +268,6 @@ def apply_layer_scaling(model, factors: Sequence[float]) -> ScalingHandle:
         ValueError: a model without rotary embeddings, a wrong number of factors, or a factor that is
             not a number from 1e-3 to 1e3.
     """
-    from posbias.architecture.layers import get_decoder_layers
 
     layout = _layout(model)  # RopeLayoutError (a ValueError) for a model that cannot be patched
     layers = get_decoder_layers(model)
@@ -263,9 +278,15 @@ def apply_layer_scaling(model, factors: Sequence[float]) -> ScalingHandle:
     return handle
 
 
+def active_scaling(model) -> ScalingHandle | None:
+    """The handle of the scaling active on ``model`` (None without one); the model's hooks hold it."""
+    ref = _ACTIVE.get(model)
+    return None if ref is None else ref()
+
+
 def remove_layer_scaling(model) -> bool:
     """Remove the scaling active on ``model``, if any; return whether there was one."""
-    h = getattr(model, "_posbias_scaling", None)
+    h = active_scaling(model)
     if h is None:
         return False
     h.remove()
@@ -282,7 +303,6 @@ def save_factors_file(path: str | Path, *, factors: Sequence[float], curve: dict
     ``round_to_grid``: list of grid values); without it the file cannot be re-evaluated for
     another layer count.
     """
-    from posbias.utils.io import atomic_write_json
 
     facs = [float(f) for f in factors]
     validate_factors(facs, len(facs))
@@ -295,7 +315,6 @@ def save_factors_file(path: str | Path, *, factors: Sequence[float], curve: dict
 
 
 def _check_curve(curve: Any, path) -> None:
-    from posbias.patching.curves import CURVE_KINDS, check_control_points, check_grid
 
     if not isinstance(curve, dict) or "type" not in curve or "control_points" not in curve:
         raise FactorsFileError(f"{path}: 'curve' must be an object with 'type' and 'control_points'")
@@ -319,7 +338,6 @@ def load_factors_file(path: str | Path, num_layers: int | None = None) -> dict:
     matches the file, re-evaluated from the curve otherwise (``FactorsFileError`` if the file has no
     curve). The file's own factors stay under ``saved_factors``.
     """
-    from posbias.utils.io import read_json
 
     path = Path(path)
     if not path.exists():
@@ -355,7 +373,6 @@ _ANNOUNCED: set = set()
 def _announce_resampling(path: Path, doc: dict, num_layers: int) -> None:
     """One line on stderr (once per file and layer count in a process): the factors used are not the
     file's but its curve re-evaluated for another depth."""
-    import sys
 
     key = (str(Path(path).resolve()), num_layers)
     if key in _ANNOUNCED:
@@ -377,7 +394,6 @@ def factors_for_model(doc: dict, num_layers: int, *, path: Any = "<factors>") ->
             f"{path}: has {len(saved)} factors but the model has {num_layers} decoder layers, and no "
             "'curve' to re-evaluate at the new depths"
         )
-    from posbias.patching.curves import curve_factors
 
     try:
         vals = curve_factors(curve["type"], curve["control_points"], num_layers,
@@ -389,7 +405,6 @@ def factors_for_model(doc: dict, num_layers: int, *, path: Any = "<factors>") ->
 
 def apply_factors_file(model, path: str | Path) -> ScalingHandle:
     """Apply a factors file to ``model`` (re-evaluating its curve for another layer count)."""
-    from posbias.architecture.layers import get_decoder_layers
 
     _layout(model)
     n = len(get_decoder_layers(model))
@@ -407,8 +422,6 @@ def save_patched_model(model, tokenizer, factors_path: str | Path, out: str | Pa
     ``out`` when complete, so a killed write leaves no ``out`` at all, never a folder that loads
     unpatched; the temporaries of killed writes are removed by the next one.
     """
-    import os
-    import shutil
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -434,8 +447,6 @@ def save_patched_model(model, tokenizer, factors_path: str | Path, out: str | Pa
 def _remove_killed_writes(out: Path) -> None:
     """Remove the temporary folders (``.<name>.partial-<pid>``) of killed writes of ``out`` whose
     process has ended."""
-    import os
-    import shutil
 
     for p in out.parent.glob(f".{out.name}.partial-*"):
         pid = p.name.rsplit("-", 1)[-1]
@@ -451,9 +462,7 @@ def write_model_factors(model, factors_path: str | Path, target: str | Path) -> 
     """Write the factors file ``factors_path`` as it applies to ``model`` into ``target``: a copy, or
     the curve re-evaluated for the model's layer count, naming this model and (``resampled_from``) the
     model and layer count the curve was found on. Returns the factors."""
-    import shutil
 
-    from posbias.architecture.layers import get_decoder_layers
 
     doc = load_factors_file(factors_path, num_layers=len(get_decoder_layers(model)))
     model_name = getattr(getattr(model, "config", None), "_name_or_path", None) or None

@@ -4,12 +4,12 @@
 >>> spec = get_scheme("ggd")        # spec.kind == "bias"
 >>> bias = spec.build(num_heads=16)  # GGDBias; bias(q_pos, k_pos) -> [16, i, j]
 """
+from . import nope as _nope  # noqa: F401  (registers "nope")
+from .alibi import ALiBiBias, alibi_slopes
+from .ggd import MAX_LOG_MAGNITUDE, GGDBias
 from .registry import KINDS, SCHEMES, SchemeSpec, get_scheme, register_scheme
 from .rope import RotaryEmbedding
 from .sinusoidal import SinusoidalEmbedding
-from . import nope as _nope  # noqa: F401  (registers "nope")
-from .alibi import ALiBiBias, alibi_slopes
-from .ggd import GGDBias, MAX_LOG_MAGNITUDE
 
 __all__ = ["KINDS", "SCHEMES", "SchemeSpec", "get_scheme", "register_scheme", "RotaryEmbedding",
            "SinusoidalEmbedding", "ALiBiBias", "alibi_slopes", "GGDBias", "MAX_LOG_MAGNITUDE"]

@@ -14,6 +14,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from posbias.patching.rope_scaling import apply_layer_scaling
+from posbias.utils.figures import pyplot, save_figure
+
 __all__ = ["linear_cka", "layer_hidden_states", "cka_deviation", "analyze_scaling", "analysis_table", "plot_analysis"]
 
 
@@ -42,7 +45,6 @@ def layer_hidden_states(model, inputs: Sequence[torch.Tensor]) -> list[torch.Ten
 
 def cka_deviation(model, inputs, factors: Sequence[float], reference: list[torch.Tensor]) -> list[float]:
     """``1 - CKA`` per layer between the model patched with ``factors`` and ``reference``."""
-    from posbias.patching.rope_scaling import apply_layer_scaling
 
     with apply_layer_scaling(model, factors):
         hs = layer_hidden_states(model, inputs)
@@ -83,7 +85,6 @@ def analysis_table(res: dict) -> str:
 
 def plot_analysis(path, res: dict) -> None:
     """``1 - CKA`` per layer: the found factors in bold, noisy and shuffled controls thin."""
-    from posbias.utils.figures import pyplot, save_figure
 
     fig, ax = pyplot().subplots(figsize=(6, 3.5))
     colors = {"found": "tab:blue", "noisy": "tab:orange", "shuffled": "tab:grey"}

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from tqdm.auto import tqdm
+
 from posbias.search.fitness import FitnessResult
+from posbias.utils.workers import spawn_pool
 
 __all__ = ["SerialEvaluator", "PoolEvaluator", "RayEvaluator"]
 
@@ -19,7 +22,6 @@ class SerialEvaluator:
         self.fitness = fitness
 
     def evaluate(self, jobs: list[tuple[list[float], float | None, FitnessResult | None]]) -> list[FitnessResult]:
-        from tqdm.auto import tqdm
 
         # a progress bar over the generation's individuals, also when stderr is a log file (a
         # nohup'd search would otherwise print nothing for a whole generation)
@@ -54,7 +56,6 @@ class PoolEvaluator:
     (:func:`posbias.utils.workers.gpu_slots`) each worker on its own GPU."""
 
     def __init__(self, factory: Callable[[], Any], workers: int, gpus: list[str] | None = None):
-        from posbias.utils.workers import spawn_pool
 
         self.pool = spawn_pool(workers, _worker_init, (factory,), gpus=gpus)
 
@@ -96,7 +97,7 @@ class RayEvaluator:
     def __init__(self, factory: Callable[[], Any], workers: int, address: str | None = None,
                  cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0):
         try:
-            import ray
+            import ray  # noqa: PLC0415 (optional: ray)
         except ImportError:
             raise ValueError("--backend ray needs Ray: pip install 'posbias[ray]'") from None
         if not ray.is_initialized():
@@ -109,7 +110,7 @@ class RayEvaluator:
         return self.ray.get(self.actors[0].num_layers.remote())
 
     def evaluate(self, jobs) -> list[FitnessResult]:
-        from ray.util import ActorPool
+        from ray.util import ActorPool  # noqa: PLC0415 (optional: ray)
 
         payload = [(f, t, p.to_dict() if p is not None else None) for f, t, p in jobs]
         pool = ActorPool(self.actors)

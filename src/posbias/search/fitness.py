@@ -29,7 +29,8 @@ n_d`` (its remaining instances counted wrong) with the mean log-prob of what was
 elite of every generation is exact, but the ranking among non-elite individuals (hence the later
 trajectory) can differ from an unpruned run; ``prune=False`` (``--no-prune``) gives the exact GA.
 Because the threshold is fixed before the generation starts, results do not depend on evaluation
-order or on the number of workers, and a resumed run equals an uninterrupted one. A pruned result keeps its counts, so should it ever need a full score (its
+order or on the number of workers, and a resumed run equals an uninterrupted one. A pruned result keeps its counts, so
+should it ever need a full score (its
 bound reaching a later threshold) scoring resumes where it stopped — nothing is scored twice.
 """
 from __future__ import annotations
@@ -39,6 +40,8 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
+
+from posbias.architecture.layers import get_decoder_layers
 
 __all__ = ["FitnessResult", "TeacherForcedFitness", "SyntheticFitness", "interleave_by_depth", "empty_result",
            "DEFAULT_DEPTHS", "DEFAULT_OBJECTIVE", "OBJECTIVES"]
@@ -152,7 +155,7 @@ class FitnessResult:
                 "n_scored": self.n_scored, "n_total": self.n_total}
 
 
-def _dkey(depth: float) -> str:
+def depth_key(depth: float) -> str:
     return f"{float(depth):g}"
 
 
@@ -160,7 +163,7 @@ def interleave_by_depth(instances: Sequence[Any]) -> list[Any]:
     """Reorder instances round-robin over their depths (first of each depth, second of each, ...)."""
     groups: dict[str, list] = defaultdict(list)
     for inst in instances:
-        groups[_dkey(inst.depth)].append(inst)
+        groups[depth_key(inst.depth)].append(inst)
     order = sorted(groups, key=float)
     out = []
     for i in range(max((len(g) for g in groups.values()), default=0)):
@@ -168,11 +171,11 @@ def interleave_by_depth(instances: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _normalise_weights(depths: Sequence[str], weights: Sequence[float] | dict | None) -> dict[str, float]:
+def normalise_weights(depths: Sequence[str], weights: Sequence[float] | dict | None) -> dict[str, float]:
     if weights is None:
         w = {d: 1.0 for d in depths}
     elif isinstance(weights, dict):
-        w = {_dkey(float(k)): float(v) for k, v in weights.items()}
+        w = {depth_key(float(k)): float(v) for k, v in weights.items()}
         missing = [d for d in depths if d not in w]
         if missing:
             raise ValueError(f"fitness weights lack depth(s) {missing}")
@@ -214,12 +217,13 @@ class TeacherForcedFitness:
             raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
         self.objective, self.shared = objective, shared
         self.model, self.tokenizer = model, tokenizer
+        self.num_layers = len(get_decoder_layers(model))  # the length of a factors vector
         self.instances = interleave_by_depth(instances)
         self.totals: dict[str, int] = defaultdict(int)
         for inst in self.instances:
-            self.totals[_dkey(inst.depth)] += 1
+            self.totals[depth_key(inst.depth)] += 1
         self.depths = sorted(self.totals, key=float)
-        self.weights = _normalise_weights(self.depths, weights)
+        self.weights = normalise_weights(self.depths, weights)
         self.batch_size = batch_size
         if chunk_size is None:
             per = len(self.depths)
@@ -259,7 +263,7 @@ class TeacherForcedFitness:
                 rows = score_instances(self.model, self.tokenizer, chunk, batch_size=self.batch_size,
                                        chat=self.chat, shared=self.shared)
                 for inst, r in zip(chunk, rows):
-                    res.add(_dkey(inst.depth), r)
+                    res.add(depth_key(inst.depth), r)
         res.forward_passes += self._forwards - f0
         res.seconds += time.perf_counter() - t0
         return res
@@ -283,9 +287,9 @@ def empty_result(instances: Sequence[Any], weights=None, objective: str = "accur
     """A :class:`FitnessResult` with nothing scored yet for ``instances`` (depths from their ``depth``)."""
     totals: dict[str, int] = defaultdict(int)
     for inst in instances:
-        totals[_dkey(inst.depth)] += 1
+        totals[depth_key(inst.depth)] += 1
     depths = sorted(totals, key=float)
-    w = _normalise_weights(depths, weights)
+    w = normalise_weights(depths, weights)
     return FitnessResult({d: [0, 0, totals[d]] for d in depths}, w, n_total=len(instances),
                          objective=objective, logprob_by_depth={d: 0.0 for d in depths})
 

@@ -12,14 +12,19 @@ uninterrupted run.
 from __future__ import annotations
 
 import functools
+import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from posbias.search.fitness import FitnessResult
 from posbias.search.ga import GAConfig, GeneticAlgorithm, Genome, genome_factors, genome_points
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_json, read_jsonl
+from posbias.utils.run_folder import announce_resume
 
 __all__ = ["CHECKPOINT", "METRICS", "GAResult", "run_ga", "already_searched"]
 
@@ -55,7 +60,6 @@ def _save_checkpoint(path: Path, ga: GeneticAlgorithm, memo: dict, best: Genome 
 
 def identity_distance(factors) -> float:
     """How far per-layer factors are from the unpatched model: ``sum |log f|`` (0 for all ones)."""
-    import math
 
     return sum(abs(math.log(f)) for f in factors)
 
@@ -71,7 +75,6 @@ def _start(cfg: GAConfig, seed: int, out: Path | None, resume: bool):
     logged but not checkpointed are dropped), else a fresh seeded GA (an old metrics log removed)."""
     ckpt = out / CHECKPOINT if out is not None else None
     if resume and ckpt is not None and ckpt.exists():
-        import json
 
         state = read_json(ckpt)
         try:
@@ -90,7 +93,6 @@ def _start(cfg: GAConfig, seed: int, out: Path | None, resume: bool):
         history = [m for m in read_jsonl(out / METRICS) if m.get("generation", 0) < ga.generation]
         atomic_write_text(out / METRICS, "".join(json.dumps(m) + "\n" for m in history))
         return ga, memo, best, history
-    import numpy as np
 
     if out is not None and (out / METRICS).exists():
         (out / METRICS).unlink()
@@ -147,7 +149,6 @@ def run_ga(evaluator, cfg: GAConfig, *, num_layers: int, generations: int, seed:
         raise ValueError(already_searched(out))
     ga, memo, best, history = _start(cfg, seed, out, resume)
     if ga.generation > 0:
-        from posbias.utils.run_folder import announce_resume
 
         announce_resume(min(ga.generation, generations), generations, "generations", out)
     factors_of = functools.lru_cache(maxsize=None)(lambda g: [float(v) for v in genome_factors(g, cfg, num_layers)])

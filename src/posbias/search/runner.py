@@ -12,7 +12,8 @@ teacher-forced fitness, runs the GA loop (:mod:`posbias.search.loop`) with an ev
 Everything that can be checked without the model (preset, GA settings, task and data file, the
 run folder) is checked before it loads; ``config.json`` is written with the first checkpoint.
 
-Settings: :class:`posbias.search.config.SearchConfig`. Resume: a killed search restarted with ``resume=True`` (the ``posbias search`` command passes it, so
+Settings: :class:`posbias.search.config.SearchConfig`. Resume: a killed search restarted with ``resume=True`` (the
+``posbias search`` command passes it, so
 re-running the command resumes) continues from the last completed generation with the saved rng
 state and memo, and reaches exactly the result of an uninterrupted run.
 """
@@ -34,7 +35,8 @@ from posbias.search.plots import plot_factors, plot_fitness
 from posbias.tasks.registry import supports_shared_context
 from posbias.utils.run_folder import open_run
 
-__all__ = ["PRESETS", "GAResult", "SearchConfig", "SearchResult", "run_ga", "run_search", "SerialEvaluator", "PoolEvaluator",
+__all__ = ["PRESETS", "GAResult", "SearchConfig", "SearchResult", "run_ga", "run_search", "SerialEvaluator",
+           "PoolEvaluator",
            "RayEvaluator",
            "plot_factors", "plot_fitness"]
 
@@ -76,7 +78,7 @@ def build_fitness(cfg: SearchConfig, *, n_per_depth: int, batch_size: int = 4,
     depth, scored from one prefill), scoring ``cfg.target`` values."""
     from posbias.evaluation.runner import check_fits
     from posbias.evaluation.session import build_instances
-    from posbias.models import get_decoder_layers, load_model
+    from posbias.models import load_model
     from posbias.search.fitness import TeacherForcedFitness
 
     if model is None:
@@ -86,7 +88,6 @@ def build_fitness(cfg: SearchConfig, *, n_per_depth: int, batch_size: int = 4,
     check_fits(model, tokenizer, instances, cfg.chat)
     fit = TeacherForcedFitness(model, tokenizer, instances, weights=cfg.weights, batch_size=batch_size,
                                chat=cfg.chat, objective=cfg.objective, shared=cfg.shared_context, target=cfg.target)
-    fit.num_layers = len(get_decoder_layers(model))
     return fit
 
 
@@ -168,7 +169,7 @@ def _check_request(cfg: SearchConfig, loaded) -> tuple[dict, GAConfig, SearchCon
     GAConfig, cfg with its task options and shared_context as the search uses them)``."""
     from posbias.methods.temperature import TEMPERATURE_GRID
     from posbias.patching.curves import DEFAULT_GRID
-    from posbias.search.fitness import SEARCH_TARGETS, _dkey, _normalise_weights
+    from posbias.search.fitness import SEARCH_TARGETS, depth_key, normalise_weights
     from posbias.tasks import precheck_instances
     from posbias.tasks.base import check_int
 
@@ -191,7 +192,7 @@ def _check_request(cfg: SearchConfig, loaded) -> tuple[dict, GAConfig, SearchCon
     if cfg.objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {cfg.objective!r}; choose one of {', '.join(OBJECTIVES)}")
     shared_context = bool(cfg.shared_context) and not cfg.chat and supports_shared_context(cfg.task, task_options)
-    _normalise_weights([_dkey(d) for d in DEFAULT_DEPTHS], cfg.weights)
+    normalise_weights([depth_key(d) for d in DEFAULT_DEPTHS], cfg.weights)
     precheck_instances(cfg.task, n=settings["n_per_depth"], depths=list(DEFAULT_DEPTHS), seed=cfg.seed,
                        split="search", **task_options)
     return settings, ga, dataclasses.replace(cfg, task_options=task_options, shared_context=shared_context)

@@ -57,7 +57,7 @@ def score_setting(model, tokenizer, method: str, options: dict, instances, batch
     ``per_depth``, ``accuracy``, ``mean_logprob``, ``weighted_logprob`` and ``seconds``."""
     from posbias.evaluation.teacher_forced import score_instances
     from posbias.methods import apply_method
-    from posbias.search.fitness import _dkey
+    from posbias.search.fitness import depth_key
 
     start = time.perf_counter()
     with apply_method(model, method, **options) as handle:
@@ -65,7 +65,7 @@ def score_setting(model, tokenizer, method: str, options: dict, instances, batch
                                shared=handle.shared_prefill)
     res = empty_result(instances)
     for inst, r in zip(instances, rows):
-        res.add(_dkey(inst.depth), r)
+        res.add(depth_key(inst.depth), r)
     return {"fitness": res.to_dict(), "per_depth": res.per_depth_accuracy(), "accuracy": res.accuracy,
             "mean_logprob": res.mean_logprob, "weighted_logprob": res.weighted_logprob,
             "seconds": round(time.perf_counter() - start, 1)}

@@ -7,8 +7,15 @@ Modules: ``grid`` (schemes, lengths, per-model evaluation), ``runner`` (train + 
 ``plots`` (heatmaps, accuracy / perplexity against length), ``priors`` (learned GGD priors,
 attention maps). The command is ``posbias study`` (``posbias.cli.study_cmd``).
 """
-from posbias.study.grid import (DEFAULT_DEPTHS, DEFAULT_MULTIPLIERS, DEFAULT_SCHEMES, evaluate_model, grid_lengths,
-                                parse_scheme, parse_schemes)
+from posbias.study.grid import (
+                                DEFAULT_DEPTHS,
+                                DEFAULT_MULTIPLIERS,
+                                DEFAULT_SCHEMES,
+                                evaluate_model,
+                                grid_lengths,
+                                parse_scheme,
+                                parse_schemes,
+)
 from posbias.study.runner import StudyConfig, run_study, write_report
 
 __all__ = ["DEFAULT_DEPTHS", "DEFAULT_MULTIPLIERS", "DEFAULT_SCHEMES", "StudyConfig", "evaluate_model",

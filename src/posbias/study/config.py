@@ -5,13 +5,19 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from posbias.study.grid import (DEFAULT_DEPTHS, DEFAULT_MULTIPLIERS, DEFAULT_PPL_MULTIPLIERS, DEFAULT_SCHEMES,
-                                grid_lengths, parse_schemes)
-from posbias.evaluation.long_context import check_needle_draw
+from posbias.evaluation.long_context import MODES, check_needle_draw
 from posbias.evaluation.modes import canonical_mode
+from posbias.study.grid import (
+    DEFAULT_DEPTHS,
+    DEFAULT_MULTIPLIERS,
+    DEFAULT_PPL_MULTIPLIERS,
+    DEFAULT_SCHEMES,
+    grid_lengths,
+    parse_schemes,
+)
 from posbias.training.config import typed_train_options
+from posbias.utils.io import read_json
 from posbias.utils.options import check_int
-
 
 MODELS_FILE = "models.json"
 METRICS_FILE = "metrics.jsonl"
@@ -47,7 +53,6 @@ def training_settings(config: dict) -> dict:
 def read_models_file(out: str | Path) -> dict[str, str]:
     """A study folder's ``models.json`` (``{scheme: model folder}``; empty when there is none); a damaged
     one is a ``ValueError`` naming it."""
-    from posbias.utils.io import read_json
 
     path = Path(out) / MODELS_FILE
     if not path.exists():
@@ -117,7 +122,6 @@ def needle_draw_of(config: dict) -> str:
 def study_modes(modes) -> list[str]:
     """The grid's scoring modes: ``teacher-forced`` / ``generate`` in any accepted spelling, ``both``
     for the two; anything else is refused here, before any scheme is trained."""
-    from posbias.evaluation.long_context import MODES
 
     out: list[str] = []
     for m in modes:

@@ -4,15 +4,9 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from posbias.utils.io import atomic_write_text
 from posbias.study.config import HELDOUT_CHARS_PER_TOKEN, MAX_HELDOUT_FRACTION, StudyConfig, has_split, split_files
-
-
-def _load_texts(corpus: str | None) -> list[str]:
-    """The corpus documents as the trainer reads them (the built-in essays when ``corpus`` is None)."""
-    from posbias.utils.corpus import load_texts
-
-    return load_texts(corpus)
+from posbias.utils.corpus import load_texts
+from posbias.utils.io import atomic_write_text
 
 
 def prepare_data(cfg: StudyConfig, log: Callable = print, before_write: Callable = lambda: None
@@ -46,7 +40,7 @@ def prepare_data(cfg: StudyConfig, log: Callable = print, before_write: Callable
 
 def split_heldout(cfg: StudyConfig, log: Callable = print) -> tuple[list[str], list[str], int]:
     """``(training documents, held-out documents, held-out characters)`` (see :func:`prepare_data`)."""
-    texts = _load_texts(cfg.corpus)
+    texts = load_texts(cfg.corpus)
     total = sum(len(t) for t in texts)
     want = cfg.ppl_eval_tokens * HELDOUT_CHARS_PER_TOKEN
     if want > MAX_HELDOUT_FRACTION * total:

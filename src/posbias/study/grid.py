@@ -14,7 +14,11 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from posbias.evaluation.long_context import GridSpec
+import torch
+
+from posbias.evaluation import long_context
+from posbias.evaluation.long_context import GridSpec, check_lengths
+from posbias.evaluation.perplexity import perplexity
 from posbias.utils.corpus import load_texts
 from posbias.utils.io import append_jsonl, read_jsonl
 
@@ -130,10 +134,7 @@ def run_perplexity(model, token_ids, *, model_name: str, out_jsonl: str | Path, 
                    modes: Sequence[str] = ("non-overlapping", "sliding"), batch_size: int = 1,
                    extra: dict | None = None, progress: bool = False) -> list[dict]:
     """Perplexity at each context and mode; one jsonl line each, skipped when already there."""
-    import torch
 
-    from posbias.evaluation.long_context import check_lengths
-    from posbias.evaluation.perplexity import perplexity
 
     out_jsonl = Path(out_jsonl)
     existing = [r for r in read_jsonl(out_jsonl) if r.get("model") == model_name]
@@ -180,7 +181,7 @@ def evaluate_model(model, tokenizer, cfg: StudyConfig, *, name: str, passkey_hel
                         batch_size=cfg.batch_size, token_budget=cfg.token_budget, task_kwargs=options,
                         needle_draw=cfg.needle_draw)
         res[view] = _run_view(model, tokenizer, spec, out_jsonl=out / fname, n_at=cfg.n_at, dead_after=cfg.dead_after,
-                              common=common, log=lambda msg: log(f"[study] {name} {view}: {msg}"))
+                              common=common, log=lambda msg, view=view: log(f"[study] {name} {view}: {msg}"))
     if ppl_tokens is not None and len(cfg.ppl_contexts):
         res["perplexity"] = run_perplexity(model, ppl_tokens, model_name=name, out_jsonl=out / PPL_FILE,
                                            contexts=cfg.ppl_contexts, extra=extra, progress=progress)
@@ -191,7 +192,6 @@ def _run_view(model, tokenizer, spec: GridSpec, *, out_jsonl: Path, n_at: Callab
               common: dict, log: Callable) -> list[dict]:
     """One view's grid, ``n_at(length)`` instances per cell: all lengths of one cell size at once, or
     shortest first until ``dead_after`` dead lengths."""
-    from posbias.evaluation import long_context
 
     ordered = sorted({int(L) for L in spec.lengths})
     if not dead_after:

@@ -31,7 +31,6 @@ import torch
 
 from posbias.study.plots import plt, save_figure
 
-
 # ----------------------------------------------------------------------------- GGD priors
 
 def ggd_alpha_beta(theta_alpha: float, theta_beta: float) -> tuple[float, float]:
@@ -120,7 +119,8 @@ def plot_priors(priors: Sequence[Mapping], path: str | Path, *, max_distance: in
     for k in range(len(layers), nrow * ncol):
         axes[k // ncol][k % ncol].axis("off")
     fig.suptitle(f"{title}\nbias = -exp(theta_a) (d+eps)^theta_b = -|d/alpha|^beta;  "
-                 "beta = theta_b, alpha = exp(-theta_a/theta_b);  * / dashed: beta <= 0", fontsize=9, y=1.0 + 0.08 / nrow)
+                 "beta = theta_b, alpha = exp(-theta_a/theta_b);  * / dashed: beta <= 0", fontsize=9,
+                 y=1.0 + 0.08 / nrow)
     return save_figure(fig, path)
 
 

@@ -3,13 +3,19 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
+from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from posbias.study.grid import PPL_FILE, TRAIN_PPL_FILE, VIEW_FILES
-from posbias.utils.io import atomic_write_text, read_jsonl
+from posbias.evaluation.compare import paired_cell
+from posbias.evaluation.long_context import accuracy_by_length, instances_by_length, summarize_grid
+from posbias.evaluation.stats import percent_cell, wilson_interval
 from posbias.study.config import METRICS_FILE, SUMMARY_FILE, StudyConfig, read_models_file
+from posbias.study.grid import PPL_FILE, TRAIN_PPL_FILE, VIEW_FILES
+from posbias.study.plots import plot_accuracy_vs_length, plot_heatmap, plot_perplexity_vs_length, plot_probe_curves
 from posbias.study.training import is_saved_model, model_dir_name
+from posbias.utils.io import atomic_write_text, read_jsonl
 
 
 def write_report(cfg: StudyConfig) -> list[dict]:
@@ -43,7 +49,6 @@ def write_report(cfg: StudyConfig) -> list[dict]:
 
 def _plot_probes(cfg: StudyConfig, logs: dict[str, list[dict]]) -> None:
     """plots/training_probes.png: the 1x probes against the training step, when the trainer probed."""
-    from posbias.study.plots import plot_probe_curves
 
     history = probe_history(logs)
     if history:
@@ -79,7 +84,8 @@ def _n_beyond(cfg: StudyConfig) -> str:
 def _header(cfg: StudyConfig) -> str:
     options = _key_values(cfg.train_options) or "none"
     text = (f"# Length-extrapolation study\n\npreset `{cfg.preset}`, training context {cfg.train_context}, "
-            f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus `{cfg.corpus or 'trainer default'}`, "
+            f"steps {cfg.train_steps or 'trainer default'}, seed {cfg.seed}, corpus "
+            f"`{cfg.corpus or 'trainer default'}`, "
             f"tokenizer `{cfg.tokenizer or 'trainer default'}`, passkey rate {cfg.passkey_rate}, "
             f"NIAH rate {cfg.niah_rate}, training options: {options}{_model_options(cfg)}; n = {cfg.n} per cell"
             f"{_n_beyond(cfg)}, depths {cfg.depths}.\n")
@@ -96,8 +102,6 @@ def _grid_sections(cfg: StudyConfig, view: str, recs: list[dict], schemes: Seque
                    metrics: list[dict]) -> list[str]:
     """One grid view (passkey / passkey-essay / niah): its cells and curves appended to ``metrics``,
     accuracy-vs-length plots and per-scheme heatmaps drawn, tables returned."""
-    from posbias.evaluation.long_context import accuracy_by_length, instances_by_length, summarize_grid
-    from posbias.study.plots import plot_accuracy_vs_length, plot_heatmap
 
     plots, sections = Path(cfg.out) / "plots", []
     cells = summarize_grid(recs)
@@ -144,7 +148,6 @@ def paired_schemes_table(view: str, recs: list[dict], schemes: Sequence[str], le
     same grid instances (a study asks every scheme the same instance ids at a length), teacher-forced:
     per length the instances gained / lost, the accuracy difference in points [95% interval] and the
     per-token gold log-prob difference (:func:`posbias.evaluation.compare.paired_cell`). "" with one scheme."""
-    from posbias.evaluation.compare import paired_cell
 
     ref = "ggd" if "ggd" in schemes else (schemes[0] if schemes else None)
     by: dict[tuple[str, int], dict[str, dict]] = {}
@@ -165,7 +168,8 @@ def paired_schemes_table(view: str, recs: list[dict], schemes: Sequence[str], le
         return ""
     note = ("Gained/lost instances, accuracy difference in points [95% interval], per-token gold log-prob "
             "difference +- 95% half-width; blank: not scored for both.\n")
-    return length_table(f"{view}, paired against {ref} (the same instances)", lengths, train_context, rows) + "\n" + note
+    title = f"{view}, paired against {ref} (the same instances)"
+    return length_table(title, lengths, train_context, rows) + "\n" + note
 
 
 def failing_needles(recs: list[dict], schemes: Sequence[str], *, shown: int = 5) -> list[str]:
@@ -173,9 +177,7 @@ def failing_needles(recs: list[dict], schemes: Sequence[str], *, shown: int = 5)
     its teacher-forced accuracy is >= 50%, the needles (answers) asked in two cells or more and wrong in
     more than half of them, and the share of all failures they hold. One line per scheme with such needles, e.g.
     ``ggd: 2 of 7 needles hold 28 of 31 failures: 4421141 (0/15 right), 4475955 (2/15 right)``."""
-    from collections import defaultdict
 
-    from posbias.evaluation.long_context import accuracy_by_length
 
     curves = accuracy_by_length(recs, mode="tf")
     lines = []
@@ -197,7 +199,6 @@ def failing_needles(recs: list[dict], schemes: Sequence[str], *, shown: int = 5)
 
 
 def _perplexity_section(cfg: StudyConfig, ppl: list[dict], schemes: Sequence[str], metrics: list[dict]) -> str:
-    from posbias.study.plots import plot_perplexity_vs_length
 
     metrics += [{"kind": "perplexity", **{k: r[k] for k in ("model", "context", "mode", "ppl", "nll", "tokens")}}
                 for r in ppl]
@@ -342,7 +343,6 @@ def _needles_note(cfg: StudyConfig) -> str:
 def accuracy_table(title: str, curves: dict, schemes: Sequence[str], lengths: Sequence[int], train_context: int,
                     sizes: dict[str, dict[int, int]] | None = None) -> str:
     """Accuracy (%) per scheme and length; with ``sizes`` (instances per cell) also its Wilson interval."""
-    from posbias.evaluation.stats import percent_cell, wilson_interval
 
     def cell(m, L):
         a = curves.get(m, {}).get(L)
@@ -368,7 +368,6 @@ def _cost_table(title: str, recs: list[dict], schemes: Sequence[str], lengths: S
                 train_context: int) -> str:
     """Per scheme and length: the median of the records' ``seconds`` and the largest peak memory
     (``peak_gpu_mb`` on CUDA, else ``peak_rss_mb``); "" when no record carries them."""
-    import statistics
 
     def cell(rows):
         secs = [r["seconds"] for r in rows if r.get("seconds") is not None]

@@ -63,25 +63,53 @@ training settings differ.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Callable, Sequence
 
-from posbias.study.grid import PPL_FILE, TRAIN_PPL_FILE, VIEW_FILES
-from posbias.utils.io import atomic_write_json, atomic_write_text
-from posbias.utils.run_folder import open_run
-from posbias.study.config import (CHECK_KEYS, DATA_DIR, METRICS_FILE, MODELS_FILE, SUMMARY_FILE,  # noqa: F401
-                                  StudyConfig, needle_draw_of, upgrade_settings)
+from posbias.evaluation.batching import encode
+from posbias.evaluation.long_context import grid_instances
+from posbias.study.config import (  # noqa: F401
+    CHECK_KEYS,
+    DATA_DIR,
+    METRICS_FILE,
+    MODELS_FILE,
+    SUMMARY_FILE,
+    TRAINING_KEYS,
+    StudyConfig,
+    needle_draw_of,
+    ppl_eval_tokens,
+    training_settings,
+    upgrade_settings,
+)
 from posbias.study.data import prepare_data, split_heldout  # noqa: F401
+from posbias.study.grid import (
+    PPL_FILE,
+    TRAIN_PPL_FILE,
+    VIEW_FILES,
+    eval_tokens_from_corpus,
+    evaluate_model,
+    run_perplexity,
+)
+from posbias.study.priors import attention_maps, ggd_priors, plot_attention_maps, plot_priors, priors_table
 from posbias.study.report import write_report  # noqa: F401
-from posbias.study.training import (check_training_options, default_train_fn, ensure_models, load_trained, model_dir_name,  # noqa: F401
-                                    prepare_tokenizer, train_config)
-
+from posbias.study.training import (  # noqa: F401
+    check_training_options,
+    default_train_fn,
+    ensure_models,
+    load_trained,
+    model_dir_name,
+    prepare_tokenizer,
+    train_config,
+)
+from posbias.utils.folder_lock import hold
+from posbias.utils.io import atomic_write_json, atomic_write_text
+from posbias.utils.run_folder import CONFIG, INVOCATIONS, folder_kind, open_run, read_run_settings, settings_diff
 
 
 def _ppl_tokens(cfg: StudyConfig, tokenizer, heldout: str | None) -> list[int] | None:
     if not cfg.ppl_contexts or not heldout:
         return None
-    from posbias.study.grid import eval_tokens_from_corpus
 
     return eval_tokens_from_corpus(tokenizer, heldout, cfg.ppl_eval_tokens)
 
@@ -111,7 +139,6 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
     prepare_tokenizer(cfg, train_corpus, log=log)
     models = ensure_models(cfg, train_fn=train_fn, corpus=train_corpus, log=log)
 
-    from posbias.study.grid import evaluate_model
 
     for scheme in cfg.schemes:
         log(f"[study] evaluating {scheme}")
@@ -132,11 +159,11 @@ def _training_text_perplexity(cfg: StudyConfig, scheme: str, model, tokenizer, t
     the *training* text, into ``perplexity-train.jsonl``: beside the held-out figure it shows how much
     of a model's perplexity is memorisation of a small corpus (the trainer permutes its blocks every
     epoch, so after one epoch the tail has been seen as often as any other part). Skipped when done."""
-    from posbias.study.grid import eval_tokens_from_corpus, run_perplexity
 
     ids = eval_tokens_from_corpus(tokenizer, train_corpus, cfg.ppl_eval_tokens)
     run_perplexity(model, ids, model_name=scheme, out_jsonl=Path(cfg.out) / TRAIN_PPL_FILE,
-                   contexts=[cfg.train_context], modes=("non-overlapping",), extra={"scheme": scheme, "text": "training"})
+                   contexts=[cfg.train_context], modes=("non-overlapping",),
+                   extra={"scheme": scheme, "text": "training"})
 
 
 RESULT_FILES = (MODELS_FILE, METRICS_FILE, PPL_FILE, TRAIN_PPL_FILE, *(f for _v, _t, f in VIEW_FILES))
@@ -162,11 +189,7 @@ def discard_unfinished(out: Path, config: dict, log: Callable = print) -> None:
     tokenizer, unfinished model folders) and its config are removed, saying so in one line, so the
     corrected command starts afresh. An evaluation-only change (depths, perplexity tokens, a logging
     option) keeps the partial training, which the run resumes. Nothing else is touched."""
-    import shutil
 
-    from posbias.study.config import TRAINING_KEYS, training_settings
-    from posbias.utils.folder_lock import hold
-    from posbias.utils.run_folder import CONFIG, INVOCATIONS, folder_kind, read_run_settings, settings_diff
 
     path = out / CONFIG
     if folder_kind(out) != "study" or has_results(out):
@@ -205,7 +228,6 @@ def _check_needle_draw(out: Path, needle_draw: str) -> None:
 
 def _saved_config(out: Path) -> dict:
     """The settings an earlier invocation recorded in ``out/config.json`` (empty when there is none)."""
-    from posbias.utils.run_folder import folder_kind, read_run_settings
 
     return read_run_settings(out) if folder_kind(out) == "study" else {}
 
@@ -214,7 +236,6 @@ def study_settings(cfg: StudyConfig) -> dict:
     """The settings an invocation records and checks (``cfg.to_dict()``). One that measures no
     perplexity (``--ppl-multipliers ''``, e.g. to add far cells only) keeps the held-out size its
     folder recorded: the folder's corpus split stays in use, so it resumes any study."""
-    from posbias.study.config import ppl_eval_tokens
 
     config = cfg.to_dict()
     if config["ppl_eval_tokens"] is None:
@@ -226,7 +247,6 @@ def _check_ppl_tokens(out: Path, cfg: StudyConfig) -> None:
     """A resume may change the perplexity contexts (``--ppl-multipliers``; finished ones are skipped,
     none at all is fine) as long as perplexity stays measured on the same held-out tokens
     (:func:`ppl_eval_tokens`; also for folders written before that setting was recorded)."""
-    from posbias.study.config import ppl_eval_tokens
 
     old_cfg = _saved_config(out)
     old, new = ppl_eval_tokens(old_cfg), cfg.ppl_eval_tokens
@@ -241,7 +261,6 @@ def _check_ppl_tokens(out: Path, cfg: StudyConfig) -> None:
 
 def _model_views(cfg: StudyConfig, scheme: str, model, tokenizer, *, make_instances=None, log=print) -> None:
     """GGD prior plot + table, and attention maps on one passkey instance at the training length."""
-    from posbias.study.priors import attention_maps, ggd_priors, plot_attention_maps, plot_priors, priors_table
 
     plots = Path(cfg.out) / "plots"
     name = model_dir_name(scheme)
@@ -254,8 +273,6 @@ def _model_views(cfg: StudyConfig, scheme: str, model, tokenizer, *, make_instan
         atomic_write_text(Path(cfg.out) / "priors" / f"{name}.md", priors_table(priors))
         atomic_write_json(Path(cfg.out) / "priors" / f"{name}.json", priors)
     try:
-        from posbias.evaluation.batching import encode
-        from posbias.evaluation.long_context import grid_instances
 
         inst = grid_instances(tokenizer, task="passkey", length=cfg.train_context, depths=[0.5], n=1,
                               seed=cfg.seed, make_instances=make_instances)[0]

@@ -14,8 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from posbias.bam import BamConfig
+from posbias.evaluation.long_context import accuracy_by_length, instances_by_length
 from posbias.study.config import CHECK_KEYS, MODELS_FILE, needle_draw_of
 from posbias.study.grid import VIEW_FILES
+from posbias.study.plots import plot_accuracy_vs_length, plot_probe_curves
 from posbias.study.report import accuracy_table, length_table, probe_history, trainer_logs, training_table
 from posbias.utils.io import atomic_write_text, read_json, read_jsonl
 from posbias.utils.run_folder import CONFIG, folder_kind, settings_diff
@@ -83,8 +86,8 @@ def load_studies(folders: Sequence[str | Path], schemes: Sequence[str] = ()) -> 
 def _differences(studies: list[Study]) -> list[str]:
     keys = [k for k in CHECK_KEYS if k != "seed"]
     first = studies[0]
-    return [f"{s.label} vs {first.label}: {d}" for s in studies[1:] for d in settings_diff(first.config, s.config, keys)] \
-        + _model_differences(studies)
+    return [f"{s.label} vs {first.label}: {d}"
+            for s in studies[1:] for d in settings_diff(first.config, s.config, keys)] + _model_differences(studies)
 
 
 # how a saved model runs, not what was trained (a later version may change them without retraining)
@@ -112,7 +115,6 @@ def _model_differences(studies: list[Study]) -> list[str]:
 def _model_config(study: Study, scheme: str) -> dict | None:
     """The saved ``BamConfig`` fields of ``scheme``'s model in ``study`` (defaults for fields an older
     version did not save; runtime fields left out); None when it has no saved model."""
-    from posbias.bam import BamConfig
 
     models = study.models
     path = study.path / models.get(scheme, "") / "config.json"
@@ -150,7 +152,6 @@ def compare_studies(folders: Sequence[str | Path], out: str | Path, *, mode: str
 def _training_sections(studies: list[Study], out: Path) -> list[str]:
     """A training table per folder, then ``<stem>_probes.png`` (every run's 1x probes against the
     step) when the trainers probed."""
-    from posbias.study.plots import plot_probe_curves
 
     sections, probes = [], {}
     for s in studies:
@@ -171,8 +172,6 @@ def _view_sections(studies: list[Study], schemes: list[str], out: Path, mode: st
                    context: int) -> tuple[list[str], dict[str, dict]]:
     """Per view: one accuracy table (a row per scheme and folder, Wilson intervals) and
     ``<stem>_<view>.png``; also returns ``{view: {"scheme (label)": {length: accuracy}}}``."""
-    from posbias.evaluation.long_context import accuracy_by_length, instances_by_length
-    from posbias.study.plots import plot_accuracy_vs_length
 
     sections, per_view = [], {}
     for view, _task, fname in VIEW_FILES:

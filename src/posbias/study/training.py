@@ -6,14 +6,21 @@ import dataclasses
 import inspect
 import json
 import time
+from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Any, Callable
 
-from posbias.study.grid import (parse_scheme)
+import torch
+
+from posbias.models import load_model
+from posbias.study.config import MODELS_FILE, StudyConfig, read_models_file
+from posbias.study.grid import parse_scheme
+from posbias.training import TrainConfig, train
+from posbias.training.tokenizer import parse_bpe_spec, resolve_tokenizer_spec
+from posbias.utils.corpus import load_texts
 from posbias.utils.io import atomic_write_json
 from posbias.utils.options import refuse_unknown
-from posbias.study.config import MODELS_FILE, StudyConfig, read_models_file
-from posbias.study.data import _load_texts
+from posbias.utils.workers import spawn_pool
 
 
 def model_dir_name(scheme: str) -> str:
@@ -31,7 +38,6 @@ def is_saved_model(path: Path) -> bool:
 
 
 def default_train_fn() -> Callable:
-    from posbias.training import train
 
     return train
 
@@ -79,11 +85,8 @@ def check_training_options(cfg: StudyConfig) -> None:
 
 
 def _train_config_class():
-    try:
-        import posbias.training as training
-    except ImportError:
-        return None
-    return getattr(training, "TrainConfig", None)
+    """The trainer's config class (tests replace it to pass plain dict configs)."""
+    return TrainConfig
 
 
 def _tokenizer_dir(cfg: StudyConfig) -> Path:
@@ -95,14 +98,13 @@ def prepare_tokenizer(cfg: StudyConfig, corpus: str | None, log: Callable = prin
     """The tokenizer every scheme trains with: ``cfg.tokenizer`` as given, except ``"bpe:<N>"``,
     which is trained once on the training split into ``<out>/tokenizer`` (reused on resume) so
     all schemes share exactly the same vocabulary."""
-    from posbias.training.tokenizer import parse_bpe_spec, resolve_tokenizer_spec
 
     if parse_bpe_spec(cfg.tokenizer) is None:
         return cfg.tokenizer
     target = _tokenizer_dir(cfg)
     if not (target / "tokenizer.json").exists():
         log(f"[study] training tokenizer {cfg.tokenizer} -> {target}")
-    return str(Path(resolve_tokenizer_spec(cfg.tokenizer, _load_texts(corpus), target)).resolve())
+    return str(Path(resolve_tokenizer_spec(cfg.tokenizer, load_texts(corpus), target)).resolve())
 
 
 def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus: str | None = None,
@@ -155,9 +157,7 @@ def _record_model(path: Path, scheme: str, folder: str) -> None:
 
 def _train_parallel(cfg: StudyConfig, jobs, train_fn, corpus, record) -> None:
     """Run the training jobs in ``cfg.train_workers`` spawned processes (``train_fn`` must be picklable)."""
-    from concurrent.futures import as_completed
 
-    from posbias.utils.workers import spawn_pool
 
     fn = train_fn or default_train_fn()
     with spawn_pool(min(cfg.train_workers, len(jobs))) as pool:
@@ -189,9 +189,7 @@ def _resolve(out: Path, p: str) -> Path:
 
 def load_trained(path: str | Path, device: str = "auto"):
     """``(model, tokenizer)`` from a trained model folder, in eval mode (:func:`posbias.models.load_model`)."""
-    import torch
 
-    from posbias.models import load_model
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -9,8 +9,15 @@ and their defaults).
 from posbias.tasks.base import Instance, depth_to_index
 from posbias.tasks.chat import apply_chat, prompt_tokens
 from posbias.tasks.kv import WORDS
-from posbias.tasks.registry import (TASKS, TaskSpec, check_length, check_request, make_instances, precheck_instances,
-                                    supports_shared_context)
+from posbias.tasks.registry import (
+                                    TASKS,
+                                    TaskSpec,
+                                    check_length,
+                                    check_request,
+                                    make_instances,
+                                    precheck_instances,
+                                    supports_shared_context,
+)
 
 __all__ = ["Instance", "TASKS", "TaskSpec", "WORDS", "apply_chat", "check_length", "check_request", "depth_to_index",
            "make_instances", "precheck_instances", "prompt_tokens", "supports_shared_context"]

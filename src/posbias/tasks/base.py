@@ -1,8 +1,12 @@
 """The task instance every generator yields and every scorer consumes."""
 from __future__ import annotations
 
+import zlib
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
+
+import numpy as np
 
 from posbias.utils.options import check_int  # noqa: F401 (task generators check counts with it)
 
@@ -72,9 +76,7 @@ def derive_rng(task: str, split: str, seed: int, *extra: int):
 
     The two splits get different seed sequences, so generated content never coincides.
     """
-    import zlib
 
-    import numpy as np
 
     check_split(split)
     entropy = [zlib.crc32(task.encode("utf-8")), _SPLIT_CODE[split], int(seed), *map(int, extra)]
@@ -85,7 +87,6 @@ def depth_seed(seed: int, depth: float) -> int:
     """The seed of the instances drawn for one depth alone (a grid's ``per-depth`` needle draw): a
     deterministic 31-bit hash of ``(seed, depth)``, so every depth gets its own needles, the same in
     every run, whichever other depths are asked. Its instance ids carry it (``s<depth seed>``)."""
-    import zlib
 
     return zlib.crc32(f"{int(seed)}@{float(depth)!r}".encode("ascii")) & 0x7FFFFFFF
 
@@ -106,7 +107,6 @@ class DataFileNotFoundError(FileNotFoundError, ValueError):
 
 def check_file(path: Any, option: str = "path"):
     """``Path(path)``, raising :class:`DataFileNotFoundError` when it is not an existing file."""
-    from pathlib import Path
 
     p = Path(path)
     if not p.is_file():

@@ -7,6 +7,8 @@ import functools
 import re
 from typing import Callable
 
+from posbias.utils.corpus import load_texts
+
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
 
@@ -24,7 +26,6 @@ def cycled(sentences: tuple[str, ...], count: int) -> list[str]:
 @functools.lru_cache(maxsize=4)
 def corpus_sentences(source: str) -> tuple[str, ...]:
     """All documents of a corpus source (in order, joined by a space), split into sentences."""
-    from posbias.utils.corpus import load_texts
 
     try:
         sents = tuple(split_sentences(" ".join(load_texts(source))))

@@ -204,7 +204,7 @@ def pick_examples(task: str, count: int, n: int, split: str, seed: int, path: Pa
     return [pool[j] for j in rng.permutation(len(pool))[:n]]
 
 
-def _field(rec: dict, name: str, where: str, typ: type | tuple = object):
+def record_field(rec: dict, name: str, where: str, typ: type | tuple = object):
     if name not in rec:
         raise ValueError(f"{where}: missing field {name!r}")
     val = rec[name]
@@ -219,9 +219,9 @@ def load_kv_file(path: str | Path) -> list[dict[str, Any]]:
     out = []
     for no, rec in iter_jsonl_gz(path):
         where = f"{path}:{no}"
-        records = _field(rec, "ordered_kv_records", where, list)
-        key = _field(rec, "key", where, str)
-        value = _field(rec, "value", where, str)
+        records = record_field(rec, "ordered_kv_records", where, list)
+        key = record_field(rec, "key", where, str)
+        value = record_field(rec, "value", where, str)
         pairs = []
         for r in records:
             if not (isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(x, str) for x in r)):
@@ -264,7 +264,7 @@ def make_kv_uuid(*, tokenizer=None, n, depths, seed, split, num_keys=None, path=
     else:
         data = load_kv_file(path)
         path = Path(path)
-        for i, ex in enumerate(pick_examples(task, len(data), n, split, seed, path)):
+        for ex in pick_examples(task, len(data), n, split, seed, path):
             d = data[ex]
             records, gold = d["records"], d["gold"]
             if num_keys is not None and num_keys != len(records):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from posbias.tasks.base import Instance, check_file, check_int, depth_to_index, derive_rng, instance_id, realised_depth
-from posbias.tasks.kv import _field, move, pick_examples
+from posbias.tasks.kv import move, pick_examples, record_field
 from posbias.utils.io import iter_jsonl_gz
 
 QA_PROMPT = (
@@ -33,7 +33,7 @@ def format_docs(docs: list[dict[str, str]]) -> str:
 def _doc(ctx: Any, where: str) -> dict[str, Any]:
     if not isinstance(ctx, dict):
         raise ValueError(f"{where}: ctxs entries must be objects")
-    return {"title": _field(ctx, "title", where, str), "text": _field(ctx, "text", where, str),
+    return {"title": record_field(ctx, "title", where, str), "text": record_field(ctx, "text", where, str),
             "isgold": bool(ctx.get("isgold", False))}
 
 
@@ -43,11 +43,11 @@ def load_qa_file(path: str | Path) -> tuple[str, list[dict[str, Any]]]:
     data = []
     for no, rec in iter_jsonl_gz(path):
         where = f"{path}:{no}"
-        question = _field(rec, "question", where, str)
-        answers = _field(rec, "answers", where, list)
+        question = record_field(rec, "question", where, str)
+        answers = record_field(rec, "answers", where, list)
         if not answers or not all(isinstance(a, str) for a in answers):
             raise ValueError(f"{where}: 'answers' must be a non-empty list of strings")
-        ctxs = _field(rec, "ctxs", where, list)
+        ctxs = record_field(rec, "ctxs", where, list)
         if not ctxs:
             raise ValueError(f"{where}: 'ctxs' is empty")
         data.append({"question": question, "answers": answers,

@@ -6,6 +6,7 @@ from posbias.tasks.chat import apply_chat, prompt_tokens
 from posbias.tasks.fitting import fit_units
 from posbias.tasks.haystack import haystack_units
 from posbias.tasks.kv import random_numbers
+from posbias.tasks.niah import NEEDLE
 
 PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
                  "memorize it. I will quiz you about the important information there.")
@@ -40,7 +41,6 @@ def passkey_document(key: str, units: int, position: int, filler: list[str] | No
 def task_vocabulary_texts(copies: int = 200) -> list[str]:
     """Text of the synthetic tasks (a passkey document, a RULER needle), repeated so that a tokenizer
     trained with it makes their words single tokens (``posbias.training.tokenizer``)."""
-    from posbias.tasks.niah import NEEDLE
 
     return [passkey_document("12345", 4, 2), NEEDLE.format(key="example-key", value="1234567")] * copies
 
@@ -60,11 +60,12 @@ def make_passkey(*, tokenizer=None, n, depths, seed, split, length=1024, digits=
 
     def tokens(key: str, units: int, depth: float) -> int:
         pos = depth_to_index(depth, units + 1)
-        return prompt_tokens(tokenizer, apply_chat(tokenizer, passkey_prompt(key, units, pos, haystack), PASSKEY_PREFIX))
+        return prompt_tokens(tokenizer,
+                             apply_chat(tokenizer, passkey_prompt(key, units, pos, haystack), PASSKEY_PREFIX))
 
     fitted = []
     for key in keys:
-        units = fit_units(lambda u: tokens(key, u, 0.5), length, what="the passkey prompt")
+        units = fit_units(lambda u, key=key: tokens(key, u, 0.5), length, what="the passkey prompt")
         while units > 0 and max(tokens(key, units, d) for d in depths) > length:
             units -= 1
         fitted.append(units)

@@ -4,6 +4,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from posbias.bam import BamConfig
+from posbias.positional import get_scheme
+from posbias.utils.options import refuse_unknown
+
 from .data import check_passkey_haystack
 from .probe import PROBE_TASKS
 
@@ -71,7 +75,6 @@ class TrainConfig:
         self.probe_tasks = split_names(self.probe_tasks)
 
     def validate(self) -> None:
-        from posbias.positional import get_scheme
 
         get_scheme(self.pe)
         if self.probe_every < 0 or self.probe_n < 1:
@@ -144,14 +147,11 @@ def run_label(cfg: TrainConfig) -> str:
 def check_model_overrides(overrides: dict) -> None:
     """Every key must be a :class:`posbias.bam.BamConfig` argument (a Hugging Face config would keep a
     misspelt one as an unused attribute, and the run would train the default silently)."""
-    from posbias.bam import BamConfig
-    from posbias.utils.options import refuse_unknown
 
     refuse_unknown(overrides, BamConfig.defaults(), "model option")
 
 
 def build_bam_config(cfg: TrainConfig, tokenizer):
-    from posbias.bam import BamConfig
 
     n_tok = len(tokenizer)
     overrides = dict(cfg.model_overrides)

@@ -23,14 +23,15 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import torch
+from transformers import AutoTokenizer
 
-from posbias.tasks.haystack import NOISE, split_sentences
-from posbias.utils.corpus import essay_dir
+from posbias.models import loader
 from posbias.tasks.fitting import fit_units
+from posbias.tasks.haystack import NOISE, split_sentences
 from posbias.tasks.kv import random_numbers
 from posbias.tasks.niah import niah_document, random_keys
 from posbias.tasks.passkey import passkey_document
-from posbias.utils.corpus import BUILTIN_CORPORA, load_texts  # noqa: F401  (the one corpus reader)
+from posbias.utils.corpus import BUILTIN_CORPORA, essay_dir, load_texts  # noqa: F401  (the one corpus reader)
 
 PASSKEY_HAYSTACKS = ("noise", "corpus", "mixed")  # the fillers of the synthetic training documents
 
@@ -49,14 +50,12 @@ def paul_graham_dir() -> Path:
 
 def smollm2_tokenizer_dir() -> Path:
     """Folder of the cached SmolLM2-135M-Instruct conversion (created on first use by the loader)."""
-    from posbias.models import loader
 
-    return loader._cached_from_gguf(loader.resolve_spec("smollm2-135m"))
+    return loader.cached_from_gguf(loader.resolve_spec("smollm2-135m"))
 
 
 def load_tokenizer(spec: str | None = None):
     """A Hugging Face tokenizer: ``None`` / ``"smollm2"`` for SmolLM2's, else a folder or hub name."""
-    from transformers import AutoTokenizer
 
     path = smollm2_tokenizer_dir() if spec in (None, "smollm2", "smollm2-135m") else spec
     tok = AutoTokenizer.from_pretrained(str(path))
@@ -83,7 +82,8 @@ class PackedDataset:
         if not 0.0 <= passkey_rate <= 1.0:
             raise ValueError(f"passkey_rate must be in [0, 1], got {passkey_rate}")
         if not 0.0 <= niah_rate <= 1.0 or passkey_rate + niah_rate > 1.0:
-            raise ValueError(f"niah_rate must be in [0, 1 - passkey_rate], got {niah_rate} (passkey_rate {passkey_rate})")
+            raise ValueError(f"niah_rate must be in [0, 1 - passkey_rate], got {niah_rate} (passkey_rate "
+                             f"{passkey_rate})")
         check_passkey_haystack(passkey_haystack)
         check_passkey_haystack(niah_haystack, "niah_haystack")
         self.passkey_haystack, self.niah_haystack = passkey_haystack, niah_haystack
@@ -221,7 +221,8 @@ class PackedDataset:
             tokens = lambda u: len(self.encode(niah_document("word-word", "1234567", u, u // 2))) + 1  # noqa: E731
             units = fit_units(tokens, self.context, what="a NIAH document") if tokens(0) <= self.context else 0
             if units < 1:
-                raise ValueError(f"context {self.context} is too short for NIAH documents (need about {tokens(1)} tokens)")
+                raise ValueError(f"context {self.context} is too short for NIAH documents (need about {tokens(1)} "
+                                 "tokens)")
             self._niah_units = units
         return self._niah_units
 

@@ -16,6 +16,8 @@ chat data of up to 4,608 tokens, one sequence per step, AdamW at lr 1e-4, with t
 """
 from __future__ import annotations
 
+import io
+import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -24,6 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from posbias.utils.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 
@@ -131,7 +134,6 @@ def train_routers(handle, windows: Sequence[torch.Tensor], budget: RouterBudget,
     checkpoint (later log lines are dropped first, so the log equals an uninterrupted run's).
     Returns the budget actually spent: ``{"steps_done", "tokens", "seconds", "stopped_by", ...}``.
     """
-    from tqdm.auto import tqdm
 
     routers = handle.state["routers"]
     if not windows:
@@ -170,7 +172,6 @@ def train_routers(handle, windows: Sequence[torch.Tensor], budget: RouterBudget,
 
 
 def _save_checkpoint(out: Path, routers, opt, step: int, seconds: float) -> None:
-    import io
 
     buf = io.BytesIO()
     torch.save({"routers": routers.state_dict(), "optimizer": opt.state_dict(), "step": step, "seconds": seconds}, buf)
@@ -197,6 +198,5 @@ def _resume(out: Path, routers, opt) -> tuple[int, float]:
 
 
 def _json_line(rec: dict) -> str:
-    import json
 
     return json.dumps(rec) + "\n"

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from posbias.evaluation.scoring import score_token_rows
+from posbias.tasks.niah import niah_document
+
 
 @dataclass
 class ProbeDoc:
@@ -53,7 +56,6 @@ def passkey_probe_docs(ds, n: int, *, seed: int = 1234) -> list[ProbeDoc]:
 def niah_probe_docs(ds, n: int, *, seed: int = 1234) -> list[ProbeDoc]:
     """``n`` single-needle NIAH documents of the dataset's format and length (fixed by ``seed``);
     the span is the needle's 7-digit value."""
-    from posbias.tasks.niah import niah_document
 
     rng = np.random.default_rng([seed, 98])
     docs = []
@@ -86,7 +88,6 @@ def passkey_probe(model, docs: list[ProbeDoc]) -> dict:
 @torch.no_grad()
 def _score_spans(model, docs: list[ProbeDoc]) -> tuple[float | None, float | None]:
     """Teacher-forced over each document's span: (fraction exact, mean summed log-prob); None, None for no docs."""
-    from posbias.evaluation.scoring import score_token_rows
 
     was_training = model.training
     model.eval()

@@ -16,6 +16,11 @@ import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from posbias.tasks.passkey import task_vocabulary_texts
+
 SPEC = re.compile(r"^bpe[:-](\d+)$")
 MIN_VOCAB = 300  # 256 bytes + special tokens + a few merges
 EOS, PAD = "<|endoftext|>", "<|pad|>"
@@ -42,8 +47,6 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Pa
     BOS; PAD ``<|pad|>``). ``extra_texts`` (e.g. the passkey filler) are added to the training
     text so that text the evaluation uses is tokenized compactly. Deterministic for the same input.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     if vocab_size < MIN_VOCAB:
         raise ValueError(f"vocab_size must be >= {MIN_VOCAB}, got {vocab_size}")
@@ -86,6 +89,5 @@ def synthetic_task_texts(copies: int = 200) -> list[str]:
     """The synthetic tasks' text (:func:`posbias.tasks.passkey.task_vocabulary_texts`): a BAM study
     trains on passkey documents and evaluates on them, and a compact filler lets the training
     context hold more of it."""
-    from posbias.tasks.passkey import task_vocabulary_texts
 
     return task_vocabulary_texts(copies)

@@ -2,7 +2,8 @@
 
 The schedule and optimizer (:mod:`.schedule`), gradient clipping, bf16 autocast on CUDA, DDP under
 torchrun, atomic checkpoints read without pickle (:mod:`.checkpoint`: model, optimizer, scheduler,
-RNG, step = data position), the metrics log (:mod:`.step_log`) and an exact ``resume``: a run killed after a checkpoint and resumed ends with the same weights as an
+RNG, step = data position), the metrics log (:mod:`.step_log`) and an exact ``resume``: a run killed after a checkpoint
+and resumed ends with the same weights as an
 uninterrupted one. Writes ``config.json``, ``metrics.jsonl``, ``checkpoint.pt`` and the final
 model (``save_pretrained``) under ``out/final``.
 """
@@ -17,7 +18,10 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
 
+from posbias.bam import BamForCausalLM
 from posbias.utils.io import append_jsonl, atomic_write_text, read_jsonl
 from posbias.utils.run_folder import prepare_run_dir
 
@@ -60,7 +64,6 @@ def train(config: TrainConfig | dict, *, tokenizer=None,
 
 def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
     """Setup, resume, the step loop (log, probe, checkpoint), the final model."""
-    from tqdm.auto import tqdm
 
     out, tokenizer, ds, probes, bam_cfg = _setup(cfg, info, tokenizer)
     model, optimizer, scheduler = _build(cfg, info, bam_cfg)
@@ -90,11 +93,13 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
             if probes:
                 probe = run_probes(model, probes)
                 append_jsonl(out / "metrics.jsonl", {"step": done, **probe})
-                streak = streak + 1 if cfg.probe_target and probe_reached(probe, cfg.probe_target, cfg.probe_task_names) else 0
+                streak = streak + 1 if cfg.probe_target and probe_reached(probe, cfg.probe_target,
+                                                                          cfg.probe_task_names) else 0
             reached = bool(cfg.probe_target) and mean_across(float(streak >= cfg.probe_patience), info) > 0
             if reached and info.is_main:
                 append_jsonl(out / "metrics.jsonl", {"step": done, "stopped_by": "probe_target",
-                                                     "probe_target": cfg.probe_target, "tokens": done * log.tokens_per_step})
+                                                     "probe_target": cfg.probe_target,
+                                                     "tokens": done * log.tokens_per_step})
         bar.update(1)
         if done % cfg.checkpoint_every == 0 or done == end or reached:
             if info.is_main:
@@ -103,7 +108,8 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
             barrier(info)
     bar.close()
     if not reached and start < end == last < cfg.steps and info.is_main:
-        append_jsonl(out / "metrics.jsonl", {"step": end, "stopped_by": "final_step", "tokens": end * log.tokens_per_step})
+        append_jsonl(out / "metrics.jsonl",
+                     {"step": end, "stopped_by": "final_step", "tokens": end * log.tokens_per_step})
     return _save_final(out, model, tokenizer, info) if reached or end >= last else out
 
 
@@ -135,7 +141,6 @@ def _setup(cfg: TrainConfig, info: DistInfo, tokenizer):
 
 def _build(cfg: TrainConfig, info: DistInfo, bam_cfg):
     """Seeded model, optimizer and the learning-rate scheduler of ``cfg.schedule``."""
-    from posbias.bam import BamForCausalLM
 
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -161,14 +166,13 @@ def _resume(cfg: TrainConfig, info: DistInfo, out: Path, model, optimizer, sched
             atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
         return start
     if cfg.resume and info.is_main:
-        warnings.warn(f"resume=True: no checkpoint in {out}, starting from step 0")
+        warnings.warn(f"resume=True: no checkpoint in {out}, starting from step 0", stacklevel=2)
     return 0
 
 
 def _wrap_ddp(model, info: DistInfo):
     if not info.distributed:
         return model
-    from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
 

@@ -8,11 +8,15 @@ line (from a kill mid-write) is ignored on reading.
 """
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import json
 import os
 import platform
 import sys
 import tempfile
+import zlib
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,7 +37,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -53,13 +57,12 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
     if isinstance(o, Path):
         return str(o)
     if hasattr(o, "tolist"):
         return o.tolist()
     if hasattr(o, "__dataclass_fields__"):
-        import dataclasses
 
         return dataclasses.asdict(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
@@ -75,7 +78,7 @@ def append_jsonl(path: str | Path, record: dict) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(record, default=_json_default) + "\n").encode("utf-8")
+    line = (json.dumps(record, default=json_default) + "\n").encode("utf-8")
     with open(path, "a+b") as f:
         size = f.seek(0, os.SEEK_END)
         if size:
@@ -169,7 +172,6 @@ def versions() -> dict[str, str]:
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
     for name in ("posbias", "torch", "transformers", "numpy", "accelerate", "gguf"):
         try:
-            from importlib.metadata import version
 
             out[name] = version(name)
         except Exception:
@@ -210,8 +212,6 @@ def iter_jsonl_gz(path: str | Path) -> Iterator[tuple[int, dict]]:
     :data:`MAX_LINE_CHARS`, JSON nested too deeply, a truncated or invalid gzip file and text that is
     not UTF-8.
     """
-    import gzip
-    import zlib
 
     path = Path(path)
     if not path.exists():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import sys
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc <malloc.h>
 SETTINGS = ((M_MMAP_THRESHOLD, 32 << 20), (M_TOP_PAD, 512 << 20), (M_TRIM_THRESHOLD, (1 << 31) - 1))
@@ -59,8 +60,7 @@ def peak_rss_mb() -> float:
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    import resource
-    import sys
+    import resource  # noqa: PLC0415 (Unix only: off Linux, and Windows has none)
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KB elsewhere

@@ -7,8 +7,10 @@ list-valued options given as strings or lists (method options from the command l
 look (:func:`parse_value`)."""
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
+import numbers
 import sys
 import types
 import typing
@@ -170,7 +172,6 @@ def as_list(value, cast=float, name: str = "option") -> list | None:
 
 def check_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> int:
     """Validate an integer option (bools, strings and floats with a fraction are rejected)."""
-    import numbers
 
     if (isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value
             or value in (float("inf"), float("-inf")) or int(value) != value):
@@ -186,7 +187,6 @@ def check_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = 
 def refuse_unknown(given, known, what: str) -> None:
     """A :class:`ValueError` naming every name of ``given`` that is not in ``known`` (``what``: "model
     option", ...), the closest known name for each, and the known ones; nothing when all are known."""
-    import difflib
 
     unknown = sorted(set(given) - set(known))
     if not unknown:

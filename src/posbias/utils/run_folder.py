@@ -11,7 +11,8 @@ Every command that writes into ``--out`` goes through :func:`open_run`, which on
   ``config.json`` that is not valid JSON, or files without any run config.
 
 The returned :class:`RunFolder` writes ``config.json`` (``kind``, settings, library versions,
-the git commit of the posbias checkout (:func:`git_commit`), command line) only when :meth:`RunFolder.commit` is called, which a run does just before it
+the git commit of the posbias checkout (:func:`git_commit`), command line) only when :meth:`RunFolder.commit` is
+called, which a run does just before it
 writes its first result; a run rejected while validating its input therefore leaves nothing
 behind and never claims the folder. A folder that a run opens (existing) or commits (new) is held by
 that process until it ends (:mod:`posbias.utils.folder_lock`): a second command pointed at it while the
@@ -279,6 +280,6 @@ def _describe(kind: str) -> str:
 
 def _roundtrip(v: Any) -> Any:
     """``v`` as it reads back from JSON (tuples become lists, paths strings)."""
-    from posbias.utils.io import _json_default
+    from posbias.utils.io import json_default
 
-    return json.loads(json.dumps(v, default=_json_default))
+    return json.loads(json.dumps(v, default=json_default))

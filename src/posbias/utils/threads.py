@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 THREADS_ENV = "POSBIAS_THREADS"  # the --threads budget, read by spawned workers too
 NO_HINT_ENV = "POSBIAS_NO_LOAD_HINT"  # set to silence the busy-core warning (the tests do)
 LOADAVG = "/proc/loadavg"
@@ -66,7 +68,6 @@ def apply_threads(threads: int | None) -> str | None:
         hint = busy_core_hint(threads or thread_budget(), cpu_cores(), busy, load)
     if threads is not None:
         os.environ[THREADS_ENV] = str(threads)
-        import torch
 
         torch.set_num_threads(threads)
     return hint

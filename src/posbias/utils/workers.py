@@ -4,15 +4,19 @@ machine, each see one GPU of their own (``CUDA_VISIBLE_DEVICES``, :func:`gpu_slo
 search's ``--workers`` and the study's ``--train-workers``."""
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
+
+import torch
+
+from posbias.utils.threads import thread_budget
 
 
 def threads_per_worker(workers: int) -> int:
     """Torch threads per worker (at least 1): the command's thread budget (``posbias --threads``,
     ``OMP_NUM_THREADS``, else one per core) split evenly."""
-    from posbias.utils.threads import thread_budget
 
     return max(1, thread_budget() // max(1, workers))
 
@@ -20,7 +24,6 @@ def threads_per_worker(workers: int) -> int:
 def gpu_slots(workers: int) -> list[str] | None:
     """The GPU each of ``workers`` workers sees alone (a ``CUDA_VISIBLE_DEVICES`` value): the visible
     GPUs in turn (worker ``i`` gets GPU ``i mod count``); None on a machine without CUDA."""
-    import torch
 
     if not torch.cuda.is_available():
         return None
@@ -33,12 +36,7 @@ def gpu_slots(workers: int) -> list[str] | None:
 def _init(threads: int, initializer: Callable | None, initargs: tuple, gpus=None) -> None:
     if gpus is not None:  # before anything in this process initialises CUDA
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus.get(timeout=600)
-    try:
-        import torch
-
-        torch.set_num_threads(threads)
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+    torch.set_num_threads(threads)
     if initializer is not None:
         initializer(*initargs)
 
@@ -49,7 +47,6 @@ def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tupl
     ``cpu_count // workers`` torch threads and, given ``gpus`` (one ``CUDA_VISIBLE_DEVICES`` value per
     worker, :func:`gpu_slots`), its own GPU as ``cuda:0``; then ``initializer(*initargs)`` (which must
     be picklable)."""
-    import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     slots = None

@@ -27,31 +27,51 @@ configuration reproduces the model bit for bit), else ``kv - 1``.
 from __future__ import annotations
 
 import copy
+import sys
 import weakref
 from typing import Callable
 
 import torch
+from transformers import AttentionInterface
 
 from posbias.architecture.layers import get_decoder_layers
+from posbias.architecture.rope_layout import rope_layout
 
 ATTN_NAME = "posbias_rope_override"
 
 
+class _Route:
+    """Where a patched attention module's attention goes: ``fn`` (the method's) and ``native`` (the
+    module's own attention function, which ``fn`` may call)."""
+
+    def __init__(self, fn: Callable, native: Callable):
+        self.fn, self.native = fn, native
+
+
+# Registries keyed by the patched attention module (entries vanish with the module). A route is held
+# weakly: the patched module's ``forward`` keeps it alive, so a removed patch leaves nothing behind.
+_ROUTES: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref] = weakref.WeakKeyDictionary()
+# the KV cache of each module's current forward call: a weak reference, or None without a cache
+_CACHES: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref | None] = weakref.WeakKeyDictionary()
+
+
+def _route_of(module) -> _Route | None:
+    ref = _ROUTES.get(module)
+    return None if ref is None else ref()
+
+
 def _dispatch(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    patched = module.__dict__.get("_posbias_attention")
-    if patched is None:  # pragma: no cover - only reachable if a patch was half-removed
+    route = _route_of(module)
+    if route is None:  # pragma: no cover - only reachable if a patch was half-removed
         raise RuntimeError(f"{ATTN_NAME} called on a module that is not patched by posbias.methods")
-    fn, native = patched
-    return fn(module, query, key, value, attention_mask, scaling=scaling, native=native, **kwargs)
+    return route.fn(module, query, key, value, attention_mask, scaling=scaling, native=route.native, **kwargs)
 
 
 def native_attention(module, implementation: str) -> Callable:
     """The attention function ``module`` calls unpatched under ``implementation``, chosen as the
     modeling code chooses it: its modeling file's ``eager_attention_forward`` for ``eager``, else
     transformers' registered function (``sdpa``, flash attention, ...)."""
-    import sys
 
-    from transformers import AttentionInterface
 
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
     if eager is None:
@@ -84,7 +104,6 @@ def attend_as_model(native: Callable, module, query: torch.Tensor, key: torch.Te
 
 
 def _ensure_registered() -> None:
-    from transformers import AttentionInterface
 
     AttentionInterface.register(ATTN_NAME, _dispatch)
 
@@ -95,7 +114,6 @@ def check_self_rotating(model, layers, what: str):
     """The :class:`~posbias.architecture.rope_layout.RopeLayout` of a model whose ``layers`` a method
     re-implements attention for; ``ValueError`` (one line) for a layout or feature it cannot reproduce:
     interleaved or partial rotary, or attention-logit soft-capping (Gemma 2), which SDPA lacks."""
-    from posbias.architecture.rope_layout import rope_layout
 
     layout = rope_layout(model)
     layout.require_rotate_half(what, layers)
@@ -141,8 +159,8 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """(B, KV, L, d) -> (B, KV * n_rep, L, d); query head h uses key head h // n_rep (HF layout)."""
     if n_rep == 1:
         return x
-    b, kv, l, d = x.shape
-    return x[:, :, None].expand(b, kv, n_rep, l, d).reshape(b, kv * n_rep, l, d)
+    b, kv, length, d = x.shape
+    return x[:, :, None].expand(b, kv, n_rep, length, d).reshape(b, kv * n_rep, length, d)
 
 
 def query_key_positions(query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None):
@@ -212,7 +230,8 @@ class RotatedKeyCache:
         if prev is not None and q_len < kv and cache is not None:
             rot, seen, owner = prev
             n = seen.shape[2]
-            if owner() is cache and n == kv - q_len and seen.shape[:2] == key.shape[:2] and torch.equal(seen, key[:, :, :n]):
+            if (owner() is cache and n == kv - q_len and seen.shape[:2] == key.shape[:2]
+                    and torch.equal(seen, key[:, :, :n])):
                 start = n
                 self.reused += 1
         new = rotate_from(start)
@@ -259,7 +278,7 @@ class RopeAttentionPatch:
         try:
             for i in layer_indices:
                 attn = self.layers[i].self_attn
-                if "_posbias_attention" in attn.__dict__:
+                if _route_of(attn) is not None:
                     raise ValueError(f"layer {i} attention is already patched by another posbias method; "
                                      "remove that handle first")
                 native = native_attention(attn, attn.config._attn_implementation)
@@ -267,8 +286,9 @@ class RopeAttentionPatch:
                 cfg = copy.copy(attn.config)
                 cfg.__dict__["_attn_implementation_internal"] = ATTN_NAME
                 attn.config = cfg
-                attn.__dict__["_posbias_attention"] = (attention_fn, native)
-                attn.forward = _identity_rope_forward(attn)
+                route = _Route(attention_fn, native)
+                _ROUTES[attn] = weakref.ref(route)
+                attn.forward = _identity_rope_forward(attn, route)
         except Exception:
             self.remove()
             raise
@@ -276,8 +296,8 @@ class RopeAttentionPatch:
     def remove(self) -> None:
         for attn, cfg in reversed(self._saved):
             attn.config = cfg
-            attn.__dict__.pop("_posbias_attention", None)
-            attn.__dict__.pop("_posbias_cache", None)
+            _ROUTES.pop(attn, None)
+            _CACHES.pop(attn, None)
             attn.__dict__.pop("forward", None)
         self._saved = []
 
@@ -287,7 +307,7 @@ CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")  # its name across
 
 def module_cache(module) -> object | None:
     """The KV cache object of ``module``'s current forward call (None without a cache)."""
-    ref = module.__dict__.get("_posbias_cache")
+    ref = _CACHES.get(module)
     return None if ref is None else ref()
 
 
@@ -296,12 +316,13 @@ def _remember_cache(attn, args, kwargs) -> None:
     if cache is None and len(args) > 3:
         cache = args[3]
     try:
-        attn.__dict__["_posbias_cache"] = None if cache is None else weakref.ref(cache)
+        _CACHES[attn] = None if cache is None else weakref.ref(cache)
     except TypeError:  # an object without weak references: never reuse rotated keys
-        attn.__dict__["_posbias_cache"] = None
+        _CACHES[attn] = None
 
 
-def _identity_rope_forward(attn: torch.nn.Module):
+def _identity_rope_forward(attn: torch.nn.Module, route: _Route):
+    """``attn``'s forward with identity RoPE (cos 1, sin 0); it holds ``route`` for as long as the patch."""
     orig = type(attn).forward.__get__(attn)
 
     def forward(*args, **kwargs):
@@ -314,4 +335,5 @@ def _identity_rope_forward(attn: torch.nn.Module):
             args = (args[0], (torch.ones_like(cos), torch.zeros_like(sin)), *args[2:])
         return orig(*args, **kwargs)
 
+    forward.route = route  # the patched module holds its forward, and with it the route
     return forward
