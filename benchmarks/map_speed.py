@@ -45,9 +45,8 @@ def time_map(cfg, loaded) -> dict:
 
 def compare_prefills(cfg, loaded, lengths, reps: int) -> dict:
     """Shared prefill vs one prompt per question on the same questions (best of ``reps``)."""
-    from posbias.evaluation.bias_map import grid_instances, map_lengths, prefills_of, question_groups, score_group
-
     from posbias.evaluation.batching import model_max_positions
+    from posbias.evaluation.bias_map import grid_instances, map_lengths, prefills_of, question_groups, score_group
 
     model, tok = loaded
     grid = map_lengths(cfg, model_max_positions(model))

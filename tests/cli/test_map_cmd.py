@@ -1,8 +1,8 @@
 """``posbias map`` from the command line: output, the heatmap path, and bad input as one line."""
 import pytest
+from conftest import save_tiny_folder
 from typer.testing import CliRunner
 
-from conftest import save_tiny_folder
 from posbias.cli.main import app
 
 runner = CliRunner()

@@ -1,9 +1,9 @@
 """``posbias positional-dims`` on a tiny model folder: the JSON, the table, and bad input."""
 import json
 
+from conftest import save_tiny_folder
 from typer.testing import CliRunner
 
-from conftest import save_tiny_folder
 from posbias.cli.main import app
 
 runner = CliRunner()

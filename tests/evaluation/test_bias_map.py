@@ -4,10 +4,21 @@ import math
 
 import numpy as np
 import pytest
-
 from conftest import make_tiny_model, make_tiny_tokenizer
-from posbias.evaluation.bias_map import (DEFAULT_LENGTHS, Length, MapConfig, fit_kv_keys, grid_instances, map_lengths,
-                                         parse_length, question_groups, record_key, run_map, score_group)
+
+from posbias.evaluation.bias_map import (
+    DEFAULT_LENGTHS,
+    Length,
+    MapConfig,
+    fit_kv_keys,
+    grid_instances,
+    map_lengths,
+    parse_length,
+    question_groups,
+    record_key,
+    run_map,
+    score_group,
+)
 from posbias.utils.io import read_jsonl
 
 LENGTHS = ["96", "160"]

@@ -45,6 +45,7 @@ def test_failure_summary_counts_and_offsets():
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_generation_from_one_context_prefill_equals_one_prompt_per_question(arch, tiny_tokenizer):
     from conftest import make_tiny_model
+
     from posbias.evaluation.generation import greedy_generate
     from posbias.evaluation.map_failures import generate_from_context
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import make_tiny_model
+
 from posbias.methods.positional_dims import mean_hidden_states, rank_dimensions, savgol_smooth
 
 

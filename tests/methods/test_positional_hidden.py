@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import left_padded_batch, make_tiny_model, make_variant_model
+
 from posbias.evaluation.scoring import prompt_dependent
 from posbias.methods import apply_method
 from posbias.methods.positional_hidden import HiddenScaleConfig, PositionalHiddenScaling, reference_band

@@ -5,8 +5,8 @@ import copy
 
 import pytest
 import torch
-
 from conftest import left_padded_batch, make_tiny_model, make_variant_model
+
 from posbias.methods import apply_method
 from posbias.patching.rope_scaling import save_factors_file
 

@@ -5,8 +5,8 @@ import json
 import math
 
 import pytest
-
 from conftest import make_tiny_model
+
 from posbias.search.fitness import TeacherForcedFitness
 from posbias.tasks.kv import make_kv
 

@@ -109,6 +109,7 @@ def test_tune_positional_hidden_and_temperature(tiny_folder, tmp_path):
     assert len([x for x in rows if x["method"] == "temperature"]) == len(DEFAULT_GRIDS["temperature"])
     best = json.loads((out / "best_settings.json").read_text())
     from conftest import make_tiny_model
+
     from posbias.methods import apply_method
 
     for m in ("positional-hidden", "temperature"):

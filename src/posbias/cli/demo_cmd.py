@@ -39,11 +39,10 @@ def demo_command(
 
 def map_demo(*, out: str, model: str, n: int, seed: int, load) -> None:
     """The map of ``model`` on word-key KV at 256 / 512 / 1,024 tokens, 5 depths, ``none`` and ``pi``."""
-    from posbias.utils.run_folder import out_path
-
     from posbias.cli.map_cmd import map_config
     from posbias.evaluation.bias_map import run_map
     from posbias.evaluation.map_plots import heatmap_path
+    from posbias.utils.run_folder import out_path
 
     start = time.time()
     cfg = map_config(model=model, out=out, task=None, data=None, lengths=DEMO_LENGTHS, depths=DEMO_DEPTHS,

@@ -68,8 +68,14 @@ from typing import Sequence
 import torch
 
 from posbias.architecture.layers import get_decoder_layers
-from posbias.methods.registry import (PROMPT_DEPENDENT_ATTR, MethodHandle, as_bool, as_layer_indices, as_list,
-                                      register_method)
+from posbias.methods.registry import (
+    PROMPT_DEPENDENT_ATTR,
+    MethodHandle,
+    as_bool,
+    as_layer_indices,
+    as_list,
+    register_method,
+)
 from posbias.utils.options import check_int
 
 #: the reference band, layers 10..25 of a 32-layer model, as fractions of depth
