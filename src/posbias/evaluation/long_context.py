@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions, pad_id_of
 from posbias.evaluation.generation import greedy_continue, greedy_generate
@@ -44,6 +43,7 @@ from posbias.tasks import make_instances
 from posbias.tasks.base import depth_seed
 from posbias.utils.io import append_jsonl, read_jsonl
 from posbias.utils.memory import peak_rss_mb, reset_peak_rss
+from posbias.utils.progress import progress_bar
 
 MODES = (TEACHER_FORCED, GENERATE)
 
@@ -197,7 +197,7 @@ def run_grid(model, tokenizer, spec: GridSpec, *, model_name: str, out_jsonl: st
     resumed = min(total, sum(1 for key in done if key[2] in lengths))  # this call's lengths only
     # ``initial=`` (not a later ``update``, which tqdm does not draw within its refresh interval)
     # so a resumed run shows what it already holds from the first line
-    bar = tqdm(total=total, initial=resumed, desc=f"{model_name} {task}", unit="inst", disable=not progress)
+    bar = progress_bar(total, initial=resumed, desc=f"{model_name} {task}", unit="inst", enabled=progress)
     try:
         for length in lengths:
             bs = 1 if shared else max(1, min(batch_size, token_budget // max(1, length)))

@@ -29,7 +29,8 @@ import math
 from typing import Literal
 
 import torch
-from tqdm.auto import tqdm
+
+from posbias.utils.progress import progress_bar
 
 Mode = Literal["non-overlapping", "sliding"]
 _LOSS_CHUNK = 2048  # positions per float32 log-softmax slice
@@ -136,8 +137,7 @@ def perplexity(model, token_ids, *, context: int, mode: Mode = "non-overlapping"
         groups.setdefault((end - begin, n_scored), []).append(begin)
     bar = None
     if progress:
-
-        bar = tqdm(total=len(wins), desc=f"ppl {mode} @{context}", leave=False)
+        bar = progress_bar(len(wins), desc=f"ppl {mode} @{context}", leave=False)
     try:
         for (length, n_scored), begins in groups.items():
             for i in range(0, len(begins), max(1, batch_size)):

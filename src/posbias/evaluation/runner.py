@@ -13,8 +13,6 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tqdm.auto import tqdm
-
 from posbias.evaluation.batching import encode, model_max_positions
 from posbias.evaluation.generation import greedy_generate
 from posbias.evaluation.metrics import score
@@ -24,6 +22,7 @@ from posbias.evaluation.stats import accuracy_by_depth, format_table
 from posbias.evaluation.teacher_forced import score_teacher_forced
 from posbias.tasks.base import Instance, check_int
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl
+from posbias.utils.progress import progress_bar
 from posbias.utils.run_folder import announce_resume
 
 MODES = (TEACHER_FORCED, GENERATE, "both")
@@ -108,8 +107,8 @@ def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *
     if todo:
         check_fits(model, tokenizer, todo, chat, max_new_tokens if mode != "teacher-forced" else 0)
     start = time.time()
-    bar = tqdm(total=len(instances), initial=len(instances) - len(todo), desc=label or "eval", unit="inst",
-               disable=not progress)
+    bar = progress_bar(len(instances), initial=len(instances) - len(todo), desc=label or "eval", unit="inst",
+                       enabled=progress)
     for pos in range(0, len(todo), batch_size):
         chunk = todo[pos:pos + batch_size]
         records = score_chunk(model, tokenizer, chunk, mode=mode, batch_size=batch_size, chat=chat,

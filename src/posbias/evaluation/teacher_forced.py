@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from tqdm.auto import tqdm
-
 from posbias.evaluation.batching import encode, length_sorted_batches, model_max_positions, pad_id_of
 from posbias.evaluation.scoring import (  # noqa: F401
     Continuation,
@@ -24,6 +22,7 @@ from posbias.evaluation.scoring import (  # noqa: F401
     score_token_rows,
 )
 from posbias.tasks.base import Instance
+from posbias.utils.progress import progress_bar
 
 
 def score_batch(model, batch, pad_id: int) -> list[dict]:
@@ -47,7 +46,7 @@ def score_teacher_forced(model, tokenizer, instances: Sequence[Instance], *, bat
     encoded = [encode(tokenizer, inst, chat, limit) for inst in instances]
     pad_id = pad_id_of(tokenizer)
     by_id: dict[str, dict] = {}
-    bar = tqdm(total=len(encoded), desc="teacher-forced", unit="inst", disable=not progress, leave=False)
+    bar = progress_bar(len(encoded), desc="teacher-forced", unit="inst", enabled=progress, leave=False)
     for batch in length_sorted_batches(encoded, batch_size):
         for r in score_batch(model, batch, pad_id):
             by_id[r["id"]] = r

@@ -6,7 +6,7 @@ RoPE bases, logits mixed), ``moice`` (per-head/token router over RoPE bases), ``
 (scale positional hidden dimensions for the last tokens), ``temperature`` (per-layer attention-logit scale).
 """
 # The built-in methods register themselves when imported (the registry imports none of them).
-from posbias.methods import attention_buckets, lpes, moice, ms_poe, pi, positional_hidden, temperature  # noqa: F401,E402  # noqa: F401,E402
+from posbias.methods import attention_buckets, lpes, moice, ms_poe, pi, positional_hidden, temperature  # noqa: F401,E402
 from posbias.methods.registry import (
     METHODS,
     MethodHandle,

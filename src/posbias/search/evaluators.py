@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from tqdm.auto import tqdm
-
 from posbias.search.fitness import FitnessResult
+from posbias.utils.progress import progress_iter
 from posbias.utils.workers import spawn_pool
 
 __all__ = ["SerialEvaluator", "PoolEvaluator", "RayEvaluator"]
@@ -23,10 +22,10 @@ class SerialEvaluator:
 
     def evaluate(self, jobs: list[tuple[list[float], float | None, FitnessResult | None]]) -> list[FitnessResult]:
 
-        # a progress bar over the generation's individuals, also when stderr is a log file (a
-        # nohup'd search would otherwise print nothing for a whole generation)
+        # progress over the generation's individuals (in a log file: a line per 10%, so a nohup'd
+        # search says something during a generation without redrawing a bar into the file)
         return [self.fitness.score(f, threshold=t, partial=p)
-                for f, t, p in tqdm(jobs, desc="individuals", unit="ind", leave=False, disable=False)]
+                for f, t, p in progress_iter(jobs, desc="individuals", unit="ind", leave=False)]
 
     def close(self) -> None:
         pass

@@ -40,7 +40,7 @@ __all__ = ["PRESETS", "GAResult", "SearchConfig", "SearchResult", "run_ga", "run
            "RayEvaluator",
            "plot_factors", "plot_fitness"]
 
-# Sized for 2 CPU cores with SmolLM2-135M (~0.9 s per 380-token forward: kv, 30 keys).
+# quick / standard: measured on a 2-core x86 CPU with SmolLM2-135M (~0.9 s per 380-token forward: kv, 30 keys).
 # quick: <= 6 + 4 + 4 = 14 individuals x 24 instances (~5 min); standard: <= 8 + 4 x 6 = 32
 # individuals x 36 instances (~25 min, less with memoisation and pruning);
 # paper: the paper's 200 search instances and ~12 generations (a GPU).

@@ -26,9 +26,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from posbias.utils.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
+from posbias.utils.progress import progress_bar
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -143,7 +143,7 @@ def train_routers(handle, windows: Sequence[torch.Tensor], budget: RouterBudget,
     out = Path(out) if out is not None else None
     step, elapsed = _resume(out, routers, opt) if out is not None else (0, 0.0)
     stopped_by = "steps"
-    bar = tqdm(total=budget.steps, initial=step, desc="moice routers", unit="step", disable=not progress)
+    bar = progress_bar(budget.steps, initial=step, desc="moice routers", unit="step", enabled=progress)
     start = time.perf_counter() - elapsed
     with _Frozen(handle):
         while step < budget.steps:

@@ -19,10 +19,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
 
 from posbias.bam import BamForCausalLM
 from posbias.utils.io import append_jsonl, atomic_write_text, read_jsonl
+from posbias.utils.progress import progress_bar
 from posbias.utils.run_folder import prepare_run_dir
 
 from .checkpoint import CHECKPOINT, load_checkpoint, resume_check_keys, save_checkpoint, set_rng_state
@@ -76,8 +76,8 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
         if cfg.probe_target else 0
     # a run that already stopped at its target stays stopped (main reads the log; every rank agrees)
     reached = bool(cfg.probe_target) and mean_across(float(streak >= cfg.probe_patience), info) > 0
-    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {run_label(cfg)}",
-               disable=not (cfg.progress and info.is_main), dynamic_ncols=True)
+    bar = progress_bar(cfg.steps, initial=start, desc=f"train {run_label(cfg)}",
+                       enabled=cfg.progress and info.is_main, dynamic_ncols=True)
     for step in range(start, end):
         if reached:
             break
