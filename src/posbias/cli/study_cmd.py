@@ -2,6 +2,7 @@
 (passkey / NIAH over lengths x depths, perplexity in both modes). See ``posbias.study.runner``."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -120,7 +121,14 @@ def study_command(
     cfg.resume = check_training_run(cfg, "study", settings, study_check_keys(out_path(cfg.out)),
                                     upgrade=upgrade_settings)
     result = run_study(cfg)
-    typer.echo(open(result["summary"], encoding="utf-8").read())
+    typer.echo(summary_head(Path(result["summary"])))
+
+
+def summary_head(path: Path, lines: int = 30) -> str:
+    """The start of a study's ``summary.md`` (its first tables) and where the whole of it is."""
+    text = path.read_text(encoding="utf-8").splitlines()
+    more = f"\n... ({len(text) - lines} more lines)" if len(text) > lines else ""
+    return "\n".join(text[:lines]) + more + f"\nsummary: {path}"
 
 
 def study_seeds_command(
