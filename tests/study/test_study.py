@@ -95,8 +95,8 @@ def test_run_grid_records_resume_and_summary(tmp_path, monkeypatch, tiny_tokeniz
     bar_kwargs = {}
 
     class Bar:  # records how the progress bar is opened: a resumed run starts it at what it holds
-        def __init__(self, **k):
-            bar_kwargs.update(k)
+        def __init__(self, total, **k):
+            bar_kwargs.update(k, total=total)
 
         def update(self, n):
             bar_kwargs["updated"] = bar_kwargs.get("updated", 0) + n
@@ -104,7 +104,7 @@ def test_run_grid_records_resume_and_summary(tmp_path, monkeypatch, tiny_tokeniz
         def close(self):
             pass
 
-    monkeypatch.setattr(lc, "tqdm", Bar)
+    monkeypatch.setattr(lc, "progress_bar", Bar)
     recs2 = lc.run_grid(model, tiny_tokenizer, spec, **kw)
     assert sum(calls) == 3 and len(recs2) == 8
     assert (bar_kwargs["initial"], bar_kwargs["total"], bar_kwargs["updated"]) == (5, 8, 3)
