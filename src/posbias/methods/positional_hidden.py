@@ -49,7 +49,7 @@ q / k norms and sliding layers, Mistral, Qwen3):
   what greedy decoding sees).
 
 Where the scaled rows are depends on where the prompt ends, so the model is marked prompt-dependent
-(:data:`posbias.methods.registry.PROMPT_DEPENDENT_ATTR`): scorers prefill each prompt alone and feed
+(:func:`posbias.methods.registry.mark_prompt_dependent`): scorers prefill each prompt alone and feed
 its answer through the cache, and a shared-context scorer falls back to one prompt per question
 (``handle.shared_prefill`` is false). As in the reference, generation *without* a cache recomputes
 only the last ``R`` rows of each re-run, so it differs from cached generation after the first
@@ -69,11 +69,11 @@ import torch
 
 from posbias.architecture.layers import get_decoder_layers
 from posbias.methods.registry import (
-    PROMPT_DEPENDENT_ATTR,
     MethodHandle,
     as_bool,
     as_layer_indices,
     as_list,
+    mark_prompt_dependent,
     register_method,
 )
 from posbias.utils.options import check_int
@@ -282,11 +282,11 @@ def apply_positional_hidden(model, dims: Sequence[int] | None = None, layers: Se
     if cfg.identity:
         return MethodHandle("positional-hidden", model, options=opts)
     state = PositionalHiddenScaling(model, cfg)
-    setattr(model, PROMPT_DEPENDENT_ATTR, True)
+    mark_prompt_dependent(model)
 
     def remove():
         state.remove()
-        model.__dict__.pop(PROMPT_DEPENDENT_ATTR, None)
+        mark_prompt_dependent(model, False)
 
     return MethodHandle("positional-hidden", model, remove_fn=remove, options=opts, state={"scaling": state},
                         shared_prefill=False)
