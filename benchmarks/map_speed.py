@@ -47,7 +47,6 @@ def load_average() -> list[float]:
 def time_map(cfg, loaded) -> dict:
     """Run the map ``cfg`` (a fresh folder, checked by :func:`main`) and return its wall time, prefills
     and questions."""
-
     start = time.perf_counter()
     summary = run_map(cfg, loaded, log=print)
     seconds = time.perf_counter() - start
@@ -59,7 +58,6 @@ def time_map(cfg, loaded) -> dict:
 
 def compare_prefills(cfg, loaded, lengths, reps: int) -> dict:
     """Shared prefill vs one prompt per question on the same questions (best of ``reps``)."""
-
     model, tok = loaded
     grid = map_lengths(cfg, model_max_positions(model))
     chosen = [x for x in grid if x.spec in lengths or str(x.tokens) in lengths] or grid[:1]

@@ -141,7 +141,6 @@ def map_lengths(cfg: MapConfig, window: int) -> list[Length]:
 
 def check_map(cfg: MapConfig) -> None:
     """Every check that needs no model: task, its options, depths, lengths, methods, counts."""
-
     if cfg.task not in MAP_TASKS:
         raise ValueError(f"--task {cfg.task!r}: the map runs {', '.join(MAP_TASKS)}")
     if cfg.mode not in MAP_MODES:
@@ -182,7 +181,6 @@ def fit_kv_keys(make: Callable[[int], list], tokenizer, length: int, max_keys: i
 
     ``make(num_keys)`` builds the instances the fit looks at (one per context is enough).
     ``fit_units`` searches the count of keys beyond the minimum of two."""
-
     def tokens(extra: int) -> int:
         encoded = (encode(tokenizer, i, False) for i in make(extra + 2))
         return max(len(e.prompt_ids) + len(e.answer_ids) for e in encoded)
@@ -192,7 +190,6 @@ def fit_kv_keys(make: Callable[[int], list], tokenizer, length: int, max_keys: i
 
 def grid_instances(cfg: MapConfig, tokenizer, length: Length, repeat: int) -> list:
     """The instances of one length and one repeat: ``n`` contexts, each asked at every depth."""
-
     seed = cfg.seed + REPEAT_SEED_STRIDE * repeat
     opts = task_options_for(cfg, length.tokens)
 
@@ -219,7 +216,6 @@ def gold_distance(tokenizer, inst, prompt_tokens: int) -> int | None:
     """Tokens between the start of the gold value in the prompt and the prompt's end (where the
     answer begins): the distance from the gold item to the question. None when the gold value is
     not written in the prompt."""
-
     text = prompt_text(tokenizer, inst, False)
     at = text.find(str(inst.answers[0]))
     if at < 0:
@@ -246,7 +242,6 @@ def question_groups(instances: Sequence, batch_size: int, shared: bool) -> list[
 def score_group(model, tokenizer, group: Sequence, cfg: MapConfig, *, shared: bool = True) -> list[dict]:
     """Teacher-forced records of one scoring unit (:func:`question_groups`); with ``mode="both"``
     the wrong answers are generated greedily and classified (:mod:`posbias.evaluation.map_failures`)."""
-
     scores = score_instances(model, tokenizer, group, batch_size=cfg.batch_size, shared=shared)
     records = []
     for inst, s in zip(group, scores):
@@ -262,7 +257,6 @@ def score_group(model, tokenizer, group: Sequence, cfg: MapConfig, *, shared: bo
 
 def prefills_of(group: Sequence, model, shared: bool) -> int:
     """Prompt prefills one scoring unit costs: one per shared context, else one per question."""
-
     if shared and not prompt_dependent(model) and group and group[0].meta.get("context_id") is not None:
         return 1
     return len(group)
@@ -271,7 +265,6 @@ def prefills_of(group: Sequence, model, shared: bool) -> int:
 def open_map(cfg: MapConfig, load=None):
     """Check the request and its run folder (nothing written); returns the :class:`RunFolder`.
     ``load``: the model's :class:`~posbias.models.options.LoadOptions` (its resolved dtype is a resume key)."""
-
     check_map(cfg)
     return open_run(cfg.out, "map", {**cfg.settings(), **load_settings(cfg.model, load)},
                     check_keys=(*MAP_RESUME_KEYS, "dtype"))
@@ -281,7 +274,6 @@ def run_map(cfg: MapConfig, loaded=None, log: Callable[[str], None] = print, loa
     """Score the whole grid into ``cfg.out`` (resuming), then write the summary and the figures;
     returns the summary (:func:`posbias.evaluation.map_summary.write_summary`). ``load``: device, dtype
     and Hub revision of the model (:class:`~posbias.models.options.LoadOptions`; default CPU float32)."""
-
     folder = open_map(cfg, load)
     if loaded is None:
         loaded = load_model(cfg.model, load)
@@ -297,7 +289,6 @@ def score_grid(cfg: MapConfig, folder, model, tokenizer, lengths: list[Length],
                log: Callable[[str], None] = print) -> None:
     """Score every (method, repeat, length) not yet in ``results.jsonl``; one ``metrics.jsonl`` line
     per finished (method, repeat, length) with its time, prefills and questions."""
-
     results = folder.path / "results.jsonl"
     existing = repair_jsonl(results)
     done = {record_key(r) for r in existing}

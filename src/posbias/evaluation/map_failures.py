@@ -60,7 +60,6 @@ def classify_group(model, tokenizer, group: Sequence, records: list[dict], cfg) 
     """Add ``failure`` (and ``prediction`` / ``offset`` for the wrong ones) to ``records`` (one per
     instance of ``group``): greedy generation only on the questions teacher forcing got wrong, from
     one prefill of their shared context where they have one (:func:`generate_from_context`)."""
-
     wrong = [(inst, rec) for inst, rec in zip(group, records) if not rec["correct"]]
     for rec in records:
         if rec["correct"]:
@@ -86,7 +85,6 @@ def generate_from_context(model, tokenizer, instances: Sequence, *, max_new_toke
     left-padded after it (pads masked, positions continuing from the context without gaps for the
     real tokens), then decoded greedily (:func:`posbias.evaluation.generation.greedy_continue`).
     The same completions as prefilling every ``context + question`` alone (same token ids)."""
-
     limit, pad_id = model_max_positions(model), pad_id_of(tokenizer)
     encoded = [encode(tokenizer, inst, False, limit) for inst in instances]
     context = encoded[0].prompt_ids[:encoded[0].context_len]

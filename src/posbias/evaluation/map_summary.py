@@ -253,7 +253,6 @@ def cost_of(out: Path, cfg) -> dict:
 
 def write_summary(cfg, out: Path, lengths) -> dict:
     """Write ``summary.json`` and ``map.md`` from the folder's results; returns the summary."""
-
     records = map_records(cfg, out, lengths)
     methods = [m for m in cfg.methods if any(r["method"] == m for r in records)]
     if not methods:

@@ -159,7 +159,6 @@ def score_shared_context(model, context_ids: Sequence[int], items: Sequence[Cont
 def repeat_cache(cache, k: int):
     """A copy of a one-row cache (or an Attention-Buckets cache of one row per base) with each row
     repeated ``k`` times (``batch_repeat_interleave`` order)."""
-
     rep = copy.copy(cache)
     rep.layers = [copy.copy(layer) for layer in cache.layers]
     for layer in rep.layers:

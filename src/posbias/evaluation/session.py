@@ -57,7 +57,6 @@ def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | 
     ``parent`` is the run folder this one lives in (a comparison); ``instances`` are ones already
     built for the same request (a comparison builds them once for all its methods).
     """
-
     method_options = dict(method_options or {})
     task_options = dict(task_options or {})
     check_int("batch_size", batch_size)
@@ -105,7 +104,6 @@ def build_instances(model, tokenizer, task: str, depths: list[float], n: int, se
                     task_options: dict[str, Any]):
     """The instances of a task for ``model``; a target length beyond the model is refused before
     any haystack is fitted to it."""
-
     check_length(task, task_options, model_max_positions(model))
     return make_instances(task, tokenizer=tokenizer, n=n, depths=depths, seed=seed, split=split, **task_options)
 

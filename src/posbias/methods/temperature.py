@@ -86,7 +86,6 @@ def check_values(values, n_layers: int) -> tuple[float, ...]:
 
 def values_from_file(path, n_layers: int) -> tuple[float, ...]:
     """The per-layer values of a temperature search's factors file, fitted to ``n_layers``."""
-
     try:
         doc = load_factors_file(str(path), num_layers=n_layers)
     except FactorsFileError as e:

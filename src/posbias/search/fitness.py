@@ -140,7 +140,6 @@ class FitnessResult:
     def from_dict(cls, d: dict) -> "FitnessResult":
         """The result :meth:`to_dict` wrote; a ``ValueError`` naming the fields for anything else (the
         caller adds the file)."""
-
         if not isinstance(d, dict):
             raise ValueError(f"a fitness record must be an object, got {type(d).__name__}")
         unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
@@ -252,7 +251,6 @@ class TeacherForcedFitness:
 
         ``partial`` (an earlier pruned result of the same factors) is continued, not redone.
         """
-
         res = FitnessResult.from_dict(partial.to_dict()) if partial is not None else self.empty_result()
         res.pruned = False
         t0, f0 = time.perf_counter(), self._forwards

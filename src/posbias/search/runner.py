@@ -92,7 +92,6 @@ def build_fitness(cfg: SearchConfig, *, n_per_depth: int, batch_size: int = 4,
     """The teacher-forced fitness of ``cfg.model`` (loaded with ``load``, a :class:`LoadOptions`) on the
     *search* split of ``cfg.task`` (with ``cfg.shared_context``: each search context asked at every
     depth, scored from one prefill), scoring ``cfg.target`` values."""
-
     if model is None:
         model, tokenizer = load_model(cfg.model, load)
     opts = {**cfg.task_options, "shared_context": True} if cfg.shared_context else cfg.task_options
@@ -119,7 +118,6 @@ def run_search(cfg: SearchConfig, *, resume: bool = False, log: Callable[[dict],
     Returns:
         :class:`SearchResult`; the factors file is ``out/best_factors.json``.
     """
-
     settings, ga, cfg = _check_request(cfg, loaded)
     load = options_for(load, loaded)
     # the settings (re-usable as --config) and what they resolve to (DERIVED_KEYS: compared on resume)
@@ -176,7 +174,6 @@ RUN_KEYS = ("generations", "n_per_depth", "batch_size")  # preset keys that are 
 def _check_request(cfg: SearchConfig, loaded) -> tuple[dict, GAConfig, SearchConfig]:
     """Everything checkable before the model loads: ``(settings of the preset with its overrides,
     GAConfig, cfg with its task options and shared_context as the search uses them)``."""
-
     if cfg.preset not in PRESETS:
         raise ValueError(f"unknown preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
     check_int("workers", cfg.workers)
@@ -221,14 +218,12 @@ def worker_gpus(load: LoadOptions | None, workers: int) -> list[str] | None:
     """One ``CUDA_VISIBLE_DEVICES`` value per worker when the model goes to ``auto`` / ``cuda`` on a
     CUDA machine (each worker then loads it on its own ``cuda:0``); None otherwise (an explicit
     ``cuda:N`` keeps every worker on that GPU)."""
-
     device = str((load or LoadOptions()).device).strip().lower()
     return gpu_slots(workers) if device in ("auto", "cuda") else None
 
 
 def _write_factors(path: Path, res: GAResult, *, meta: dict) -> None:
     """The factors file of the best genome so far; ``interim`` until the last generation is done."""
-
     best = res.best_result
     save_factors_file(
         path, factors=res.best_factors,

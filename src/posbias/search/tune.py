@@ -64,7 +64,6 @@ def setting_key(method: str, setting: dict) -> str:
 def score_setting(model, tokenizer, method: str, options: dict, instances, batch_size: int) -> dict:
     """One method setting on the search split: the fitness record (``FitnessResult.to_dict()``) plus
     ``per_depth``, ``accuracy``, ``mean_logprob``, ``weighted_logprob`` and ``seconds``."""
-
     start = time.perf_counter()
     with apply_method(model, method, **options) as handle:
         rows = score_instances(handle.model, tokenizer, instances, batch_size=batch_size,
@@ -82,7 +81,6 @@ _WORKER: dict = {}  # a tuning worker's model, tokenizer and instances (set by _
 
 def _search_split(model, tokenizer, task: str, n_per_depth: int, seed: int, task_options: dict) -> list:
     """The search-split instances every setting is scored on (shared contexts where the task has them)."""
-
     opts = {**task_options, "shared_context": True} if supports_shared_context(task, task_options) else task_options
     return build_instances(model, tokenizer, task, list(DEFAULT_DEPTHS), n_per_depth, seed, "search", opts)
 
@@ -124,7 +122,6 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
     ``load``: the model's :class:`posbias.models.LoadOptions` (device, dtype, Hub revision);
     ``workers``: processes scoring settings in parallel (``loaded`` is then not used).
     """
-
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     task_options, base_options = dict(task_options or {}), dict(base_options or {})

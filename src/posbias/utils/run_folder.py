@@ -276,5 +276,4 @@ def _describe(kind: str) -> str:
 
 def _roundtrip(v: Any) -> Any:
     """``v`` as it reads back from JSON (tuples become lists, paths strings)."""
-
     return json.loads(json.dumps(v, default=json_default))
