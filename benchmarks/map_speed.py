@@ -21,6 +21,21 @@ import os
 import time
 from pathlib import Path
 
+from posbias.evaluation.batching import model_max_positions
+from posbias.evaluation.bias_map import (
+    DEFAULT_LENGTHS,
+    MapConfig,
+    grid_instances,
+    map_lengths,
+    prefills_of,
+    question_groups,
+    run_map,
+    score_group,
+)
+from posbias.models import load_model
+from posbias.utils.io import atomic_write_json, read_jsonl
+from posbias.utils.options import parse_names
+
 
 def load_average() -> list[float]:
     try:
@@ -30,10 +45,8 @@ def load_average() -> list[float]:
 
 
 def time_map(cfg, loaded) -> dict:
-    """Run the map ``cfg`` (a fresh folder, checked by :func:`main`) and return its wall time, prefills and questions."""
-    from posbias.evaluation.bias_map import run_map
-    from posbias.utils.io import read_jsonl
-
+    """Run the map ``cfg`` (a fresh folder, checked by :func:`main`) and return its wall time, prefills
+    and questions."""
     start = time.perf_counter()
     summary = run_map(cfg, loaded, log=print)
     seconds = time.perf_counter() - start
@@ -45,9 +58,6 @@ def time_map(cfg, loaded) -> dict:
 
 def compare_prefills(cfg, loaded, lengths, reps: int) -> dict:
     """Shared prefill vs one prompt per question on the same questions (best of ``reps``)."""
-    from posbias.evaluation.batching import model_max_positions
-    from posbias.evaluation.bias_map import grid_instances, map_lengths, prefills_of, question_groups, score_group
-
     model, tok = loaded
     grid = map_lengths(cfg, model_max_positions(model))
     chosen = [x for x in grid if x.spec in lengths or str(x.tokens) in lengths] or grid[:1]
@@ -73,8 +83,6 @@ def compare_prefills(cfg, loaded, lengths, reps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from posbias.evaluation.bias_map import DEFAULT_LENGTHS, MapConfig
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="alias, HF folder or .gguf")
     ap.add_argument("--out", default="runs/map_speed", help="a fresh map folder")
@@ -88,8 +96,6 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--json", default=None, help="write the result here")
     args = ap.parse_args(argv)
-    from posbias.models import load_model
-    from posbias.utils.options import parse_names
 
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         raise SystemExit(f"{args.out} is not empty: give a fresh --out (a resumed map would time nothing)")
@@ -107,8 +113,6 @@ def main(argv: list[str] | None = None) -> dict:
     result["load_average_end"] = load_average()
     print(json.dumps(result, indent=1))
     if args.json:
-        from posbias.utils.io import atomic_write_json
-
         atomic_write_json(args.json, result)
     return result
 

@@ -86,7 +86,8 @@ def test_one_prefill_per_context_asks_every_depth(full_run):
     # prompts fill their length; the gold item is farther from the question the shallower it sits
     for r in recs:
         assert r["prompt_tokens"] <= r["length"]
-    near = {(r["repeat"], r["length"], r["index"], r["depth"]): r["distance_tokens"] for r in recs if r["method"] == "none"}
+    near = {(r["repeat"], r["length"], r["index"], r["depth"]): r["distance_tokens"]
+            for r in recs if r["method"] == "none"}
     for (rep, L, i, d), dist in near.items():
         if d == 0.0:
             assert dist > near[(rep, L, i, 0.5)] > near[(rep, L, i, 1.0)] > 0
@@ -95,7 +96,8 @@ def test_one_prefill_per_context_asks_every_depth(full_run):
 def test_summary_files_and_cells(full_run):
     out, summary = full_run
     assert {"config.json", "results.jsonl", "metrics.jsonl", "summary.json", "map.md", "heatmap_none.png",
-            "diff_pi@factor=1.0.png", "accuracy_by_depth.png", "accuracy_by_distance.png"} <= {p.name for p in out.iterdir()}
+            "diff_pi@factor=1.0.png", "accuracy_by_depth.png", "accuracy_by_distance.png"} <= {
+                p.name for p in out.iterdir()}
     saved = json.loads((out / "summary.json").read_text())
     assert saved["n_per_cell"] == 4 and len(saved["cells"]) == 2 * 2 * 3
     cell = saved["cells"][0]
@@ -181,7 +183,8 @@ def test_figures_name_model_task_and_n(full_run, saved_figures):
     assert "n = 4 per cell" in diff.axes[0].get_title() and not diff.axes[0].patches  # identity: nothing marked
     curves = saved_figures["accuracy_by_depth.png"].axes[0]
     assert len(curves.lines) == 2  # one line per length
-    assert "tokens between the gold item and the question" in saved_figures["accuracy_by_distance.png"].axes[0].get_xlabel()
+    xlabel = saved_figures["accuracy_by_distance.png"].axes[0].get_xlabel()
+    assert "tokens between the gold item and the question" in xlabel
 
 
 def test_a_larger_n_scores_only_the_new_contexts(loaded, tmp_path):

@@ -20,7 +20,8 @@ DEMO_METHODS = "none,pi@factor=1.1"
 
 
 def demo_command(
-    out: str = typer.Option(None, help="run folder (re-running resumes; default runs/demo-map, with --search runs/demo)"),
+    out: str = typer.Option(None,
+                            help="run folder (re-running resumes; default runs/demo-map, with --search runs/demo)"),
     model: str = ModelOption(),
     search: bool = typer.Option(False, "--search", help="the LPES search demo instead of the map: quick search, "
                                                         "then the held-out before / after table"),

@@ -24,7 +24,23 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from posbias.evaluation.batching import encode, model_max_positions, prompt_text
+from posbias.evaluation.compare import check_method_list
+from posbias.evaluation.map_failures import classify_group
+from posbias.evaluation.map_plots import plot_map
+from posbias.evaluation.map_summary import write_summary
+from posbias.evaluation.scoring import prompt_dependent
+from posbias.evaluation.session import applied_method, check_method
+from posbias.evaluation.teacher_forced import score_instances
+from posbias.methods.registry import variant_options
+from posbias.models import load_model
+from posbias.models.options import load_settings
+from posbias.tasks import check_request, make_instances
+from posbias.tasks.base import check_int
+from posbias.tasks.fitting import fit_units
+from posbias.tasks.kv import WORDS, load_kv_file
 from posbias.utils.io import append_jsonl, repair_jsonl
+from posbias.utils.run_folder import open_run
 
 MAP_TASKS = ("kv", "kv-uuid", "niah", "passkey")
 MAP_MODES = ("teacher-forced", "both")
@@ -125,12 +141,6 @@ def map_lengths(cfg: MapConfig, window: int) -> list[Length]:
 
 def check_map(cfg: MapConfig) -> None:
     """Every check that needs no model: task, its options, depths, lengths, methods, counts."""
-    from posbias.evaluation.compare import check_method_list
-    from posbias.evaluation.session import check_method
-    from posbias.methods.registry import variant_options
-    from posbias.tasks import check_request
-    from posbias.tasks.base import check_int
-
     if cfg.task not in MAP_TASKS:
         raise ValueError(f"--task {cfg.task!r}: the map runs {', '.join(MAP_TASKS)}")
     if cfg.mode not in MAP_MODES:
@@ -171,20 +181,15 @@ def fit_kv_keys(make: Callable[[int], list], tokenizer, length: int, max_keys: i
 
     ``make(num_keys)`` builds the instances the fit looks at (one per context is enough).
     ``fit_units`` searches the count of keys beyond the minimum of two."""
-    from posbias.evaluation.batching import encode
-    from posbias.tasks.fitting import fit_units
-
     def tokens(extra: int) -> int:
-        return max(len(e.prompt_ids) + len(e.answer_ids) for e in (encode(tokenizer, i, False) for i in make(extra + 2)))
+        encoded = (encode(tokenizer, i, False) for i in make(extra + 2))
+        return max(len(e.prompt_ids) + len(e.answer_ids) for e in encoded)
 
     return 2 + fit_units(tokens, length, max_units=max_keys - 2, what="the KV prompt with two keys")
 
 
 def grid_instances(cfg: MapConfig, tokenizer, length: Length, repeat: int) -> list:
     """The instances of one length and one repeat: ``n`` contexts, each asked at every depth."""
-    from posbias.tasks import make_instances
-    from posbias.tasks.kv import WORDS
-
     seed = cfg.seed + REPEAT_SEED_STRIDE * repeat
     opts = task_options_for(cfg, length.tokens)
 
@@ -203,7 +208,6 @@ def _file_keys(path) -> int:
     """Keys per example of a lost-in-the-middle KV file (the smallest), or 300 for generated UUIDs."""
     if path is None:
         return 300
-    from posbias.tasks.kv import load_kv_file
 
     return min(len(d["records"]) for d in load_kv_file(path))
 
@@ -212,8 +216,6 @@ def gold_distance(tokenizer, inst, prompt_tokens: int) -> int | None:
     """Tokens between the start of the gold value in the prompt and the prompt's end (where the
     answer begins): the distance from the gold item to the question. None when the gold value is
     not written in the prompt."""
-    from posbias.evaluation.batching import prompt_text
-
     text = prompt_text(tokenizer, inst, False)
     at = text.find(str(inst.answers[0]))
     if at < 0:
@@ -240,8 +242,6 @@ def question_groups(instances: Sequence, batch_size: int, shared: bool) -> list[
 def score_group(model, tokenizer, group: Sequence, cfg: MapConfig, *, shared: bool = True) -> list[dict]:
     """Teacher-forced records of one scoring unit (:func:`question_groups`); with ``mode="both"``
     the wrong answers are generated greedily and classified (:mod:`posbias.evaluation.map_failures`)."""
-    from posbias.evaluation.teacher_forced import score_instances
-
     scores = score_instances(model, tokenizer, group, batch_size=cfg.batch_size, shared=shared)
     records = []
     for inst, s in zip(group, scores):
@@ -251,16 +251,12 @@ def score_group(model, tokenizer, group: Sequence, cfg: MapConfig, *, shared: bo
                         "num_items": inst.num_items,
                         "distance_tokens": gold_distance(tokenizer, inst, int(s["prompt_tokens"]))})
     if cfg.mode == "both":
-        from posbias.evaluation.map_failures import classify_group
-
         classify_group(model, tokenizer, group, records, cfg)
     return records
 
 
 def prefills_of(group: Sequence, model, shared: bool) -> int:
     """Prompt prefills one scoring unit costs: one per shared context, else one per question."""
-    from posbias.evaluation.scoring import prompt_dependent
-
     if shared and not prompt_dependent(model) and group and group[0].meta.get("context_id") is not None:
         return 1
     return len(group)
@@ -269,9 +265,6 @@ def prefills_of(group: Sequence, model, shared: bool) -> int:
 def open_map(cfg: MapConfig, load=None):
     """Check the request and its run folder (nothing written); returns the :class:`RunFolder`.
     ``load``: the model's :class:`~posbias.models.options.LoadOptions` (its resolved dtype is a resume key)."""
-    from posbias.models.options import load_settings
-    from posbias.utils.run_folder import open_run
-
     check_map(cfg)
     return open_run(cfg.out, "map", {**cfg.settings(), **load_settings(cfg.model, load)},
                     check_keys=(*MAP_RESUME_KEYS, "dtype"))
@@ -281,14 +274,8 @@ def run_map(cfg: MapConfig, loaded=None, log: Callable[[str], None] = print, loa
     """Score the whole grid into ``cfg.out`` (resuming), then write the summary and the figures;
     returns the summary (:func:`posbias.evaluation.map_summary.write_summary`). ``load``: device, dtype
     and Hub revision of the model (:class:`~posbias.models.options.LoadOptions`; default CPU float32)."""
-    from posbias.evaluation.batching import model_max_positions
-    from posbias.evaluation.map_plots import plot_map
-    from posbias.evaluation.map_summary import write_summary
-
     folder = open_map(cfg, load)
     if loaded is None:
-        from posbias.models import load_model
-
         loaded = load_model(cfg.model, load)
     lm, tok = loaded
     lengths = map_lengths(cfg, model_max_positions(lm))
@@ -302,9 +289,6 @@ def score_grid(cfg: MapConfig, folder, model, tokenizer, lengths: list[Length],
                log: Callable[[str], None] = print) -> None:
     """Score every (method, repeat, length) not yet in ``results.jsonl``; one ``metrics.jsonl`` line
     per finished (method, repeat, length) with its time, prefills and questions."""
-    from posbias.evaluation.session import applied_method
-    from posbias.methods.registry import variant_options
-
     results = folder.path / "results.jsonl"
     existing = repair_jsonl(results)
     done = {record_key(r) for r in existing}
@@ -335,7 +319,8 @@ def _score_cell_row(cfg, folder, model, tokenizer, todo, label, repeat, length, 
         folder.commit()
         for rec in records:
             append_jsonl(folder.path / "results.jsonl",
-                         {"method": label, "repeat": repeat, "length": length.tokens, "length_spec": length.spec, **rec})
+                         {"method": label, "repeat": repeat, "length": length.tokens, "length_spec": length.spec,
+                          **rec})
     seconds = time.perf_counter() - start
     append_jsonl(folder.path / "metrics.jsonl", {"method": label, "repeat": repeat, "length": length.tokens,
                                                  "questions": len(todo), "prefills": prefills,

@@ -17,6 +17,10 @@ from typing import Sequence
 
 import torch
 
+from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions, pad_id_of
+from posbias.evaluation.generation import greedy_continue, greedy_generate
+from posbias.evaluation.scoring import cache_of, prefill, prompt_dependent, repeat_cache
+
 FAILURE_CLASSES = ("correct", "worded", "other_item", "not_in_context", "format")
 FAILURE_NAMES = {"correct": "correct", "worded": "right answer, worded differently",
                  "other_item": "another item of the context", "not_in_context": "a value not in the context",
@@ -56,9 +60,6 @@ def classify_group(model, tokenizer, group: Sequence, records: list[dict], cfg) 
     """Add ``failure`` (and ``prediction`` / ``offset`` for the wrong ones) to ``records`` (one per
     instance of ``group``): greedy generation only on the questions teacher forcing got wrong, from
     one prefill of their shared context where they have one (:func:`generate_from_context`)."""
-    from posbias.evaluation.generation import greedy_generate
-    from posbias.evaluation.scoring import prompt_dependent
-
     wrong = [(inst, rec) for inst, rec in zip(group, records) if not rec["correct"]]
     for rec in records:
         if rec["correct"]:
@@ -84,10 +85,6 @@ def generate_from_context(model, tokenizer, instances: Sequence, *, max_new_toke
     left-padded after it (pads masked, positions continuing from the context without gaps for the
     real tokens), then decoded greedily (:func:`posbias.evaluation.generation.greedy_continue`).
     The same completions as prefilling every ``context + question`` alone (same token ids)."""
-    from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions, pad_id_of
-    from posbias.evaluation.generation import greedy_continue
-    from posbias.evaluation.scoring import cache_of, prefill, repeat_cache
-
     limit, pad_id = model_max_positions(model), pad_id_of(tokenizer)
     encoded = [encode(tokenizer, inst, False, limit) for inst in instances]
     context = encoded[0].prompt_ids[:encoded[0].context_len]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from matplotlib.ticker import NullFormatter
 
 from posbias.evaluation.compare import method_folder
 from posbias.evaluation.plots import short_label
@@ -118,7 +119,8 @@ def plot_depth_curves(s: dict, path: Path) -> Path:
             rows = sorted((r for r in s["cells"] if r["method"] == m and r["length"] == x["tokens"]),
                           key=lambda r: r["depth"])
             d = [r["depth"] for r in rows]
-            ax.plot(d, [100 * r["accuracy"] for r in rows], marker="o", ms=3, color=color, label=f"{x['tokens']} tokens")
+            ax.plot(d, [100 * r["accuracy"] for r in rows], marker="o", ms=3, color=color,
+                    label=f"{x['tokens']} tokens")
             ax.fill_between(d, [100 * r["ci_low"] for r in rows], [100 * r["ci_high"] for r in rows], color=color,
                             alpha=0.08)
         ax.set_title(short_label(m), fontsize=9)
@@ -144,7 +146,6 @@ def plot_distance(s: dict, path: Path) -> Path:
                [max(0.0, 100 * (r["ci_high"] - r["accuracy"])) for r in rows]]
         ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=2, label=short_label(m))
     ax.set_xscale("log")
-    from matplotlib.ticker import NullFormatter
 
     edges = sorted({e for rows in s["by_distance"].values() for r in rows for e in (r["low"], r["high"])})
     ax.set_xticks(edges, [str(e) for e in edges], fontsize=7)

@@ -25,12 +25,14 @@ measurement moves between two independent draws of instances).
 from __future__ import annotations
 
 import math
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from posbias.evaluation.map_failures import failure_markdown, failure_summary
 from posbias.evaluation.stats import paired_difference, wilson_interval
 from posbias.utils.io import atomic_write_json, atomic_write_text, read_jsonl
 
@@ -105,16 +107,19 @@ class UnitMatrix:
         for r in records:
             if r["method"] in self.values:
                 L = r["length"]
-                self.values[r["method"]][L][row[L][(r["repeat"], r["index"])], col[round(float(r["depth"]), 6)]] = r["correct"]
+                at = row[L][(r["repeat"], r["index"])], col[round(float(r["depth"]), 6)]
+                self.values[r["method"]][L][at] = r["correct"]
 
     def rows_of_repeat(self, repeat: int) -> dict[int, np.ndarray]:
-        return {L: np.array([i for i, u in enumerate(self.units[L]) if u[0] == repeat], dtype=int) for L in self.lengths}
+        return {L: np.array([i for i, u in enumerate(self.units[L]) if u[0] == repeat], dtype=int)
+                for L in self.lengths}
 
 
 def bias_stats(per_length: dict[int, np.ndarray], depths: Sequence[float], threshold: float) -> dict[str, float]:
     """The statistics of the module docstring from ``{length: (units, depths)}`` correctness arrays
     (NaN missing). Effective length is ``inf`` when no length falls below ``threshold``."""
-    pooled = np.concatenate([a for a in per_length.values() if len(a)], axis=0) if per_length else np.zeros((0, len(depths)))
+    pooled = (np.concatenate([a for a in per_length.values() if len(a)], axis=0) if per_length
+              else np.zeros((0, len(depths))))
     middle = [j for j, d in enumerate(depths) if 1 / 3 - 1e-9 <= d <= 2 / 3 + 1e-9]
     with np.errstate(all="ignore"), _quiet():
         by_depth = np.nanmean(pooled, axis=0) if len(pooled) else np.full(len(depths), np.nan)
@@ -135,8 +140,6 @@ class _quiet:
     """Silence numpy's all-NaN warnings (a resample can miss a depth; its statistic is then NaN)."""
 
     def __enter__(self):
-        import warnings
-
         self._w = warnings.catch_warnings()
         self._w.__enter__()
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -145,14 +148,16 @@ class _quiet:
         self._w.__exit__(*exc)
 
 
-def bootstrap(matrix: UnitMatrix, methods: Sequence[str], threshold: float, draws: int, seed: int) -> dict[str, list[dict]]:
+def bootstrap(matrix: UnitMatrix, methods: Sequence[str], threshold: float, draws: int,
+              seed: int) -> dict[str, list[dict]]:
     """``{method: [stats of one resample]}``: the same resampled contexts for every method (paired)."""
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 51]))
     out: dict[str, list[dict]] = {m: [] for m in methods}
     for _ in range(draws):
         pick = {L: rng.integers(0, len(matrix.units[L]), len(matrix.units[L])) for L in matrix.lengths}
         for m in methods:
-            out[m].append(bias_stats({L: matrix.values[m][L][pick[L]] for L in matrix.lengths}, matrix.depths, threshold))
+            out[m].append(bias_stats({L: matrix.values[m][L][pick[L]] for L in matrix.lengths}, matrix.depths,
+                                     threshold))
     return out
 
 
@@ -176,8 +181,9 @@ def summarise_bias(matrix: UnitMatrix, methods: Sequence[str], cfg) -> dict:
         diffs[m] = {}
         for s in STATS:
             value = whole[m][s] - whole[ref][s] if math.isfinite(whole[m][s]) or math.isfinite(whole[ref][s]) else 0.0
-            entry = {"value": value, "ci95": interval([bm[s] - br[s] if not (math.isinf(bm[s]) and math.isinf(br[s])) else 0.0
-                                                      for bm, br in zip(boots[m], boots[ref])])}
+            paired = [bm[s] - br[s] if not (math.isinf(bm[s]) and math.isinf(br[s])) else 0.0
+                      for bm, br in zip(boots[m], boots[ref])]
+            entry = {"value": value, "ci95": interval(paired)}
             if noise:
                 floor = max(noise[m][s], noise[ref][s])
                 entry.update(noise=floor, within_noise=bool(not abs(value) > floor))
@@ -192,7 +198,8 @@ def run_to_run_spread(matrix: UnitMatrix, methods: Sequence[str], cfg) -> dict[s
         per = []
         for r in range(cfg.repeats):
             rows = matrix.rows_of_repeat(r)
-            per.append(bias_stats({L: matrix.values[m][L][rows[L]] for L in matrix.lengths}, matrix.depths, cfg.threshold))
+            per.append(bias_stats({L: matrix.values[m][L][rows[L]] for L in matrix.lengths}, matrix.depths,
+                                  cfg.threshold))
         out[m] = {s: _spread([p[s] for p in per]) for s in STATS}
     return out
 
@@ -246,8 +253,6 @@ def cost_of(out: Path, cfg) -> dict:
 
 def write_summary(cfg, out: Path, lengths) -> dict:
     """Write ``summary.json`` and ``map.md`` from the folder's results; returns the summary."""
-    from posbias.evaluation.map_failures import failure_summary
-
     records = map_records(cfg, out, lengths)
     methods = [m for m in cfg.methods if any(r["method"] == m for r in records)]
     if not methods:
@@ -319,9 +324,9 @@ def map_markdown(s: dict) -> str:
     if s["differences"]:
         ref = s["methods"][0]
         lines += ["", f"## Against `{ref}` (paired, the same contexts)", "",
-                  "Difference [95% paired bootstrap interval]" + ("; *within noise*: not larger than the run-to-run "
-                                                                   "spread of the statistic between repeats" if s["noise"] else
-                                                                   "; run `--repeats 2` for the run-to-run noise floor"), "",
+                  "Difference [95% paired bootstrap interval]"
+                  + ("; *within noise*: not larger than the run-to-run spread of the statistic between repeats"
+                     if s["noise"] else "; run `--repeats 2` for the run-to-run noise floor"), "",
                   "| method | " + " | ".join(STAT_NAMES[k] for k in STATS if k != "effective_length") + " |",
                   "|---|" + "---:|" * (len(STATS) - 1)]
         for m, d in s["differences"].items():
@@ -349,8 +354,6 @@ def map_markdown(s: dict) -> str:
         lines += _grid(s, {(r["length"], r["depth"]): f"{100 * r['diff']:+.0f}{'*' if r['significant'] else ''}"
                            f"{'~' if r.get('within_noise') else ''}" for r in rows})
     if "failures" in s:
-        from posbias.evaluation.map_failures import failure_markdown
-
         lines += ["", failure_markdown(s["failures"])]
     c = s["cost"]["total"]
     lines += ["", f"Scoring: {c['questions']} questions from {c['prefills']} prompt prefills in {c['seconds']:.0f} s "

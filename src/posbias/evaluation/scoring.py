@@ -25,6 +25,7 @@ answer position), ``logprob`` (sum of gold-token log-probabilities), ``n_tokens`
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -158,8 +159,6 @@ def score_shared_context(model, context_ids: Sequence[int], items: Sequence[Cont
 def repeat_cache(cache, k: int):
     """A copy of a one-row cache (or an Attention-Buckets cache of one row per base) with each row
     repeated ``k`` times (``batch_repeat_interleave`` order)."""
-    import copy
-
     rep = copy.copy(cache)
     rep.layers = [copy.copy(layer) for layer in cache.layers]
     for layer in rep.layers:

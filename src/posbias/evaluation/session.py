@@ -13,9 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from posbias.evaluation.batching import model_max_positions
 from posbias.evaluation.modes import canonical_mode
 from posbias.evaluation.runner import check_mode, evaluate
+from posbias.methods import apply_method
+from posbias.methods.registry import check_option_names
+from posbias.models import load_model, model_identity
+from posbias.models.adapter import eval_settings
 from posbias.models.options import LoadOptions, load_settings, options_for
+from posbias.patching.rope_scaling import load_factors_file
+from posbias.tasks import check_length, check_request, make_instances, precheck_instances
 from posbias.tasks.base import check_int
 from posbias.utils.run_folder import RunFolder, open_run
 
@@ -50,8 +57,6 @@ def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | 
     ``parent`` is the run folder this one lives in (a comparison); ``instances`` are ones already
     built for the same request (a comparison builds them once for all its methods).
     """
-    from posbias.tasks import check_request, precheck_instances
-
     method_options = dict(method_options or {})
     task_options = dict(task_options or {})
     check_int("batch_size", batch_size)
@@ -61,13 +66,11 @@ def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | 
     depths = check_request(task, n=n, depths=depths, seed=seed, split=split, **task_options)
     if instances is None:
         instances = precheck_instances(task, n=n, depths=depths, seed=seed, split=split, **task_options)
-    from posbias.models.adapter import eval_settings
 
     method, method_options, adapter = eval_settings(model, method, method_options)  # a posbias apply folder's own
     check_method(method, method_options)
     if chat and task_options.get("shared_context"):
         raise ValueError("a shared context (shared_context=true) is scored without a chat template: drop --chat")
-    from posbias.models import model_identity
 
     config = {"model": model, "model_path": model_identity(model), "task": task, "depths": depths, "n": n, "seed": seed,
               "split": split, "mode": mode,
@@ -86,7 +89,6 @@ def check_method(name: str, options: dict[str, Any]) -> None:
     options name, and (lpes) that its factors file is valid."""
     if name == "none" and not options:
         return
-    from posbias.methods.registry import check_option_names
 
     spec = check_option_names(name, options)
     key = PATH_OPTIONS.get(spec.name)
@@ -95,8 +97,6 @@ def check_method(name: str, options: dict[str, Any]) -> None:
     if key and options.get(key) is not None and not Path(str(options[key])).expanduser().exists():
         raise ValueError(f"{spec.name}: {key} {options[key]} does not exist")
     if spec.name == "lpes":
-        from posbias.patching.rope_scaling import load_factors_file
-
         load_factors_file(Path(str(options[key])).expanduser())
 
 
@@ -104,9 +104,6 @@ def build_instances(model, tokenizer, task: str, depths: list[float], n: int, se
                     task_options: dict[str, Any]):
     """The instances of a task for ``model``; a target length beyond the model is refused before
     any haystack is fitted to it."""
-    from posbias.evaluation.batching import model_max_positions
-    from posbias.tasks import check_length, make_instances
-
     check_length(task, task_options, model_max_positions(model))
     return make_instances(task, tokenizer=tokenizer, n=n, depths=depths, seed=seed, split=split, **task_options)
 
@@ -115,8 +112,6 @@ def run_planned(plan: EvalPlan, loaded=None, progress: bool = True) -> dict:
     """Load the model (unless ``loaded=(model, tokenizer)``), build the instances, evaluate."""
     c = plan.config
     if loaded is None:
-        from posbias.models import load_model
-
         loaded = load_model(c["model"], plan.load)
     lm, tok = loaded
     instances = plan.instances
@@ -156,7 +151,6 @@ class applied_method:
     def __enter__(self):
         if self.name == "none" and not self.options:
             return self.model
-        from posbias.methods import apply_method
 
         self.handle = apply_method(self.model, self.name, **self.options)
         return getattr(self.handle, "model", self.model)

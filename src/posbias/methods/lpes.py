@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from posbias.methods.registry import MethodHandle, register_method
+from posbias.patching.rope_scaling import apply_factors_file, load_factors_file
 
 
 @register_method("lpes", "layer-specific positional embedding scaling from a factors file (option factors=PATH)")
@@ -13,7 +14,6 @@ def apply_lpes(model, factors: str | None = None) -> MethodHandle:
     path = Path(str(factors)).expanduser()
     if not path.exists():
         raise ValueError(f"lpes: factors file {path} does not exist")
-    from posbias.patching.rope_scaling import apply_factors_file, load_factors_file
 
     if load_factors_file(path).get("target", "rope") != "rope":  # e.g. a temperature search's curve
         raise ValueError(f"lpes: {path} holds {load_factors_file(path)['target']} values, not RoPE factors")

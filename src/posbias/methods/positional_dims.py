@@ -24,6 +24,7 @@ positional-hidden`` on the search split, with the same objective and split as LP
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -155,8 +156,6 @@ def find_positional_dims(model, tokenizer, texts: Sequence[str], *, samples: int
                          batch_size: int = 1) -> dict:
     """The statistic on ``samples`` rows of ``length`` tokens of ``texts``: ``{"dims": [...], "num_layers",
     "hidden_size", "seconds"}``; each dim record also holds its mean curve at its middle monotone layer."""
-    import time
-
     start = time.perf_counter()
     hidden = mean_hidden_states(model, corpus_rows(tokenizer, texts, samples, length), batch_size)
     ranked = rank_dimensions(hidden, top_k)

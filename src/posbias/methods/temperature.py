@@ -26,6 +26,7 @@ import torch
 
 from posbias.architecture.layers import get_decoder_layers
 from posbias.methods.registry import MethodHandle, as_list, register_method
+from posbias.patching.rope_scaling import FactorsFileError, load_factors_file
 
 TARGET = "temperature"  # the factors-file ``target`` of a temperature search
 #: the curve GA's default value grid for ``posbias search --target temperature`` (fine steps near 1)
@@ -85,8 +86,6 @@ def check_values(values, n_layers: int) -> tuple[float, ...]:
 
 def values_from_file(path, n_layers: int) -> tuple[float, ...]:
     """The per-layer values of a temperature search's factors file, fitted to ``n_layers``."""
-    from posbias.patching.rope_scaling import FactorsFileError, load_factors_file
-
     try:
         doc = load_factors_file(str(path), num_layers=n_layers)
     except FactorsFileError as e:

@@ -35,6 +35,7 @@ bound reaching a later threshold) scoring resumes where it stopped — nothing i
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -42,6 +43,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from posbias.architecture.layers import get_decoder_layers
+from posbias.evaluation.teacher_forced import score_instances
+from posbias.methods.temperature import TemperatureHooks
+from posbias.patching.rope_scaling import apply_layer_scaling
 
 __all__ = ["FitnessResult", "TeacherForcedFitness", "SyntheticFitness", "interleave_by_depth", "empty_result",
            "DEFAULT_DEPTHS", "DEFAULT_OBJECTIVE", "OBJECTIVES"]
@@ -136,8 +140,6 @@ class FitnessResult:
     def from_dict(cls, d: dict) -> "FitnessResult":
         """The result :meth:`to_dict` wrote; a ``ValueError`` naming the fields for anything else (the
         caller adds the file)."""
-        import dataclasses
-
         if not isinstance(d, dict):
             raise ValueError(f"a fitness record must be an object, got {type(d).__name__}")
         unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
@@ -249,8 +251,6 @@ class TeacherForcedFitness:
 
         ``partial`` (an earlier pruned result of the same factors) is continued, not redone.
         """
-        from posbias.evaluation.teacher_forced import score_instances
-
         res = FitnessResult.from_dict(partial.to_dict()) if partial is not None else self.empty_result()
         res.pruned = False
         t0, f0 = time.perf_counter(), self._forwards
@@ -275,10 +275,7 @@ SEARCH_TARGETS = ("rope", "temperature")
 def apply_values(model, target: str, values: Sequence[float]):
     """Apply one per-layer value set of a search ``target``; the handle removes it (a context manager)."""
     if target == "temperature":
-        from posbias.methods.temperature import TemperatureHooks
-
         return TemperatureHooks(model, values)
-    from posbias.patching.rope_scaling import apply_layer_scaling
 
     return apply_layer_scaling(model, values)
 

@@ -25,15 +25,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from posbias.evaluation.runner import check_fits
+from posbias.evaluation.session import build_instances
+from posbias.methods.temperature import TEMPERATURE_GRID
+from posbias.models import load_model, model_identity
 from posbias.models.options import LoadOptions, load_settings, options_for
+from posbias.patching.curves import DEFAULT_GRID
+from posbias.patching.rope_scaling import save_factors_file
 from posbias.search.config import SearchConfig
 from posbias.search.evaluators import PoolEvaluator, RayEvaluator, SerialEvaluator
-from posbias.search.fitness import DEFAULT_DEPTHS, OBJECTIVES
-from posbias.search.ga import GAConfig
+from posbias.search.fitness import (
+    DEFAULT_DEPTHS,
+    OBJECTIVES,
+    SEARCH_TARGETS,
+    TeacherForcedFitness,
+    depth_key,
+    normalise_weights,
+)
+from posbias.search.ga import GAConfig, identity_genome
 from posbias.search.loop import CHECKPOINT, METRICS, GAResult, already_searched, run_ga  # noqa: F401
 from posbias.search.plots import plot_factors, plot_fitness
+from posbias.tasks import precheck_instances
+from posbias.tasks.base import check_int
 from posbias.tasks.registry import supports_shared_context
 from posbias.utils.run_folder import open_run
+from posbias.utils.workers import gpu_slots
 
 __all__ = ["PRESETS", "GAResult", "SearchConfig", "SearchResult", "run_ga", "run_search", "SerialEvaluator",
            "PoolEvaluator",
@@ -76,11 +92,6 @@ def build_fitness(cfg: SearchConfig, *, n_per_depth: int, batch_size: int = 4,
     """The teacher-forced fitness of ``cfg.model`` (loaded with ``load``, a :class:`LoadOptions`) on the
     *search* split of ``cfg.task`` (with ``cfg.shared_context``: each search context asked at every
     depth, scored from one prefill), scoring ``cfg.target`` values."""
-    from posbias.evaluation.runner import check_fits
-    from posbias.evaluation.session import build_instances
-    from posbias.models import load_model
-    from posbias.search.fitness import TeacherForcedFitness
-
     if model is None:
         model, tokenizer = load_model(cfg.model, load)
     opts = {**cfg.task_options, "shared_context": True} if cfg.shared_context else cfg.task_options
@@ -107,8 +118,6 @@ def run_search(cfg: SearchConfig, *, resume: bool = False, log: Callable[[dict],
     Returns:
         :class:`SearchResult`; the factors file is ``out/best_factors.json``.
     """
-    from posbias.models import model_identity
-
     settings, ga, cfg = _check_request(cfg, loaded)
     load = options_for(load, loaded)
     # the settings (re-usable as --config) and what they resolve to (DERIVED_KEYS: compared on resume)
@@ -151,8 +160,6 @@ def _plot_search(out: Path, res, title: str) -> None:
 
 
 def _search_result(out: Path, res, cfg, curve: str) -> SearchResult:
-    from posbias.search.ga import identity_genome
-
     ident = res.memo.get(identity_genome(cfg))
     return SearchResult(out=out, factors_path=out / BEST, factors=res.best_factors, control_points=res.best_points,
                         curve=curve, accuracy=res.best_result.accuracy,
@@ -167,12 +174,6 @@ RUN_KEYS = ("generations", "n_per_depth", "batch_size")  # preset keys that are 
 def _check_request(cfg: SearchConfig, loaded) -> tuple[dict, GAConfig, SearchConfig]:
     """Everything checkable before the model loads: ``(settings of the preset with its overrides,
     GAConfig, cfg with its task options and shared_context as the search uses them)``."""
-    from posbias.methods.temperature import TEMPERATURE_GRID
-    from posbias.patching.curves import DEFAULT_GRID
-    from posbias.search.fitness import SEARCH_TARGETS, depth_key, normalise_weights
-    from posbias.tasks import precheck_instances
-    from posbias.tasks.base import check_int
-
     if cfg.preset not in PRESETS:
         raise ValueError(f"unknown preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
     check_int("workers", cfg.workers)
@@ -217,16 +218,12 @@ def worker_gpus(load: LoadOptions | None, workers: int) -> list[str] | None:
     """One ``CUDA_VISIBLE_DEVICES`` value per worker when the model goes to ``auto`` / ``cuda`` on a
     CUDA machine (each worker then loads it on its own ``cuda:0``); None otherwise (an explicit
     ``cuda:N`` keeps every worker on that GPU)."""
-    from posbias.utils.workers import gpu_slots
-
     device = str((load or LoadOptions()).device).strip().lower()
     return gpu_slots(workers) if device in ("auto", "cuda") else None
 
 
 def _write_factors(path: Path, res: GAResult, *, meta: dict) -> None:
     """The factors file of the best genome so far; ``interim`` until the last generation is done."""
-    from posbias.patching.rope_scaling import save_factors_file
-
     best = res.best_result
     save_factors_file(
         path, factors=res.best_factors,

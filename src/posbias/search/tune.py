@@ -21,7 +21,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from posbias.search.fitness import DEFAULT_DEPTHS, DEFAULT_OBJECTIVE, OBJECTIVES, FitnessResult, empty_result
+from posbias.evaluation.session import build_instances, check_method
+from posbias.evaluation.teacher_forced import score_instances
+from posbias.methods import apply_method
+from posbias.methods.positional_hidden import tune_grid
+from posbias.models import load_model, model_identity
+from posbias.models.options import load_settings, options_for
+from posbias.search.fitness import DEFAULT_DEPTHS, DEFAULT_OBJECTIVE, OBJECTIVES, FitnessResult, depth_key, empty_result
+from posbias.search.runner import worker_gpus
+from posbias.tasks.registry import supports_shared_context
+from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
+from posbias.utils.run_folder import open_run
+from posbias.utils.workers import spawn_pool
 
 # Small grids around each method's published default (first entry = that default).
 DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
@@ -42,8 +53,6 @@ TUNE_KEYS = ("model", "model_path", "task", "seed", "n_per_depth", "task_options
 def default_grid(method: str, base: dict) -> list[dict]:
     """The grid of ``method``; positional-hidden's is built from its candidate dimensions in ``base``."""
     if method == "positional-hidden":
-        from posbias.methods.positional_hidden import tune_grid
-
         return tune_grid(base)
     return DEFAULT_GRIDS.get(method, [])
 
@@ -55,10 +64,6 @@ def setting_key(method: str, setting: dict) -> str:
 def score_setting(model, tokenizer, method: str, options: dict, instances, batch_size: int) -> dict:
     """One method setting on the search split: the fitness record (``FitnessResult.to_dict()``) plus
     ``per_depth``, ``accuracy``, ``mean_logprob``, ``weighted_logprob`` and ``seconds``."""
-    from posbias.evaluation.teacher_forced import score_instances
-    from posbias.methods import apply_method
-    from posbias.search.fitness import depth_key
-
     start = time.perf_counter()
     with apply_method(model, method, **options) as handle:
         rows = score_instances(handle.model, tokenizer, instances, batch_size=batch_size,
@@ -76,16 +81,11 @@ _WORKER: dict = {}  # a tuning worker's model, tokenizer and instances (set by _
 
 def _search_split(model, tokenizer, task: str, n_per_depth: int, seed: int, task_options: dict) -> list:
     """The search-split instances every setting is scored on (shared contexts where the task has them)."""
-    from posbias.evaluation.session import build_instances
-    from posbias.tasks.registry import supports_shared_context
-
     opts = {**task_options, "shared_context": True} if supports_shared_context(task, task_options) else task_options
     return build_instances(model, tokenizer, task, list(DEFAULT_DEPTHS), n_per_depth, seed, "search", opts)
 
 
 def _worker_init(model: str, load, task: str, n_per_depth: int, seed: int, task_options: dict) -> None:
-    from posbias.models import load_model
-
     lm, tok = load_model(model, load)
     _WORKER.update(model=lm, tokenizer=tok, instances=_search_split(lm, tok, task, n_per_depth, seed, task_options))
 
@@ -103,8 +103,6 @@ def _scored_in_order(jobs: list[tuple[str, dict]], *, workers: int, batch_size: 
         for method, options in jobs:
             yield score_setting(lm, tok, method, options, instances, batch_size)
         return
-    from posbias.search.runner import worker_gpus
-    from posbias.utils.workers import spawn_pool
 
     count = min(workers, len(jobs))
     with spawn_pool(count, _worker_init, pool_args, gpus=worker_gpus(pool_args[1], count)) as pool:
@@ -124,12 +122,6 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
     ``load``: the model's :class:`posbias.models.LoadOptions` (device, dtype, Hub revision);
     ``workers``: processes scoring settings in parallel (``loaded`` is then not used).
     """
-    from posbias.evaluation.session import check_method
-    from posbias.models import load_model
-    from posbias.models.options import load_settings, options_for
-    from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
-    from posbias.utils.run_folder import open_run
-
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     task_options, base_options = dict(task_options or {}), dict(base_options or {})
@@ -142,7 +134,6 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
             raise ValueError("tune: moice needs trained routers (--routers, from posbias train-moice)")
         for setting in grids[m]:
             check_method(m, {**base_options.get(m, {}), **setting})
-    from posbias.models import model_identity
 
     load = options_for(load, loaded)
     config = {"model": model, "model_path": model_identity(model), "task": task, "seed": seed,

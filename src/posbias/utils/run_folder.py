@@ -34,11 +34,13 @@ import json
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from posbias.utils.folder_lock import hold
+from posbias.utils.io import append_jsonl, atomic_write_json, json_default, read_json, versions
 
 CONFIG = "config.json"
 INVOCATIONS = "invocations.jsonl"
@@ -70,10 +72,6 @@ class RunFolder:
         another command wrote there since :func:`open_run` looked (two runs started together on a
         new ``--out``) is resumed if it has these settings and refused otherwise."""
         if not self._committed:
-            import time
-
-            from posbias.utils.io import append_jsonl, atomic_write_json, versions
-
             if self.parent is not None:
                 self.parent.commit()
             self.path.mkdir(parents=True, exist_ok=True)
@@ -254,8 +252,6 @@ def read_run_settings(path: Path, *, required: bool = True) -> dict:
 
 
 def _read_config(path: Path) -> dict:
-    from posbias.utils.io import read_json
-
     try:
         doc = read_json(path / CONFIG)
     except ValueError as e:
@@ -280,6 +276,4 @@ def _describe(kind: str) -> str:
 
 def _roundtrip(v: Any) -> Any:
     """``v`` as it reads back from JSON (tuples become lists, paths strings)."""
-    from posbias.utils.io import json_default
-
     return json.loads(json.dumps(v, default=json_default))
