@@ -23,11 +23,11 @@ def test_fitness_applies_temperatures_not_rope_factors(tiny_tokenizer):
     fit.close()
     with apply_method(model, "temperature", values=values) as h:
         rows = score_instances(h.model, tiny_tokenizer, fit.instances, batch_size=3, shared=True)
-    from posbias.search.fitness import _dkey, empty_result
+    from posbias.search.fitness import depth_key, empty_result
 
     ref = empty_result(fit.instances)
     for inst, r in zip(fit.instances, rows):
-        ref.add(_dkey(inst.depth), r)
+        ref.add(depth_key(inst.depth), r)
     assert math.isclose(res.logprob_sum, ref.logprob_sum, rel_tol=1e-5) and res.counts == ref.counts
     rope = TeacherForcedFitness(model, tiny_tokenizer, insts, batch_size=3, chat=False).score(values)
     assert not math.isclose(rope.logprob_sum, res.logprob_sum, rel_tol=1e-4)
