@@ -602,12 +602,12 @@ def test_a_folder_of_dotfiles_is_not_empty_but_one_of_killed_temporaries_is(tiny
 
 
 def test_ctrl_c_says_how_to_resume(tiny, tmp_path, monkeypatch):
-    import posbias.models
+    import posbias.evaluation.session
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(posbias.models, "load_model", interrupted)
+    monkeypatch.setattr(posbias.evaluation.session, "load_model", interrupted)
     res = cli("eval", "--model", tiny, *KV, "--out", tmp_path / "run")
     assert res.exit_code == 130 and "interrupted: re-run the same command to resume" in res.output
     assert "Traceback" not in res.output
