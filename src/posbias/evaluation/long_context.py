@@ -224,15 +224,9 @@ def run_grid(model, tokenizer, spec: GridSpec, *, model_name: str, out_jsonl: st
     return records
 
 
-def _model_device(model):
-
-    return model_device(model)
-
-
 def _reset_peak(model) -> None:
-    dev = _model_device(model)
+    dev = model_device(model)
     if dev.type == "cuda":
-
         torch.cuda.reset_peak_memory_stats(dev)
     else:
         reset_peak_rss()
@@ -242,9 +236,8 @@ def _peak_memory(model) -> dict:
     """``peak_gpu_mb`` (this chunk's peak on CUDA) or ``peak_rss_mb`` (resident memory: this chunk's
     peak on Linux, see :func:`posbias.utils.memory.peak_rss_mb`; elsewhere the process's peak so far,
     which bounds the chunk's because the grid runs lengths in increasing order)."""
-    dev = _model_device(model)
+    dev = model_device(model)
     if dev.type == "cuda":
-
         return {"peak_gpu_mb": round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)}
     return {"peak_rss_mb": round(peak_rss_mb(), 1)}
 

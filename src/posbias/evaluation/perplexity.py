@@ -30,17 +30,11 @@ from typing import Literal
 
 import torch
 
+from posbias.evaluation.scoring import model_device
 from posbias.utils.progress import progress_bar
 
 Mode = Literal["non-overlapping", "sliding"]
 _LOSS_CHUNK = 2048  # positions per float32 log-softmax slice
-
-
-def _model_device(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:  # pragma: no cover - parameterless model
-        return torch.device("cpu")
 
 
 def _accepts_logits_to_keep(model) -> bool:
@@ -125,7 +119,7 @@ def perplexity(model, token_ids, *, context: int, mode: Mode = "non-overlapping"
     """
     ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
     wins = windows(ids.numel(), context=context, mode=mode, stride=stride)
-    device = _model_device(model)
+    device = model_device(model)
     use_keep = _accepts_logits_to_keep(model)
     was_training = model.training
     model.eval()
