@@ -123,6 +123,18 @@ def test_search_config_round_trip_and_flags_override(tmp_path):
                    "unknown search setting(s) populaton")
 
 
+def _rerun_from_its_config_scores_nothing(command: str, out) -> dict:
+    """Re-run ``command`` with only ``--config out/config.json``: the same settings, nothing scored
+    again (results.jsonl unchanged); returns the settings."""
+    first = json.loads((out / "config.json").read_text())["config"]
+    results = (out / "results.jsonl").read_text()
+    res = cli(command, "--config", out / "config.json")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["config"] == first
+    assert (out / "results.jsonl").read_text() == results  # resumed: nothing scored again
+    return first
+
+
 def test_eval_config_round_trip(tmp_path):
     from conftest import save_tiny_folder
 
@@ -131,12 +143,7 @@ def test_eval_config_round_trip(tmp_path):
     res = cli("eval", "--model", tiny, "--task", "kv", "--num-keys", "4", "--n", "2", "--depths", "0,1",
               "--out", out)
     assert res.exit_code == 0, res.output
-    first = json.loads((out / "config.json").read_text())["config"]
-    results = (out / "results.jsonl").read_text()
-    res = cli("eval", "--config", out / "config.json")
-    assert res.exit_code == 0, res.output
-    assert json.loads((out / "config.json").read_text())["config"] == first
-    assert (out / "results.jsonl").read_text() == results  # resumed: nothing scored again
+    first = _rerun_from_its_config_scores_nothing("eval", out)
     # --n from the command line over the file's: the same folder grows by one instance per depth
     res = cli("eval", "--config", out / "config.json", "--n", "3")
     assert res.exit_code == 0, res.output
@@ -171,10 +178,5 @@ def test_tune_config_round_trip(tmp_path):
     res = cli("tune", "--model", tiny, "--task", "kv", "--num-keys", "4", "--n-per-depth", "1", "--methods", "pi",
               "--out", out)
     assert res.exit_code == 0, res.output
-    first = json.loads((out / "config.json").read_text())["config"]
-    results = (out / "results.jsonl").read_text()
-    res = cli("tune", "--config", out / "config.json")
-    assert res.exit_code == 0, res.output
-    assert json.loads((out / "config.json").read_text())["config"] == first
-    assert (out / "results.jsonl").read_text() == results  # resumed: nothing scored again
+    _rerun_from_its_config_scores_nothing("tune", out)
     one_line_error(cli("tune", "--config", out / "config.json", "--seed", "2"), "other settings")
