@@ -117,3 +117,22 @@ def test_tune_positional_hidden_and_temperature(tiny_folder, tmp_path):
     r = CliRunner().invoke(_app(), ["tune", "--model", str(tiny_folder), "--methods", "positional-hidden",
                                     "--out", str(tmp_path / "t2")])
     assert r.exit_code == 2 and "--dims-file" in r.output
+
+
+def test_the_positional_hidden_sweep_records_equal_each_setting_scored_alone(tiny_tokenizer):
+    """tune scores positional-hidden's grid in one sweep; each record equals score_setting's."""
+    from conftest import make_variant_model
+
+    from posbias.search.tune import score_hidden_grid, score_setting
+    from posbias.tasks.registry import make_instances
+
+    model = make_variant_model("qwen2-gqa7")
+    instances = make_instances("kv", tokenizer=tiny_tokenizer, n=2, depths=[0.0, 1.0], seed=0, split="search",
+                               num_keys=3, shared_context=True)
+    grid = [{"dims": [d], "factor": f, "layers": [0, 1, 2]} for d in (3, 50) for f in (0.0, -4.0)]
+    swept = score_hidden_grid(model, tiny_tokenizer, grid, instances)
+    for setting, got in zip(grid, swept):
+        want = score_setting(model, tiny_tokenizer, "positional-hidden", setting, instances, batch_size=2)
+        assert got["per_depth"] == want["per_depth"]
+        assert got["weighted_logprob"] == pytest.approx(want["weighted_logprob"], abs=1e-5)
+    assert len({round(r["weighted_logprob"], 4) for r in swept}) > 1  # the settings differ

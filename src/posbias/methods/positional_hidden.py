@@ -114,8 +114,28 @@ def band_layers(band, n_layers: int) -> list[int]:
     return reference_band(n_layers, b)
 
 
+def scale_hidden(hidden: torch.Tensor, cfg: HiddenScaleConfig, position_ids: torch.Tensor | None = None,
+                 past: int = 0) -> torch.Tensor:
+    """A copy of ``hidden`` (B, q, D) with ``cfg.dims`` multiplied by ``cfg.factor`` at positions >=
+    ``cfg.skip_first`` (``position_ids`` (B|1, q); default ``past .. past + q - 1``)."""
+    out = hidden.clone()
+    dims = torch.tensor(cfg.dims, dtype=torch.long, device=hidden.device)
+    scaled = out[..., dims] * cfg.factor
+    if cfg.skip_first > 0:
+        if position_ids is None:
+            position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]
+        keep = (position_ids.to(hidden.device) < cfg.skip_first)[..., None]  # (B|1, q, 1)
+        scaled = torch.where(keep, out[..., dims], scaled)
+    out[..., dims] = scaled
+    return out
+
+
+#: the names under which transformers passes an attention module its KV cache
+CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
+
+
 def _cache_of(kwargs: dict):
-    for name in ("cache", "past_key_values", "past_key_value"):
+    for name in CACHE_KWARGS:
         if kwargs.get(name) is not None:
             return kwargs[name]
     return None
@@ -126,7 +146,6 @@ class PositionalHiddenScaling:
 
     def __init__(self, model, cfg: HiddenScaleConfig):
         self.model, self.cfg = model, cfg
-        self.dims = torch.tensor(cfg.dims, dtype=torch.long)
         self._plain_out: dict[int, torch.Tensor] = {}  # layer -> unscaled attention output (B, q, D)
         self._plain_in: dict[int, torch.Tensor] = {}  # layer -> unscaled hidden (B, q, D) for v_proj
         self._hooks: list = []
@@ -149,17 +168,7 @@ class PositionalHiddenScaling:
             self._hooks.append(attn.v_proj.register_forward_hook(self._value_hook(layer)))
 
     def scaled(self, hidden: torch.Tensor, position_ids: torch.Tensor | None, past: int) -> torch.Tensor:
-        """``hidden`` (B, q, D) with ``dims`` multiplied by ``factor`` at positions >= ``skip_first``."""
-        out = hidden.clone()
-        dims = self.dims.to(hidden.device)
-        scaled = out[..., dims] * self.cfg.factor
-        if self.cfg.skip_first > 0:
-            if position_ids is None:
-                position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]
-            keep = (position_ids.to(hidden.device) < self.cfg.skip_first)[..., None]  # (B|1, q, 1)
-            scaled = torch.where(keep, out[..., dims], scaled)
-        out[..., dims] = scaled
-        return out
+        return scale_hidden(hidden, self.cfg, position_ids, past)
 
     def _pre_hook(self, layer: int):
         def hook(module, args, kwargs):
@@ -171,8 +180,7 @@ class PositionalHiddenScaling:
             self._plain_out.pop(layer, None)  # nothing left over from a call that raised
             self._plain_in.pop(layer, None)
             if past == 0 and q_len > self.cfg.last_recompute_tokens:  # prefill: most rows stay the model's own
-                plain_kwargs = {k: v for k, v in kwargs.items() if k not in ("hidden_states", "cache",
-                                                                              "past_key_values", "past_key_value")}
+                plain_kwargs = {k: v for k, v in kwargs.items() if k not in ("hidden_states", *CACHE_KWARGS)}
                 self._plain_out[layer] = module.forward(hidden, *rest, **plain_kwargs)[0]
             self._plain_in[layer] = hidden
             new = self.scaled(hidden, kwargs.get("position_ids"), past)

@@ -11,7 +11,9 @@ setting of each method goes to ``out/best_settings.json`` (``{method: options}``
 chosen on data it never sees. Every scored setting is one line of ``out/results.jsonl`` (a rerun
 resumes) and ``out/tune.md`` is the table. ``workers > 1`` scores the settings in that many spawned
 processes, one model each (on a CUDA machine one GPU each, as the LPES search's workers); the
-records are written in grid order, so the result is the same with any number of workers.
+records are written in grid order, so the result is the same with any number of workers. With one
+worker, the positional-hidden grid is scored in one sweep (one plain prefill per prompt for all its
+settings, :mod:`posbias.evaluation.hidden_sweep`); its rows are written when the sweep ends.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from posbias.evaluation.hidden_sweep import score_hidden_settings
 from posbias.evaluation.session import build_instances, check_method
 from posbias.evaluation.teacher_forced import score_instances
 from posbias.methods import apply_method
@@ -31,6 +34,7 @@ from posbias.search.fitness import DEFAULT_DEPTHS, DEFAULT_OBJECTIVE, OBJECTIVES
 from posbias.search.runner import worker_gpus
 from posbias.tasks.registry import supports_shared_context
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
+from posbias.utils.progress import progress_bar
 from posbias.utils.run_folder import open_run
 from posbias.utils.workers import spawn_pool
 
@@ -47,6 +51,7 @@ DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
     "moice": [{"top_k": k} for k in (7, 1, 2, 3)],
     "temperature": [{"t": t} for t in (1.0, 0.8, 0.9, 1.1, 1.25, 1.5, 2.0)],
 }
+HIDDEN = "positional-hidden"
 TUNE_KEYS = ("model", "model_path", "task", "seed", "n_per_depth", "task_options", "base_options", "dtype")
 
 
@@ -68,12 +73,31 @@ def score_setting(model, tokenizer, method: str, options: dict, instances, batch
     with apply_method(model, method, **options) as handle:
         rows = score_instances(handle.model, tokenizer, instances, batch_size=batch_size,
                                shared=handle.shared_prefill)
+    return setting_record(instances, rows, time.perf_counter() - start)
+
+
+def setting_record(instances, rows: list[dict], seconds: float) -> dict:
+    """The tuning record of one setting from its scored ``rows`` (one per instance, in order)."""
     res = empty_result(instances)
     for inst, r in zip(instances, rows):
         res.add(depth_key(inst.depth), r)
     return {"fitness": res.to_dict(), "per_depth": res.per_depth_accuracy(), "accuracy": res.accuracy,
             "mean_logprob": res.mean_logprob, "weighted_logprob": res.weighted_logprob,
-            "seconds": round(time.perf_counter() - start, 1)}
+            "seconds": round(seconds, 1)}
+
+
+def score_hidden_grid(model, tokenizer, settings: list[dict], instances) -> list[dict]:
+    """The tuning records of many positional-hidden ``settings`` from one plain prefill per prompt
+    (:func:`posbias.evaluation.hidden_sweep.score_hidden_settings`; equal to scoring each alone).
+    ``seconds`` is the sweep's time shared out evenly."""
+    start = time.perf_counter()
+    bar = progress_bar(len(instances), desc=f"positional-hidden x {len(settings)} settings", unit="prompt")
+    try:
+        _, rows = score_hidden_settings(model, tokenizer, instances, settings, on_instance=lambda k: bar.update(1))
+    finally:
+        bar.close()
+    seconds = (time.perf_counter() - start) / max(1, len(settings))
+    return [setting_record(instances, r, seconds) for r in rows]
 
 
 _WORKER: dict = {}  # a tuning worker's model, tokenizer and instances (set by _worker_init)
@@ -97,11 +121,18 @@ def _worker_score(job: tuple[str, dict, int]) -> dict:
 
 def _scored_in_order(jobs: list[tuple[str, dict]], *, workers: int, batch_size: int, local, pool_args: tuple):
     """``score_setting`` of every ``(method, options)`` job, yielded in job order: here with ``local()``
-    (``(model, tokenizer, instances)``) for one worker, else in a pool of spawned workers."""
+    (``(model, tokenizer, instances)``) for one worker (all positional-hidden settings in one sweep),
+    else in a pool of spawned workers."""
     if workers <= 1 or len(jobs) <= 1:
         lm, tok, instances = local()
+        hidden = [o for m, o in jobs if m == HIDDEN]
+        swept: list[dict] = []
         for method, options in jobs:
-            yield score_setting(lm, tok, method, options, instances, batch_size)
+            if method == HIDDEN:  # every positional-hidden setting from one prefill per prompt
+                swept = swept or score_hidden_grid(lm, tok, hidden, instances)
+                yield swept[hidden.index(options)]
+            else:
+                yield score_setting(lm, tok, method, options, instances, batch_size)
         return
 
     count = min(workers, len(jobs))
