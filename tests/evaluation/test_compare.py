@@ -125,3 +125,16 @@ def test_paired_intervals_stay_within_what_accuracy_allows():
     d = paired_difference([0, 0], [1, 0])
     assert d["diff"] == 0.5 and d["ci95"][1] == 1.0 and -1.0 <= d["ci95"][0] < 0.5
     assert paired_difference([1, 1, 1], [0, 0, 0])["ci95"] == [-1.0, -1.0]
+
+
+def test_a_large_log_prob_difference_keeps_its_interval():
+    """The accuracy interval is clipped to +-100 points; the log-prob interval is not clipped at all."""
+    from posbias.evaluation.compare import paired_cell
+
+    base = {f"i{k}": {"correct": 1.0, "tf_logprob": -0.5 - 0.1 * k, "n_tokens": 1} for k in range(6)}
+    other = {f"i{k}": {"correct": 0.0, "tf_logprob": -3.5 - 0.3 * k, "n_tokens": 1} for k in range(6)}
+    cell = paired_cell(base, other, list(base))
+    acc, lp = cell.split(", ", 1)[1], cell.rsplit(", ", 1)[1]
+    assert acc.startswith("-100 [-100, -100]")
+    mean, half = lp.split(" +- ")
+    assert float(mean) == pytest.approx(-3.5, abs=1e-3) and float(half) > 0

@@ -1,6 +1,7 @@
 """Several methods side by side on the same held-out instances (one model load)."""
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -179,7 +180,8 @@ def paired_cell(base: dict, other: dict, ids: Sequence[str], *, correct_key: str
     if all(r.get("tf_logprob") is not None and r.get("n_tokens") for r in [*(base[i] for i in ids),
                                                                            *(other[i] for i in ids)]):
         lp = paired_difference([base[i]["tf_logprob"] / base[i]["n_tokens"] for i in ids],
-                               [other[i]["tf_logprob"] / other[i]["n_tokens"] for i in ids])
+                               [other[i]["tf_logprob"] / other[i]["n_tokens"] for i in ids],
+                               bounds=(-math.inf, math.inf))  # log-probs are not bounded like accuracies
         cell += f", {lp['diff']:+.3f} +- {(lp['ci95'][1] - lp['ci95'][0]) / 2:.3f}"
     return cell
 
