@@ -119,10 +119,10 @@ def _setup(cfg: TrainConfig, info: DistInfo, tokenizer):
     out = Path(cfg.out)
     if (out / CHECKPOINT).exists() and not cfg.resume:
         raise ValueError(f"{out} already holds a checkpoint: pass resume=True to continue it, or use another --out")
+    texts = load_texts(cfg.corpus)  # a bad corpus is refused before the run folder is written
     if info.is_main:  # before the first file (a bpe:<N> tokenizer) is written into out
         prepare_run_dir(out, cfg.to_json(), kind="train", check_keys=resume_check_keys(out))
     barrier(info)
-    texts = load_texts(cfg.corpus)
     if tokenizer is None:
         # "bpe:<N>": a byte-level BPE trained on this corpus, kept in out/tokenizer (reused on resume);
         # the main process trains it, the others read it
