@@ -154,9 +154,9 @@ def _build(cfg: TrainConfig, info: DistInfo, bam_cfg):
 
 def _resume(cfg: TrainConfig, info: DistInfo, out: Path, model, optimizer, scheduler,
             model_config: dict) -> tuple[int, dict | None]:
-    """Load the checkpoint (if resuming) and cut ``metrics.jsonl`` back to it: a line logged after
-    the checkpoint by the killed run is dropped (it will be redone), and a run that starts from step
-    0 starts the file anew (a run killed before its first checkpoint leaves lines of nothing kept).
+    """Load the checkpoint (if resuming) and cut ``metrics.jsonl`` back to it: the lines a killed run
+    logged after its checkpoint are dropped (they will be redone), and a run that starts from step 0
+    starts the file anew (the lines of a run killed before its first checkpoint describe nothing kept).
     Returns the start step and the metrics log's loss window at it (None: an empty one)."""
     ck_path = out / CHECKPOINT
     start, window = 0, None
@@ -172,7 +172,7 @@ def _resume(cfg: TrainConfig, info: DistInfo, out: Path, model, optimizer, sched
     elif cfg.resume and info.is_main:
         warnings.warn(f"resume=True: no checkpoint in {out}, starting from step 0", stacklevel=2)
     if info.is_main:
-        kept = [r for r in read_jsonl(out / "metrics.jsonl") if start and r.get("step", 0) <= start]
+        kept = [r for r in read_jsonl(out / "metrics.jsonl") if r.get("step", 0) <= start] if start else []
         atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
     return start, window
 
