@@ -641,6 +641,27 @@ def test_an_oversized_or_deep_data_line_is_refused_before_tokenising(tmp_path, m
         list(io.iter_jsonl_gz(path))
 
 
+@pytest.mark.parametrize("name", ["corpus.txt", "notes.md", "corpus.txt.gz"])
+def test_an_oversized_text_document_is_refused_naming_its_file(tmp_path, monkeypatch, name):
+    import gzip
+
+    from posbias.utils import io
+    from posbias.utils.corpus import load_texts
+
+    monkeypatch.setattr(io, "MAX_LINE_CHARS", 1000)
+    path = tmp_path / name
+    write = (lambda t: path.write_bytes(gzip.compress(t.encode()))) if name.endswith(".gz") else path.write_text
+    write("short\f" + "y" * 1000 + "\f" + "x" * 2000)
+    with pytest.raises(ValueError, match=f"{name}: document 3 holds more than the 1,000 characters"):
+        load_texts(path)
+    write("short\f" + "y" * 1000 + "\f\f" + "z" * 10)  # at the limit: read as before
+    assert load_texts(path) == ["short", "y" * 1000, "z" * 10]
+    write("short\f" + "x" * 2000)
+    res = cli("train", "--corpus", path, "--steps", "2", "--out", tmp_path / "train")
+    refused(res, name, "document 2 holds more than the 1,000 characters")
+    assert res.output.strip().count("\n") == 0 and not (tmp_path / "train").exists()
+
+
 def _damaged_copy(tiny, where, damage):
     import shutil
 

@@ -194,6 +194,47 @@ def test_gguf_cache_is_keyed_on_content_hashed_once_per_file_version(tmp_path, m
     assert len(converted) == 2
 
 
+def test_an_old_style_cache_entry_is_removed_when_the_new_one_is_created(tmp_path, monkeypatch, capsys):
+    """A conversion cached under the old ``<stem>-<size>`` name is removed, in one line, once the file's
+    content-keyed entry is created; when that entry already exists the old one is named as deletable
+    (once per process) and left alone. Only the temporary cache is touched."""
+    from posbias.models import loader
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("POSBIAS_CACHE", str(cache))
+    monkeypatch.setattr(loader, "_MENTIONED_OLD_ENTRIES", set())
+
+    def convert(gguf, target):  # stands in for the dequantisation
+        target.mkdir(parents=True)
+        (target / ".complete").write_text(str(gguf))
+
+    monkeypatch.setattr(loader, "_convert_gguf", convert)
+
+    def old_entry(gguf):
+        old = cache / "models" / f"{gguf.stem}-{gguf.stat().st_size}"
+        old.mkdir(parents=True)
+        (old / "model.safetensors").write_bytes(b"old")
+        (old / ".complete").write_text(str(gguf))
+        return old
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"\1" * 4096)
+    old = old_entry(gguf)
+    unrelated = cache / "models" / "m-99"  # another size: another file's entry, not this one's
+    unrelated.mkdir()
+    (unrelated / ".complete").write_text("x")
+    new = loader.cached_from_gguf(gguf)
+    assert new.exists() and not old.exists() and unrelated.exists()
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [f"removed {old}: the cache entry of m.gguf under its old name (file name and size), "
+                    f"replaced by {new.name}"]
+    old = old_entry(gguf)  # written by an older posbias after the new entry existed
+    assert loader.cached_from_gguf(gguf) == new and loader.cached_from_gguf(gguf) == new and old.exists()
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith(f"{old} caches m.gguf under its old name") \
+        and said[0].endswith("it can be deleted")
+
+
 def test_a_conversion_that_finds_another_process_finished_first_keeps_its_copy(tmp_path, monkeypatch, tiny_tokenizer):
     """Two first loads of one GGUF at once: each writes its own temporary folder; the later one finds
     the finished copy and leaves it (no error, no half folder)."""

@@ -56,6 +56,22 @@ def test_tune_writes_every_setting_and_the_best_then_compare_uses_them(tiny_fold
     assert cfg["method_options"]["pi"] == best["pi"] and cfg["method_options"]["ms-poe"] == best["ms-poe"]
 
 
+def test_a_resumed_tune_says_how_far_it_was(tiny_folder, tmp_path):
+    from typer.testing import CliRunner
+
+    out = tmp_path / "tune"
+    args = ["tune", "--model", str(tiny_folder), "--task", "kv", "--num-keys", "5", "--n-per-depth", "1",
+            "--methods", "pi", "--out", str(out)]
+    r = CliRunner().invoke(_app(), args)
+    assert r.exit_code == 0 and "resuming" not in r.output, r.output
+    rows = (out / "results.jsonl").read_text().splitlines()
+    (out / "results.jsonl").write_text("".join(x + "\n" for x in rows[:3]))  # killed after 3 settings
+    r = CliRunner().invoke(_app(), args)
+    assert r.exit_code == 0, r.output
+    assert f"resuming 3 of {len(rows)} settings already in {out}" in r.output
+    assert len((out / "results.jsonl").read_text().splitlines()) == len(rows)
+
+
 def test_tune_refuses_what_it_cannot_tune_before_loading(tiny_folder, tmp_path):
     from typer.testing import CliRunner
 

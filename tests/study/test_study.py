@@ -393,6 +393,7 @@ def fake_train(tmp_path, monkeypatch, tiny_tokenizer):
     import posbias.study.training as training
 
     monkeypatch.setattr(training, "_train_config_class", lambda: None)  # plain dict configs
+    monkeypatch.setattr(training, "study_tokenizer", lambda spec: tiny_tokenizer)  # the one the models save
     calls = []
 
     def train(config):
@@ -516,6 +517,53 @@ def test_study_cli(tmp_path, fake_train, monkeypatch):
     assert len(niah) == 1 and niah[0]["metric"] == "string_match_all" and "gen_score" not in niah[0]
     r = CliRunner().invoke(app, args[:-2] + ["--schemes", "xpos"])
     assert r.exit_code == 2 and "bad scheme" in r.output
+
+
+def test_a_passkey_prompt_that_cannot_fit_is_refused_before_any_training(tmp_path, fake_train, monkeypatch):
+    from typer.testing import CliRunner
+
+    import posbias.study.training as training
+    from posbias.cli.main import app
+
+    train, calls = fake_train
+    monkeypatch.setattr(training, "default_train_fn", lambda: train)
+    out = tmp_path / "s"
+
+    def study(context: int, multipliers: str):
+        return CliRunner().invoke(app, [
+            "study", "--out", str(out), "--schemes", "rope,nope", "--train-steps", "2", "--train-context",
+            str(context), "--multipliers", multipliers, "--depths", "0.5", "--n", "1", "--ppl-multipliers", ""])
+
+    r = study(16, "1,64")
+    assert r.exit_code == 2 and calls == [], r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and "shortest length cannot hold its passkey prompt" in lines[0], r.output
+    assert "length 16 is too small" in lines[0] and "nothing was trained" in lines[0]
+    r = study(16, "2,64")  # the shortest evaluated length is the one checked
+    assert r.exit_code == 2 and calls == [] and "length 32 is too small" in r.output, r.output
+    r = study(160, "1")  # a context that holds it trains
+    assert r.exit_code == 0 and len(calls) == 2, r.output
+
+
+def test_a_resumed_study_says_how_many_models_were_trained(tmp_path, fake_train, capsys):
+    from posbias.study.runner import StudyConfig, run_study
+
+    train, calls = fake_train
+    out = tmp_path / "study"
+    kw = dict(out=str(out), schemes="rope,alibi", train_steps=2, train_context=160, multipliers=[1], depths=[0.5],
+              n=1, ppl_multipliers=[], corpus=_corpus(tmp_path))
+
+    def killed_at_alibi(config):
+        if config["pe"] == "alibi":
+            raise KeyboardInterrupt
+        return train(config)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_study(StudyConfig(**kw), train_fn=killed_at_alibi, progress=False, log=lambda *a: None)
+    assert "resuming" not in capsys.readouterr().err
+    run_study(StudyConfig(**kw, resume=True), train_fn=train, progress=False, log=lambda *a: None)
+    assert f"resuming 1 of 2 trained models already in {out}" in capsys.readouterr().err
+    assert [c["pe"] for c in calls] == ["rope", "alibi"]
 
 
 def test_study_config_json_fed_back_resumes_the_same_study(tmp_path, fake_train, monkeypatch):

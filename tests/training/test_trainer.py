@@ -296,6 +296,59 @@ def test_train_outputs_and_resume_is_exact(tmp_path, tiny_tokenizer, corpus):
         train(_cfg(tmp_path, out=str(tmp_path / "part"), resume=True, pe="rope"), tokenizer=tiny_tokenizer)
 
 
+class _Killed(Exception):
+    """Stands in for a kill at a chosen step."""
+
+
+def _kill_at(step: int):
+    def callback(done, model, info):
+        if done == step:
+            raise _Killed(done)
+    return callback
+
+
+def _log_lines(run: Path) -> list[dict]:
+    """metrics.jsonl without the wall-clock fields (which differ between any two runs)."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in rows]
+
+
+@pytest.mark.parametrize("kill_at, checkpoint_every", [(5, 6), (5, 3)],
+                         ids=["before-the-first-checkpoint", "after-a-checkpoint"])
+def test_a_killed_and_rerun_training_logs_exactly_what_an_uninterrupted_one_does(
+        tmp_path, tiny_tokenizer, corpus, kill_at, checkpoint_every, capsys):
+    """No line of a killed run survives the rerun (the fresh start of a run killed before its first
+    checkpoint, the lines after the checkpoint of one killed later), and the first line after a
+    resume averages the same ``log_every`` steps as the uninterrupted run (the window travels in the
+    checkpoint), each line saying how many steps its loss covers."""
+    kw = dict(steps=8, log_every=4, checkpoint_every=checkpoint_every)
+    train(_cfg(tmp_path, out=str(tmp_path / "full"), **kw), tokenizer=tiny_tokenizer)
+    full = _log_lines(tmp_path / "full")
+    assert [(r["step"], r["loss_steps"]) for r in full] == [(4, 4), (8, 4)]
+
+    with pytest.raises(_Killed):
+        train(_cfg(tmp_path, **kw), tokenizer=tiny_tokenizer, callback=_kill_at(kill_at))
+    run = tmp_path / "run"
+    assert [r["step"] for r in _log_lines(run)] == [4]
+    resume = (run / "checkpoint.pt").exists()
+    assert resume == (kill_at > checkpoint_every)
+    capsys.readouterr()
+    train(_cfg(tmp_path, resume=resume, **kw), tokenizer=tiny_tokenizer)
+    assert _log_lines(run) == full
+    said = capsys.readouterr().err
+    assert (f"resuming {checkpoint_every} of 8 steps already in {run}" in said) == resume, said
+
+
+def test_the_line_that_stops_a_run_early_says_how_many_steps_it_averages(tmp_path, tiny_tokenizer, corpus):
+    train(_cfg(tmp_path, steps=8, log_every=4, checkpoint_every=8, stop_after=3), tokenizer=tiny_tokenizer)
+    train(_cfg(tmp_path, steps=8, log_every=4, checkpoint_every=8, resume=True), tokenizer=tiny_tokenizer)
+    lines = _log_lines(tmp_path / "run")
+    assert [(r["step"], r["loss_steps"]) for r in lines] == [(3, 3), (4, 4), (8, 4)]
+    train(_cfg(tmp_path, out=str(tmp_path / "full"), steps=8, log_every=4, checkpoint_every=8),
+          tokenizer=tiny_tokenizer)
+    assert lines[1:] == _log_lines(tmp_path / "full")
+
+
 def test_checkpoint_from_another_model_config(tmp_path, tiny_tokenizer, corpus):
     train(_cfg(tmp_path, steps=2, checkpoint_every=1, stop_after=1), tokenizer=tiny_tokenizer)
     ck = tmp_path / "run" / "checkpoint.pt"

@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,9 +287,33 @@ def cached_from_gguf(gguf: Path) -> Path:
     same name and size is never taken for it."""
     sha = gguf_sha256(gguf)
     target = cache_dir() / "models" / f"{gguf.stem}-{sha[:16]}"
-    if not (target / ".complete").exists():
+    created = not (target / ".complete").exists()
+    if created:
         _convert_gguf(gguf, target)
+    _old_cache_entry(gguf, target, created=created)
     return target
+
+
+_MENTIONED_OLD_ENTRIES: set[Path] = set()
+
+
+def _old_cache_entry(gguf: Path, target: Path, *, created: bool) -> None:
+    """The conversion of ``gguf`` cached under the name posbias gave it before the cache was keyed on
+    content (``models/<stem>-<size in bytes>``), which no load reads any more: removed when this file's
+    content-keyed entry ``target`` has just been created, else named once per process in one line as
+    one that can be deleted (another posbias version may still read it)."""
+    old = cache_dir() / "models" / f"{gguf.stem}-{gguf.stat().st_size}"
+    if old == target or not (old / ".complete").is_file():
+        return
+    if created:
+        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old.with_name(f"{old.name}.partial"), ignore_errors=True)
+        print(f"removed {old}: the cache entry of {gguf.name} under its old name (file name and size), "
+              f"replaced by {target.name}", file=sys.stderr)
+    elif old not in _MENTIONED_OLD_ENTRIES:
+        _MENTIONED_OLD_ENTRIES.add(old)
+        print(f"{old} caches {gguf.name} under its old name (file name and size), which this posbias no longer "
+              "reads: it can be deleted", file=sys.stderr)
 
 
 def gguf_sha256(path: Path) -> str:

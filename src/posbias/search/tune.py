@@ -35,7 +35,7 @@ from posbias.search.runner import worker_gpus
 from posbias.tasks.registry import supports_shared_context
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
 from posbias.utils.progress import progress_bar
-from posbias.utils.run_folder import open_run
+from posbias.utils.run_folder import announce_resume, open_run
 from posbias.utils.workers import spawn_pool
 
 # Small grids around each method's published default (first entry = that default).
@@ -182,6 +182,9 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
         except ValueError as e:
             raise ValueError(f"{results}: the row of {r['key']!r}: {e}; delete the row to score it again") from None
     todo = [(m, setting) for m in methods for setting in grids[m] if setting_key(m, setting) not in done]
+    total = sum(len(grids[m]) for m in methods)
+    if len(todo) < total:
+        announce_resume(total - len(todo), total, "settings", folder.path)
 
     def local():
         lm, tok = loaded or load_model(model, load)

@@ -188,6 +188,25 @@ def evaluate_model(model, tokenizer, cfg: StudyConfig, *, name: str, passkey_hel
     return res
 
 
+def check_grid_fits(cfg: StudyConfig, tokenizer, *, passkey_heldout: str | None = None,
+                    make_instances: Callable | None = None) -> None:
+    """Build the instances of every view's first cell (the shortest length of ``cfg.lengths``) with
+    the tokenizer the models train with: a prompt that cannot fit there is a ``ValueError`` of one
+    line now, before any scheme trains, rather than after every one has. Arguments as
+    :func:`evaluate_model`'s."""
+    length = min(cfg.lengths)
+    for view, task, options, _file in grid_views(niah=cfg.niah, niah_options=cfg.niah_options,
+                                                 passkey_essay=cfg.passkey_essay, niah_essay=cfg.niah_essay,
+                                                 passkey_heldout=passkey_heldout if cfg.passkey_heldout else None):
+        try:
+            long_context.grid_instances(tokenizer, task=task, length=length, depths=cfg.depths, n=cfg.n_at(length),
+                                        seed=cfg.seed, make_instances=make_instances, task_kwargs=options,
+                                        needle_draw=cfg.needle_draw)
+        except ValueError as e:
+            raise ValueError(f"the study's shortest length cannot hold its {view} prompt ({e}); nothing was "
+                             "trained: raise --train-context or the smallest --multipliers") from None
+
+
 def _run_view(model, tokenizer, spec: GridSpec, *, out_jsonl: Path, n_at: Callable[[int], int], dead_after: int,
               common: dict, log: Callable) -> list[dict]:
     """One view's grid, ``n_at(length)`` instances per cell: all lengths of one cell size at once, or

@@ -94,6 +94,7 @@ from posbias.study.grid import (
 from posbias.study.priors import attention_maps, ggd_priors, plot_attention_maps, plot_priors, priors_table
 from posbias.study.report import write_report  # noqa: F401
 from posbias.study.training import (  # noqa: F401
+    check_before_training,
     check_training_options,
     default_train_fn,
     ensure_models,
@@ -101,10 +102,19 @@ from posbias.study.training import (  # noqa: F401
     model_dir_name,
     prepare_tokenizer,
     train_config,
+    trained_models,
 )
 from posbias.utils.folder_lock import hold
 from posbias.utils.io import atomic_write_json, atomic_write_text
-from posbias.utils.run_folder import CONFIG, INVOCATIONS, folder_kind, open_run, read_run_settings, settings_diff
+from posbias.utils.run_folder import (
+    CONFIG,
+    INVOCATIONS,
+    announce_resume,
+    folder_kind,
+    open_run,
+    read_run_settings,
+    settings_diff,
+)
 
 
 def _ppl_tokens(cfg: StudyConfig, tokenizer, heldout: str | None) -> list[int] | None:
@@ -134,9 +144,12 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
         _check_needle_draw(out, cfg.needle_draw)
         _check_ppl_tokens(out, cfg)
     folder = open_run(out, "study", config, check_keys=study_check_keys(out), upgrade=upgrade_settings)
+    if folder.resuming and has_results(out):
+        announce_resume(len(trained_models(cfg)), len(cfg.schemes), "trained models", out)
     train_corpus, heldout = prepare_data(cfg, log=log, before_write=folder.commit)
     folder.commit()
-    prepare_tokenizer(cfg, train_corpus, log=log)
+    tokenizer = prepare_tokenizer(cfg, train_corpus, log=log)
+    check_before_training(cfg, tokenizer, passkey_heldout=heldout, make_instances=make_instances)
     models = ensure_models(cfg, train_fn=train_fn, corpus=train_corpus, log=log)
 
 

@@ -14,8 +14,9 @@ import torch
 
 from posbias.models import load_model
 from posbias.study.config import MODELS_FILE, StudyConfig, read_models_file
-from posbias.study.grid import parse_scheme
+from posbias.study.grid import check_grid_fits, parse_scheme
 from posbias.training import TrainConfig, train
+from posbias.training.data import load_tokenizer
 from posbias.training.tokenizer import parse_bpe_spec, resolve_tokenizer_spec
 from posbias.utils.corpus import load_texts
 from posbias.utils.io import atomic_write_json
@@ -94,6 +95,21 @@ def _tokenizer_dir(cfg: StudyConfig) -> Path:
     return Path(cfg.out) / "tokenizer"
 
 
+def study_tokenizer(spec: str | None):
+    """The tokenizer that :func:`prepare_tokenizer`'s ``spec`` names, loaded as the trainer loads it."""
+    return load_tokenizer(spec)
+
+
+def check_before_training(cfg: StudyConfig, tokenizer_spec: str | None, *, passkey_heldout: str | None = None,
+                          make_instances: Callable | None = None) -> None:
+    """While a scheme is still to train: the grid's shortest cells must fit their prompts
+    (:func:`posbias.study.grid.check_grid_fits`, with the tokenizer the models will have)."""
+    if set(cfg.schemes) <= set(trained_models(cfg)):
+        return
+    check_grid_fits(cfg, study_tokenizer(tokenizer_spec), passkey_heldout=passkey_heldout,
+                    make_instances=make_instances)
+
+
 def prepare_tokenizer(cfg: StudyConfig, corpus: str | None, log: Callable = print) -> str | None:
     """The tokenizer every scheme trains with: ``cfg.tokenizer`` as given, except ``"bpe:<N>"``,
     which is trained once on the training split into ``<out>/tokenizer`` (reused on resume) so
@@ -117,14 +133,9 @@ def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus:
     """
     out = Path(cfg.out)
     path = out / MODELS_FILE
-    models = read_models_file(out)
-    todo = []
-    for scheme in cfg.schemes:
-        known = models.get(scheme)
-        if known and is_saved_model(_resolve(out, known)):
-            models[scheme] = str(_resolve(out, known))
-        else:
-            todo.append(scheme)
+    finished = trained_models(cfg)
+    models = {**read_models_file(out), **finished}
+    todo = [scheme for scheme in cfg.schemes if scheme not in finished]
 
     def record(scheme: str, result, target: Path, seconds: float) -> None:
         model_path = Path(result) if result is not None else target
@@ -146,6 +157,15 @@ def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus:
             t0 = time.time()
             record(scheme, fn(train_config(cfg, scheme, target, corpus)), target, time.time() - t0)
     return models
+
+
+def trained_models(cfg: StudyConfig) -> dict[str, str]:
+    """``{scheme: model folder}`` of the schemes of ``cfg`` whose model is trained (in ``models.json``
+    and saved)."""
+    out = Path(cfg.out)
+    known = read_models_file(out)
+    return {scheme: str(_resolve(out, known[scheme])) for scheme in cfg.schemes
+            if known.get(scheme) and is_saved_model(_resolve(out, known[scheme]))}
 
 
 def _record_model(path: Path, scheme: str, folder: str) -> None:

@@ -1,5 +1,6 @@
 """The checkpoint of a BAM training run (``<out>/checkpoint.pt``): model, optimizer, scheduler, RNG
-states and the step (= the data position), written atomically and read without pickle.
+states, the step (= the data position) and the metrics log's loss window, written atomically and
+read without pickle.
 
 Everything in it is a tensor or a plain value (dict, list, tuple, str, number, bool, None), so it is
 read with ``torch.load(..., weights_only=True)``: a checkpoint that holds any other Python object
@@ -49,12 +50,13 @@ def set_rng_state(st: dict) -> None:
 
 
 def save_checkpoint(path: Path, *, model, optimizer, scheduler, step: int, cfg: TrainConfig,
-                    model_config: dict) -> None:
-    """Write the checkpoint of ``step`` atomically (a kill leaves the previous one whole)."""
+                    model_config: dict, log_window: dict | None = None) -> None:
+    """Write the checkpoint of ``step`` atomically (a kill leaves the previous one whole);
+    ``log_window``: the metrics log's loss window (:meth:`posbias.training.step_log.StepLog.window`)."""
     buf = io.BytesIO()
     torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "rng": rng_state(), "train_config": cfg.to_json(),
-                "model_config": model_config}, buf)
+                "model_config": model_config, "log_window": log_window}, buf)
     atomic_write_bytes(path, buf.getvalue())
 
 

@@ -14,29 +14,46 @@ from .distributed import DistInfo, mean_across
 
 
 class StepLog:
-    """Mean loss and throughput since the last log line; rank 0 appends it to ``metrics.jsonl``."""
+    """The ``metrics.jsonl`` line of every ``log_every`` steps: the mean loss of those steps
+    (``loss_steps``: how many steps the mean covers), the throughput since the previous line, the
+    learning rate, gradient norm and the priors' summary; rank 0 appends it.
 
-    def __init__(self, cfg: TrainConfig, info: DistInfo, out: Path):
+    The line that ends a run early (``stop_after``, ``final_step``) averages the steps since the last
+    regular line and does not restart the window, and the window travels in the checkpoint
+    (:meth:`window`, restored by passing it back): the first regular line after a resume averages
+    the same ``log_every`` steps as in an uninterrupted run.
+    """
+
+    def __init__(self, cfg: TrainConfig, info: DistInfo, out: Path, window: dict | None = None):
         self.info, self.out = info, out
         self.tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.context * info.world_size
         self.t_start = self.t_last = time.perf_counter()
-        self.tokens, self.loss_sum, self.n = 0, 0.0, 0
+        self.tokens = 0
+        self.loss_sum, self.n = (float(window["loss_sum"]), int(window["steps"])) if window else (0.0, 0)
 
     def add(self, loss: float) -> None:
         self.loss_sum += loss
         self.n += 1
         self.tokens += self.tokens_per_step
 
-    def write(self, done: int, optimizer, gnorm: float, model) -> dict:
+    def write(self, done: int, optimizer, gnorm: float, model, *, restart: bool = True) -> dict:
+        """Append the line of step ``done``; ``restart``: a regular line, whose window ends here."""
         now = time.perf_counter()
-        rec = {"step": done, "loss": mean_across(self.loss_sum / self.n, self.info),
+        rec = {"step": done, "loss": mean_across(self.loss_sum / self.n, self.info), "loss_steps": self.n,
                "lr": optimizer.param_groups[0]["lr"], "grad_norm": gnorm,
                "tokens_per_s": self.tokens / max(now - self.t_last, 1e-9), "tokens": done * self.tokens_per_step,
                "elapsed_s": now - self.t_start, **prior_summary(model)}
         if self.info.is_main:
             append_jsonl(self.out / "metrics.jsonl", rec)
-        self.t_last, self.tokens, self.loss_sum, self.n = now, 0, 0.0, 0
+        self.t_last, self.tokens = now, 0
+        if restart:
+            self.loss_sum, self.n = 0.0, 0
         return rec
+
+    def window(self) -> dict:
+        """The loss window so far, for the checkpoint (every rank calls it: the sum is averaged
+        across ranks, so that each rank's restored share gives the same mean)."""
+        return {"loss_sum": mean_across(self.loss_sum, self.info), "steps": self.n}
 
 
 def prior_summary(model) -> dict:

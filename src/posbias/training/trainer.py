@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from posbias.bam import BamForCausalLM
 from posbias.utils.io import append_jsonl, atomic_write_text, read_jsonl
 from posbias.utils.progress import progress_bar
-from posbias.utils.run_folder import prepare_run_dir
+from posbias.utils.run_folder import announce_resume, prepare_run_dir
 
 from .checkpoint import CHECKPOINT, load_checkpoint, resume_check_keys, save_checkpoint, set_rng_state
 from .config import OPTIMIZERS, PRECISIONS, RESUME_KEYS, SCHEDULES, TrainConfig, build_bam_config, run_label
@@ -67,11 +67,11 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
 
     out, tokenizer, ds, probes, bam_cfg = _setup(cfg, info, tokenizer)
     model, optimizer, scheduler = _build(cfg, info, bam_cfg)
-    start = _resume(cfg, info, out, model, optimizer, scheduler, bam_cfg.to_dict())
+    start, window = _resume(cfg, info, out, model, optimizer, scheduler, bam_cfg.to_dict())
     ddp = _wrap_ddp(model, info)
     last = cfg.final_step or cfg.steps  # the step whose model is the final one
     end = last if cfg.stop_after is None else min(last, cfg.stop_after)
-    log = StepLog(cfg, info, out)
+    log = StepLog(cfg, info, out, window)
     streak = probe_streak(read_jsonl(out / "metrics.jsonl"), cfg.probe_target, cfg.probe_task_names) \
         if cfg.probe_target else 0
     # a run that already stopped at its target stays stopped (main reads the log; every rank agrees)
@@ -87,7 +87,7 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
             callback(done, model, info)
         log.add(loss)
         if done % cfg.log_every == 0 or done == end:
-            rec = log.write(done, optimizer, gnorm, model)
+            rec = log.write(done, optimizer, gnorm, model, restart=done % cfg.log_every == 0)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}")
         if cfg.probe_every and (done % cfg.probe_every == 0 or done == end):
             if probes:
@@ -102,9 +102,10 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
                                                      "tokens": done * log.tokens_per_step})
         bar.update(1)
         if done % cfg.checkpoint_every == 0 or done == end or reached:
+            window = log.window()  # on every rank (a mean across them)
             if info.is_main:
                 save_checkpoint(out / CHECKPOINT, model=model, optimizer=optimizer, scheduler=scheduler,
-                                 step=done, cfg=cfg, model_config=bam_cfg.to_dict())
+                                step=done, cfg=cfg, model_config=bam_cfg.to_dict(), log_window=window)
             barrier(info)
     bar.close()
     if not reached and start < end == last < cfg.steps and info.is_main:
@@ -118,10 +119,10 @@ def _setup(cfg: TrainConfig, info: DistInfo, tokenizer):
     out = Path(cfg.out)
     if (out / CHECKPOINT).exists() and not cfg.resume:
         raise ValueError(f"{out} already holds a checkpoint: pass resume=True to continue it, or use another --out")
+    texts = load_texts(cfg.corpus)  # a bad corpus is refused before the run folder is written
     if info.is_main:  # before the first file (a bpe:<N> tokenizer) is written into out
         prepare_run_dir(out, cfg.to_json(), kind="train", check_keys=resume_check_keys(out))
     barrier(info)
-    texts = load_texts(cfg.corpus)
     if tokenizer is None:
         # "bpe:<N>": a byte-level BPE trained on this corpus, kept in out/tokenizer (reused on resume);
         # the main process trains it, the others read it
@@ -151,23 +152,29 @@ def _build(cfg: TrainConfig, info: DistInfo, bam_cfg):
     return model, optimizer, make_scheduler(optimizer, cfg)
 
 
-def _resume(cfg: TrainConfig, info: DistInfo, out: Path, model, optimizer, scheduler, model_config: dict) -> int:
-    """Load the checkpoint (if resuming) and cut ``metrics.jsonl`` back to it; returns the start step."""
+def _resume(cfg: TrainConfig, info: DistInfo, out: Path, model, optimizer, scheduler,
+            model_config: dict) -> tuple[int, dict | None]:
+    """Load the checkpoint (if resuming) and cut ``metrics.jsonl`` back to it: the lines a killed run
+    logged after its checkpoint are dropped (they will be redone), and a run that starts from step 0
+    starts the file anew (the lines of a run killed before its first checkpoint describe nothing kept).
+    Returns the start step and the metrics log's loss window at it (None: an empty one)."""
     ck_path = out / CHECKPOINT
+    start, window = 0, None
     if cfg.resume and ck_path.exists():
         ck = load_checkpoint(ck_path, model_config=model_config)
         model.load_state_dict(ck["model"])
         optimizer.load_state_dict(ck["optimizer"])
         scheduler.load_state_dict(ck["scheduler"])
         set_rng_state(ck["rng"])
-        start = int(ck["step"])
-        if info.is_main:  # drop metrics logged after the checkpoint (they will be redone)
-            kept = [r for r in read_jsonl(out / "metrics.jsonl") if r.get("step", 0) <= start]
-            atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
-        return start
-    if cfg.resume and info.is_main:
+        start, window = int(ck["step"]), ck.get("log_window")
+        if info.is_main:
+            announce_resume(start, cfg.final_step or cfg.steps, "steps", out)
+    elif cfg.resume and info.is_main:
         warnings.warn(f"resume=True: no checkpoint in {out}, starting from step 0", stacklevel=2)
-    return 0
+    if info.is_main:
+        kept = [r for r in read_jsonl(out / "metrics.jsonl") if r.get("step", 0) <= start] if start else []
+        atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
+    return start, window
 
 
 def _wrap_ddp(model, info: DistInfo):

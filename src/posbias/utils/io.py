@@ -243,3 +243,27 @@ def iter_jsonl_gz(path: str | Path) -> Iterator[tuple[int, dict]]:
         raise ValueError(f"{path}: not a valid gzip file ({e})") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}:{no}: not UTF-8 text ({e.reason})") from None
+
+
+def read_text_documents(path: str | Path, separator: str = "\f") -> list[str]:
+    """The documents of a text file (``.gz``: compressed): its text split at ``separator``, with bytes
+    that are not UTF-8 replaced. Read in pieces, so a document longer than :data:`MAX_LINE_CHARS` (the
+    limit of a data line) is refused, naming the file, before it is held whole or reaches a tokenizer."""
+    path = Path(path)
+    opener = gzip.open if path.name.endswith(".gz") else open
+    docs: list[str] = []
+    parts: list[str] = []
+    size = 0
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        while chunk := f.read(1 << 20):
+            for i, piece in enumerate(chunk.split(separator)):
+                if i:
+                    docs.append("".join(parts))
+                    parts, size = [], 0
+                parts.append(piece)
+                size += len(piece)
+                if size > MAX_LINE_CHARS:
+                    raise ValueError(f"{path}: document {len(docs) + 1} holds more than the {MAX_LINE_CHARS:,} "
+                                     f"characters a document may hold; split it with form feeds ({separator!r})")
+    docs.append("".join(parts))
+    return docs
