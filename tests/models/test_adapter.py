@@ -311,3 +311,14 @@ def test_lm_eval_refuses_a_method_on_top_of_an_adapter(adapter):
 
     with pytest.raises(ValueError, match="carries method lpes"):
         PosbiasLM.create_from_arg_string(f"pretrained={adapter},method=pi,factor=2,device=cpu")
+
+
+def test_positional_dims_of_an_adapter_records_its_method(adapter, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The grass is green. The sky is blue. The pass key is 12345. " * 100)
+    out = tmp_path / "dims"
+    res = runner.invoke(app, ["positional-dims", "--model", adapter, "--corpus", str(corpus), "--samples", "2",
+                              "--length", "30", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    assert cfg["adapter"]["method"] == "lpes" and cfg["adapter"]["folder"] == str(tmp_path / "adapter")

@@ -65,7 +65,7 @@ def ability_command(
     limit = limit or None
     # a posbias apply folder loads with its method active: recorded under the label none, not applied again
     resolved = {label: eval_settings(model, *variant_options(label, options)) for label in names}
-    adapter = next(({**record, "method": name} for name, _, record in resolved.values() if record), None)
+    adapter = next((record for _, _, record in resolved.values() if record), None)
     from posbias.models import model_identity
 
     config = {"model": model, "model_path": model_identity(model), "tasks": task_list, "limit": limit,

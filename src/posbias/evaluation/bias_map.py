@@ -34,7 +34,7 @@ from posbias.evaluation.session import applied_method, check_method
 from posbias.evaluation.teacher_forced import score_instances
 from posbias.methods.registry import variant_options
 from posbias.models import load_model
-from posbias.models.adapter import eval_settings
+from posbias.models.adapter import adapter_record, eval_settings
 from posbias.models.options import load_settings
 from posbias.tasks import check_request, make_instances
 from posbias.tasks.base import check_int
@@ -277,12 +277,9 @@ def map_adapter(cfg: MapConfig) -> dict | None:
     """What the run folder records when ``cfg.model`` is a folder written by ``posbias apply`` (its method,
     options, base model; the model loads with them active, so the label ``none`` scores them), else None.
     Another method on top of the folder's is refused (:func:`posbias.models.adapter.eval_settings`)."""
-    recorded = None
     for label in cfg.methods:
-        method, options, adapter = eval_settings(cfg.model, *variant_options(label, cfg.method_options))
-        if adapter is not None:
-            recorded = {**adapter, "method": method, "method_options": options}
-    return recorded
+        eval_settings(cfg.model, *variant_options(label, cfg.method_options))
+    return adapter_record(cfg.model)
 
 
 def run_map(cfg: MapConfig, loaded=None, log: Callable[[str], None] = print, load=None) -> dict:

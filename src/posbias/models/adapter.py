@@ -93,9 +93,10 @@ class Adapter:
         return model, tokenizer
 
     def record(self) -> dict:
-        """What a run folder records about the adapter it evaluated."""
-        return {"folder": str(self.folder.resolve()), "merged": self.merged, "legacy": self.legacy,
-                "base_model": self.base_model}
+        """What a run folder records about the adapter it evaluated: the folder, its method and options
+        (files as absolute paths), whether it is merged, its base model."""
+        return {"folder": str(self.folder.resolve()), "method": self.method, "method_options": self.method_options(),
+                "merged": self.merged, "legacy": self.legacy, "base_model": self.base_model}
 
 
 def read_adapter(path: str | Path) -> Adapter | None:
@@ -134,6 +135,12 @@ def _parse(folder: Path, file: Path) -> Adapter:
 def active_adapter(model) -> Adapter | None:
     """The adapter :func:`posbias.models.load_model` applied to ``model`` (None for any other model)."""
     return _ACTIVE.get(model)
+
+
+def adapter_record(model: str) -> dict | None:
+    """What a run folder records when ``model`` is a folder written by ``posbias apply`` (None otherwise)."""
+    adapter = read_adapter(Path(str(model)).expanduser())
+    return None if adapter is None else adapter.record()
 
 
 def eval_settings(model: str, method: str, options: dict) -> tuple[str, dict, dict | None]:
