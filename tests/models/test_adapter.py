@@ -88,6 +88,10 @@ def test_eval_of_an_adapter_records_its_method(base, factors, tmp_path):
                               "--method", "pi", "--out", str(tmp_path / "stacked")])
     assert res.exit_code == 2 and "carries method lpes" in res.output
     assert not (tmp_path / "stacked").exists()
+    # the run's config.json (method lpes and the folder's factors) re-used as --config is the same request
+    res = runner.invoke(app, ["eval", "--config", str(run / "config.json"), "--out", str(tmp_path / "again")])
+    assert res.exit_code == 0, res.output
+    assert rows(tmp_path / "again") == rows(run)
 
 
 def test_pi_and_ms_poe_adapters(base, tmp_path):

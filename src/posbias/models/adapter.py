@@ -146,11 +146,13 @@ def adapter_record(model: str) -> dict | None:
 def eval_settings(model: str, method: str, options: dict) -> tuple[str, dict, dict | None]:
     """``(method, options, adapter record)`` an evaluation of ``model`` records: an adapter folder's own method
     and settings (the model loads with them active), or the request unchanged for any other model. A method
-    asked for on top of an adapter's is refused."""
+    asked for on top of an adapter's is refused; the folder's own method and options, as a run folder recorded
+    them (a ``config.json`` re-used as ``--config``), are taken as that same request."""
     adapter = read_adapter(Path(str(model)).expanduser())
     if adapter is None:
         return method, options, None
-    if method != "none" or options:
+    recorded = (method, dict(options)) == (adapter.method, adapter.method_options())
+    if (method != "none" or options) and not recorded:
         raise ValueError(f"--model {model} was written by posbias apply and carries method {adapter.method}; "
                          f"evaluate it with method none, or evaluate {method} on the base model "
                          f"{adapter.base_hint()}")
