@@ -184,3 +184,39 @@ def test_a_method_label_naming_a_path_stays_inside_out(tmp_path, tiny_tokenizer,
     assert res.exit_code == 0, res.output
     assert sorted(p for p in tmp_path.rglob("*") if "ability" not in p.parts) == before  # nothing written outside
     assert (tmp_path / "a" / "b" / "c" / "ability" / "lpes@factors=.._.._.._f.json" / "summary.json").exists()
+
+
+def test_ability_of_an_adapter_records_its_method(tmp_path, tiny_tokenizer, offline):
+    from typer.testing import CliRunner
+
+    from posbias.cli.main import app
+
+    root = _fake_tree(tmp_path / "hf_datasets")
+    mdir = tmp_path / "m"
+    make_tiny_model("llama", layers=2).save_pretrained(mdir)
+    tiny_tokenizer.save_pretrained(mdir)
+    adapter = tmp_path / "pi-adapter"
+    res = CliRunner().invoke(app, ["apply", "--model", str(mdir), "--method", "pi", "--method-opt", "factor=1.5",
+                                   "--out", str(adapter)])
+    assert res.exit_code == 0, res.output
+    common = ["--tasks", "mmlu", "--limit", "1", "--data-root", str(root)]
+    res = CliRunner().invoke(app, ["ability", "--model", str(adapter), "--methods", "none", *common,
+                                   "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())["config"]
+    assert cfg["adapter"]["method"] == "pi" and cfg["method_options"] == {"none": {"factor": 1.5}}
+    summary = json.loads((tmp_path / "a" / "none" / "summary.json").read_text())
+    assert summary["method"] == "pi" and summary["method_options"] == {"factor": 1.5}
+    # the same scores as pi applied to the base model
+    res = CliRunner().invoke(app, ["ability", "--model", str(mdir), "--methods", "pi", "--pi-factor", "1.5", *common,
+                                   "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+
+    def scores(folder):
+        rows = [json.loads(x) for x in (folder / "samples.jsonl").read_text().splitlines()]
+        return [(r["task"], r["doc_id"], r["acc"]) for r in rows if not r.get("task_done")]
+
+    assert scores(tmp_path / "a" / "none") == scores(tmp_path / "b" / "pi")
+    res = CliRunner().invoke(app, ["ability", "--model", str(adapter), "--methods", "none,pi", *common,
+                                   "--out", str(tmp_path / "c")])
+    assert res.exit_code == 2 and "carries method pi" in res.output and not (tmp_path / "c").exists()

@@ -88,6 +88,10 @@ def test_eval_of_an_adapter_records_its_method(base, factors, tmp_path):
                               "--method", "pi", "--out", str(tmp_path / "stacked")])
     assert res.exit_code == 2 and "carries method lpes" in res.output
     assert not (tmp_path / "stacked").exists()
+    # the run's config.json (method lpes and the folder's factors) re-used as --config is the same request
+    res = runner.invoke(app, ["eval", "--config", str(run / "config.json"), "--out", str(tmp_path / "again")])
+    assert res.exit_code == 0, res.output
+    assert rows(tmp_path / "again") == rows(run)
 
 
 def test_pi_and_ms_poe_adapters(base, tmp_path):
@@ -165,7 +169,9 @@ def test_apply_replaces_its_own_folder_and_refuses_bad_requests(base, factors, t
     _apply("--model", base, "--method", "pi", "--method-opt", "factor=1.5", "--out", out)
     assert json.loads((out / "posbias_adapter.json").read_text())["method"] == "pi"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]
-    for args, message in ((["--method", "attention-buckets"], "not attention-buckets"),
+    for args, message in ((["--method", "attention-buckets"], "cannot write attention-buckets: it is a wrapper"),
+                          (["--method", "moice"], "moice with trained routers"),
+                          (["--method", "moice", "--routers", str(tmp_path), "--merge"], "moice changes attention"),
                           (["--method", "ms-poe", "--merge"], "--merge writes per-layer RoPE factors"),
                           (["--method", "lpes"], "needs its factors file"),
                           (["--model", str(out), "--method", "pi"], "give its base model")):
@@ -215,3 +221,108 @@ def test_a_loaded_adapter_is_known_by_its_model_and_freed_with_it(base, factors,
     del model
     gc.collect()
     assert ref() is None
+
+
+def _text(res) -> str:
+    """The output as one line (a long path may be wrapped)."""
+    return " ".join(res.output.split())
+
+
+def _routers(base_folder, out):
+    """Untrained MoICE routers for the tiny base model, saved as posbias train-moice saves them."""
+    from transformers import AutoModelForCausalLM
+
+    from posbias.methods import apply_method
+    from posbias.methods.moice import save_routers
+
+    model = AutoModelForCausalLM.from_pretrained(base_folder).eval()
+    with pytest.warns(UserWarning, match="untrained"):
+        handle = apply_method(model, "moice", multipliers=[1.0, 2.0, 4.0], seed=3)
+    save_routers(handle.state["routers"], out)
+    handle.remove()
+    return out
+
+
+def test_moice_adapter_carries_its_routers_and_gives_the_method_logits(base, tmp_path):
+    import shutil
+
+    from posbias.methods import apply_method
+    from posbias.models import load_model
+
+    routers = _routers(base, tmp_path / "routers")
+    out = tmp_path / "adapter"
+    _apply("--model", base, "--method", "moice", "--routers", routers, "--method-opt", "top_k=2", "--out", out)
+    assert sorted(p.name for p in (out / "moice_routers").iterdir()) == ["moice_config.json", "routers.safetensors"]
+    doc = json.loads((out / "posbias_adapter.json").read_text())
+    assert doc["method"] == "moice" and doc["options"] == {"routers": "moice_routers", "top_k": 2,
+                                                           "rotated_cache": True}
+    ref, _ = load_model(base)
+    with apply_method(ref, "moice", routers=str(routers), top_k=2) as h:
+        want = _logits(h.model)
+    assert not torch.equal(want, _logits(ref))  # the routers change the logits
+    shutil.rmtree(routers)  # the folder holds its own copy
+    model, _ = load_model(str(out))
+    assert torch.equal(_logits(model), want)
+    run = tmp_path / "run"
+    res = runner.invoke(app, ["eval", "--model", str(out), "--task", "kv", "--num-keys", "6", "--n", "1",
+                              "--depths", "0", "--out", str(run)])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((run / "config.json").read_text())["config"]
+    assert cfg["method"] == "moice" and cfg["method_options"]["top_k"] == 2
+    assert cfg["method_options"]["routers"] == str((out / "moice_routers").resolve())
+
+
+@pytest.fixture()
+def adapter(base, factors, tmp_path):
+    out = tmp_path / "adapter"
+    _apply("--model", base, "--factors", factors, "--out", out)
+    return str(out)
+
+
+@pytest.mark.parametrize("command, extra, message", [
+    ("search", ["--task", "kv", "--num-keys", "4", "--population", "3", "--n-per-depth", "1"],
+     "search applies per-layer RoPE factors of its own"),
+    ("tune", ["--methods", "pi"], "tune applies each method's settings of its own"),
+    ("analyze", ["--factors", "FACTORS"], "analyze applies per-layer factors of its own"),
+    ("train-moice", ["--steps", "1"], "train-moice applies MoICE of its own"),
+    ("map", ["--methods", "none,pi"], "evaluate it with method none, or evaluate pi on the base model"),
+    ("compare", ["--methods", "none,pi", "--num-keys", "6"], "evaluate it with method none, or evaluate pi"),
+])
+def test_commands_with_a_method_of_their_own_refuse_an_adapter(adapter, base, factors, tmp_path, command, extra,
+                                                               message):
+    out = tmp_path / "out"
+    extra = [factors if a == "FACTORS" else a for a in extra]
+    res = runner.invoke(app, [command, "--model", adapter, "--out", str(out), *extra])
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) <= 3  # one message
+    assert "carries method lpes" in _text(res) and message in _text(res) and base in _text(res)
+    assert not out.exists()
+
+
+def test_map_of_an_adapter_records_its_method(adapter, tmp_path):
+    out = tmp_path / "map"
+    res = runner.invoke(app, ["map", "--model", adapter, "--out", str(out), "--lengths", "96", "--depths", "0,1",
+                              "--n", "1", "--bootstrap", "20"])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    assert cfg["methods"] == ["none"] and cfg["adapter"]["method"] == "lpes"
+    assert cfg["adapter"]["method_options"]["factors"].endswith("posbias_factors.json")
+
+
+def test_lm_eval_refuses_a_method_on_top_of_an_adapter(adapter):
+    pytest.importorskip("lm_eval")
+    from posbias.evaluation.lm_eval_adapter import PosbiasLM
+
+    with pytest.raises(ValueError, match="carries method lpes"):
+        PosbiasLM.create_from_arg_string(f"pretrained={adapter},method=pi,factor=2,device=cpu")
+
+
+def test_positional_dims_of_an_adapter_records_its_method(adapter, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The grass is green. The sky is blue. The pass key is 12345. " * 100)
+    out = tmp_path / "dims"
+    res = runner.invoke(app, ["positional-dims", "--model", adapter, "--corpus", str(corpus), "--samples", "2",
+                              "--length", "30", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    assert cfg["adapter"]["method"] == "lpes" and cfg["adapter"]["folder"] == str(tmp_path / "adapter")

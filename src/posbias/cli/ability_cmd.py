@@ -48,6 +48,7 @@ def ability_command(
     from posbias.evaluation.ability import data_root as find_root
     from posbias.evaluation.compare import check_method_list
     from posbias.methods.registry import variant_options
+    from posbias.models.adapter import eval_settings
     from posbias.models.options import load_settings
     from posbias.utils.run_folder import open_run
 
@@ -62,13 +63,15 @@ def ability_command(
     root = str(find_root(data_root)) if any(t in ("mmlu", "arc_easy", "arc_challenge") for t in task_list) else None
     task_specs(task_list, Path(root) if root else None)  # every built-in task's files exist
     limit = limit or None
-    resolved = {label: variant_options(label, options) for label in names}
+    # a posbias apply folder loads with its method active: recorded under the label none, not applied again
+    resolved = {label: eval_settings(model, *variant_options(label, options)) for label in names}
+    adapter = next((record for _, _, record in resolved.values() if record), None)
     from posbias.models import model_identity
 
     config = {"model": model, "model_path": model_identity(model), "tasks": task_list, "limit": limit,
               "data_root": root, "include_path": include_path,
-              "methods": names, "method_options": {label: opts for label, (_, opts) in resolved.items()},
-              **load_settings(model, load)}
+              "methods": names, "method_options": {label: opts for label, (_, opts, _) in resolved.items()},
+              **load_settings(model, load), **({"adapter": adapter} if adapter else {})}
     top = open_run(out, "ability", config,
                    check_keys=("model", "model_path", "tasks", "limit", "data_root", "include_path", "dtype"))
     from posbias.models import load_model
@@ -77,11 +80,11 @@ def ability_command(
     lm, tok = load_model(model, load)
     top.commit()
     folders = {}
-    for label, (name, method_opts) in resolved.items():
+    for label, (name, method_opts, record) in resolved.items():
         folders[label] = top.path / safe_name(label)
         summary = score_ability(lm, tok, tasks=task_list, out=folders[label], method=name,
                                 method_options=method_opts, limit=limit, data=root,
-                                include_path=include_path, batch_size=batch_size)
+                                include_path=include_path, batch_size=batch_size, active=record is not None)
         typer.echo(f"{label}: " + ", ".join(f"{g} {100 * v['acc']:.1f}% (n={v['n']})"
                                             for g, v in summary["groups"].items()) + f"  {summary['seconds']:.0f} s")
     typer.echo(compare_ability(folders, Path(out)))

@@ -83,7 +83,7 @@ def search_command(
     from rich.console import Console
 
     from posbias.search.config import DERIVED_KEYS, SearchConfig
-    from posbias.search.runner import run_search
+    from posbias.search.runner import check_search_model, run_search
 
     console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)  # no wrapping in logs
     load = load_options(device, dtype, revision)
@@ -100,6 +100,7 @@ def search_command(
     flags = settings_with_file(ctx, config, "search", flags, field_names(SearchConfig), ignore=DERIVED_KEYS)
     require(flags, "out", "--out")
     cfg = SearchConfig(**flags)
+    check_search_model(cfg)
     if cfg.task is None:
         from posbias.models.loader import default_search_target
 
@@ -138,8 +139,10 @@ def apply_command(
     model: str = ModelOption(),
     factors: Optional[str] = typer.Option(None, help=f"{FACTORS_HELP}, for lpes"),
     out: str = typer.Option(..., help="output folder (an earlier apply's folder there is replaced)"),
-    method: str = typer.Option("lpes", help="lpes | pi | ms-poe (methods that patch the model in place)"),
+    method: str = typer.Option("lpes", help="lpes | pi | ms-poe | moice (methods that patch the model in place)"),
     method_opt: Optional[list[str]] = typer.Option(None, "--method-opt", help="method option key=value (repeatable)"),
+    routers: Optional[str] = typer.Option(None, help="trained MoICE routers (posbias train-moice), for moice: "
+                                                     "copied into the folder"),
     merge: bool = typer.Option(False, "--merge", help="write a standalone model folder (weights + tokenizer + "
                                                       "modeling_posbias.py) that transformers loads with the "
                                                       "scaling through trust_remote_code=True (lpes, pi)"),
@@ -148,7 +151,7 @@ def apply_command(
     """Write the method as an adapter folder (a few KB: settings, factors file, base model) that --model and
     posbias.models.load_model load as base model + method; --merge writes a standalone model folder."""
     from posbias.models import load_model
-    from posbias.models.adapter import read_adapter
+    from posbias.models.adapter import refuse_adapter
     from posbias.models.export import check_apply_request, write_applied
     from posbias.utils.run_folder import open_run
 
@@ -157,10 +160,11 @@ def apply_command(
     options = parse_key_values(method_opt, "method-opt")
     if factors:
         options["factors"] = factors
+    if routers:
+        options["routers"] = routers
     open_run(out, "apply", {})  # empty, new, or a folder this command wrote before
     name = check_apply_request(method, options, merge)  # before the model loads
-    if read_adapter(Path(model).expanduser()) is not None:
-        raise ValueError(f"--model {model} was written by posbias apply: give its base model")
+    refuse_adapter(model, "apply", "a method")
     m, tok = load_model(model, load)
     target = write_applied(out, spec=model, model=m, tokenizer=tok, method=name, options=options, merge=merge)
     what = ("a standalone model (weights + tokenizer + modeling_posbias.py; transformers loads it with the "
@@ -190,6 +194,7 @@ def analyze_command(
     from posbias.evaluation.batching import prompt_text
     from posbias.evaluation.session import build_instances
     from posbias.models import get_decoder_layers, load_model
+    from posbias.models.adapter import refuse_adapter
     from posbias.models.options import load_settings
     from posbias.patching.rope_scaling import load_factors_file
     from posbias.search.analysis import analysis_table, analyze_scaling, plot_analysis
@@ -200,6 +205,7 @@ def analyze_command(
     opts = task_options(num_keys, num_docs, length, path, haystack, num_needles, opt)
     depths = [0.0, 0.5, 1.0]
     load = load_options(device, dtype, revision)
+    refuse_adapter(model, "analyze", "per-layer factors")
     folder = open_run(out, "analyze", {"model": model, "factors": factors, "task": task, "n": n, "controls": controls,
                                        "sigma": sigma, "seed": seed, "chat": chat, "task_options": opts,
                                        **load_settings(model, load)})

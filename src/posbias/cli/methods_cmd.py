@@ -57,12 +57,14 @@ def train_moice_command(
     from posbias.methods import apply_method
     from posbias.methods.moice import save_routers
     from posbias.models import load_model
+    from posbias.models.adapter import refuse_adapter
     from posbias.models.options import load_settings
     from posbias.training.moice import RouterBudget, train_routers, training_windows
     from posbias.utils.corpus import load_texts
     from posbias.utils.run_folder import open_run
 
     load = load_options(device, dtype, revision)
+    refuse_adapter(model, "train-moice", "MoICE")
     budget = RouterBudget(steps=steps, seq_len=seq_len, lr=lr, aux_coef=aux_coef, seed=seed, max_minutes=max_minutes)
     settings = {"model": model, "corpus": corpus, "steps": steps, "seq_len": seq_len, "lr": lr, "aux_coef": aux_coef,
                 "top_k": top_k, "multipliers": multipliers, "hidden": hidden, "seed": seed}

@@ -29,6 +29,7 @@ def positional_dims_command(
     write them as JSON."""
     from posbias.methods.positional_dims import find_positional_dims
     from posbias.models import load_model
+    from posbias.models.adapter import adapter_record
     from posbias.models.options import load_settings
     from posbias.utils.corpus import load_texts
     from posbias.utils.io import atomic_write_json
@@ -36,7 +37,9 @@ def positional_dims_command(
 
     load = load_options(device, dtype, revision)
     config = {"model": model, "corpus": corpus, "samples": samples, "length": length, "top_k": top_k}
-    folder = open_run(out, "positional-dims", {**config, **load_settings(model, load)},
+    adapter = adapter_record(model)  # a posbias apply folder: measured with its method active
+    folder = open_run(out, "positional-dims", {**config, **load_settings(model, load),
+                                               **({"adapter": adapter} if adapter else {})},
                       check_keys=(*config, "dtype"))
     texts = load_texts(corpus)
     lm, tok = load_model(model, load)

@@ -142,12 +142,14 @@ def group_of(task: str) -> str:
 
 def score_ability(model, tokenizer, *, tasks: Sequence[str], out: str | Path, method: str = "none",
                   method_options: dict | None = None, limit: int | None = None, data: str | Path | None = None,
-                  include_path: str | None = None, batch_size: int = 8, progress: bool = True) -> dict:
+                  include_path: str | None = None, batch_size: int = 8, progress: bool = True,
+                  active: bool = False) -> dict:
     """Score one method on ``tasks`` into ``out``: ``samples.jsonl`` gets every question of a task
     (an MMLU subject, an ARC set) and then a ``task_done`` line, so a killed run resumes at the task
     it was in (rescored whole: :func:`completed_rows`); ``summary.json`` at the end. A folder holding
-    another method's or other options' scores is refused (:func:`check_method_folder`). Returns the
-    summary."""
+    another method's or other options' scores is refused (:func:`check_method_folder`). ``active``: the
+    model already carries ``method`` (a ``posbias apply`` folder), which is recorded, not applied again.
+    Returns the summary."""
     from lm_eval.tasks import TaskManager  # noqa: PLC0415 (optional: lm-eval)
 
 
@@ -160,7 +162,8 @@ def score_ability(model, tokenizer, *, tasks: Sequence[str], out: str | Path, me
         start = time.time()
         # one task index per run: building it reads every lm-eval YAML (~25-40 s here), once per task before
         manager = TaskManager(include_path=include_path)
-        lm = PosbiasLM(model, tokenizer, method=method, method_options=method_options, batch_size=batch_size)
+        lm = PosbiasLM(model, tokenizer, method="none" if active else method,
+                       method_options=None if active else method_options, batch_size=batch_size)
         try:
             for spec in progress_iter(todo, desc=f"ability {method}", unit="task", enabled=progress):
                 new = _score_task(lm, spec, limit, manager)

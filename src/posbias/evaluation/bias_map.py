@@ -34,6 +34,7 @@ from posbias.evaluation.session import applied_method, check_method
 from posbias.evaluation.teacher_forced import score_instances
 from posbias.methods.registry import variant_options
 from posbias.models import load_model
+from posbias.models.adapter import adapter_record, eval_settings
 from posbias.models.options import load_settings
 from posbias.tasks import check_request, make_instances
 from posbias.tasks.base import check_int
@@ -266,8 +267,19 @@ def open_map(cfg: MapConfig, load=None):
     """Check the request and its run folder (nothing written); returns the :class:`RunFolder`.
     ``load``: the model's :class:`~posbias.models.options.LoadOptions` (its resolved dtype is a resume key)."""
     check_map(cfg)
-    return open_run(cfg.out, "map", {**cfg.settings(), **load_settings(cfg.model, load)},
+    adapter = map_adapter(cfg)
+    return open_run(cfg.out, "map", {**cfg.settings(), **load_settings(cfg.model, load),
+                                     **({"adapter": adapter} if adapter else {})},
                     check_keys=(*MAP_RESUME_KEYS, "dtype"))
+
+
+def map_adapter(cfg: MapConfig) -> dict | None:
+    """What the run folder records when ``cfg.model`` is a folder written by ``posbias apply`` (its method,
+    options, base model; the model loads with them active, so the label ``none`` scores them), else None.
+    Another method on top of the folder's is refused (:func:`posbias.models.adapter.eval_settings`)."""
+    for label in cfg.methods:
+        eval_settings(cfg.model, *variant_options(label, cfg.method_options))
+    return adapter_record(cfg.model)
 
 
 def run_map(cfg: MapConfig, loaded=None, log: Callable[[str], None] = print, load=None) -> dict:

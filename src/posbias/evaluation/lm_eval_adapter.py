@@ -27,6 +27,7 @@ from posbias.evaluation.generation import greedy_batch
 from posbias.evaluation.scoring import Continuation, prompt_dependent, score_shared_context, score_token_rows
 from posbias.methods import MethodHandle, apply_method
 from posbias.models import load_model
+from posbias.models.adapter import eval_settings
 from posbias.models.options import LoadOptions
 
 try:
@@ -99,6 +100,7 @@ class PosbiasLM(TemplateLM):
                              ".gguf file)")
         load = LoadOptions(str(args.get("device") or "auto"), str(args.get("dtype") or "auto"))
         options = {k: v for k, v in args.items() if k not in MODEL_ARGS}
+        eval_settings(str(args["pretrained"]), args.get("method") or "none", options)  # none on a posbias apply folder
         model, tokenizer = load_model(str(args["pretrained"]), load)
         return cls(model, tokenizer, method=args.get("method") or "none", method_options=options,
                    batch_size=_batch_size(args.get("batch_size")), max_length=args.get("max_length"),

@@ -88,9 +88,9 @@ def save_routers(routers: MoICERouters, out_dir: str | Path, extra: dict | None 
     return out
 
 
-def load_routers(path: str | Path) -> MoICERouters:
-    """Load routers saved by :func:`save_routers` (a folder or its safetensors file)."""
-
+def router_files(path: str | Path) -> tuple[Path, Path]:
+    """``(weights, config)`` of routers saved by :func:`save_routers` at ``path`` (their folder or the
+    safetensors file); :class:`ValueError` when either is missing."""
     p = Path(str(path)).expanduser()
     folder = p if p.is_dir() else p.parent
     weights = p if p.is_file() else folder / WEIGHTS_FILE
@@ -98,6 +98,14 @@ def load_routers(path: str | Path) -> MoICERouters:
     if not weights.exists() or not cfg_path.exists():
         raise ValueError(f"moice: router files not found at {p} (need {WEIGHTS_FILE} and {CONFIG_FILE}; "
                          "train them with `posbias train-moice`)")
+    return weights, cfg_path
+
+
+def load_routers(path: str | Path) -> MoICERouters:
+    """Load routers saved by :func:`save_routers` (a folder or its safetensors file)."""
+
+    weights, cfg_path = router_files(path)
+    folder = cfg_path.parent
     try:
         cfg = json.loads(cfg_path.read_text())
         routers = MoICERouters(cfg["layers"], cfg["head_dim"], cfg["hidden"], cfg["multipliers"], cfg["top_k"])

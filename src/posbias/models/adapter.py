@@ -6,6 +6,7 @@
                             "options": {"factors": "posbias_factors.json"},
                             "base_model": {"spec": ..., "path": ..., "revision": ...}, "merged": false, ...}
     posbias_factors.json   (lpes) the factors for the base model's layer count
+    moice_routers/         (moice) the trained routers, copied in (routers.safetensors, moice_config.json)
     README.md
 
 ``--merge`` writes a standalone folder instead: the base weights and tokenizer, a ``config.json`` of model type
@@ -32,9 +33,10 @@ ADAPTER_FILE = "posbias_adapter.json"
 ADAPTER_FORMAT = "posbias-adapter"
 ADAPTER_VERSION = 1
 FACTORS_FILE = "posbias_factors.json"  # posbias.patching.rope_scaling.SAVED_FACTORS_NAME
+ROUTERS_DIR = "moice_routers"
 # Methods an adapter folder can carry: those that patch the model in place; each one's options naming a file
-# stored in the folder.
-ADAPTER_METHODS: dict[str, tuple[str, ...]] = {"lpes": ("factors",), "pi": (), "ms-poe": ()}
+# (or folder) stored in the folder.
+ADAPTER_METHODS: dict[str, tuple[str, ...]] = {"lpes": ("factors",), "pi": (), "ms-poe": (), "moice": ("routers",)}
 # The handle of the method each loaded adapter applied, keyed by the model (it lives as long as the model).
 _ACTIVE: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
@@ -69,6 +71,13 @@ class Adapter:
             return str(spec)
         return str(path) if Path(path).exists() else str(spec)
 
+    def base_hint(self) -> str:
+        """The base model as a user would name it again (a merged or legacy folder always loads with the
+        method active, so never the folder itself)."""
+        if self.legacy:
+            return "the model this folder was copied from"
+        return str(self.base_model.get("spec"))
+
     def base_config(self):
         """The base architecture's config of a merged folder (None for a legacy folder's plain config)."""
         if not self.merged or self.legacy:
@@ -84,9 +93,10 @@ class Adapter:
         return model, tokenizer
 
     def record(self) -> dict:
-        """What a run folder records about the adapter it evaluated."""
-        return {"folder": str(self.folder.resolve()), "merged": self.merged, "legacy": self.legacy,
-                "base_model": self.base_model}
+        """What a run folder records about the adapter it evaluated: the folder, its method and options
+        (files as absolute paths), whether it is merged, its base model."""
+        return {"folder": str(self.folder.resolve()), "method": self.method, "method_options": self.method_options(),
+                "merged": self.merged, "legacy": self.legacy, "base_model": self.base_model}
 
 
 def read_adapter(path: str | Path) -> Adapter | None:
@@ -116,7 +126,7 @@ def _parse(folder: Path, file: Path) -> Adapter:
     if method not in ADAPTER_METHODS or not isinstance(options, dict) or not isinstance(base, dict):
         raise AdapterError(f"{file}: needs 'method' (one of {', '.join(ADAPTER_METHODS)}), 'options' and "
                            "'base_model'")
-    missing = [options[k] for k in ADAPTER_METHODS[method] if not (folder / str(options.get(k))).is_file()]
+    missing = [options.get(k) for k in ADAPTER_METHODS[method] if not (folder / str(options.get(k))).exists()]
     if missing:
         raise AdapterError(f"{folder}: the adapter's file {missing[0]} is missing")
     return Adapter(folder, method, options, base, merged=bool(doc.get("merged")))
@@ -127,15 +137,33 @@ def active_adapter(model) -> Adapter | None:
     return _ACTIVE.get(model)
 
 
+def adapter_record(model: str) -> dict | None:
+    """What a run folder records when ``model`` is a folder written by ``posbias apply`` (None otherwise)."""
+    adapter = read_adapter(Path(str(model)).expanduser())
+    return None if adapter is None else adapter.record()
+
+
 def eval_settings(model: str, method: str, options: dict) -> tuple[str, dict, dict | None]:
     """``(method, options, adapter record)`` an evaluation of ``model`` records: an adapter folder's own method
     and settings (the model loads with them active), or the request unchanged for any other model. A method
-    asked for on top of an adapter's is refused."""
+    asked for on top of an adapter's is refused; the folder's own method and options, as a run folder recorded
+    them (a ``config.json`` re-used as ``--config``), are taken as that same request."""
     adapter = read_adapter(Path(str(model)).expanduser())
     if adapter is None:
         return method, options, None
-    if method != "none" or options:
-        base = adapter.base_model.get("spec") if not adapter.merged else adapter.folder
+    recorded = (method, dict(options)) == (adapter.method, adapter.method_options())
+    if (method != "none" or options) and not recorded:
         raise ValueError(f"--model {model} was written by posbias apply and carries method {adapter.method}; "
-                         f"evaluate it with method none, or evaluate {method} on the base model {base}")
+                         f"evaluate it with method none, or evaluate {method} on the base model "
+                         f"{adapter.base_hint()}")
     return adapter.method, adapter.method_options(), adapter.record()
+
+
+def refuse_adapter(model: str, command: str, what: str) -> None:
+    """One-line :class:`ValueError` when ``model`` is a folder written by ``posbias apply``: ``command``
+    applies ``what`` of its own, which would replace the folder's method (or stack on it) unseen."""
+    adapter = read_adapter(Path(str(model)).expanduser())
+    if adapter is not None:
+        raise ValueError(f"--model {model} was written by posbias apply and carries method {adapter.method}; "
+                         f"{command} applies {what} of its own, which would replace or stack on "
+                         f"{adapter.method} unseen: give its base model {adapter.base_hint()}")

@@ -15,6 +15,9 @@ from pathlib import Path
 from posbias.architecture.layers import get_decoder_layers
 from posbias.evaluation.session import check_method
 from posbias.methods import apply_method
+from posbias.methods.moice import CONFIG_FILE as ROUTERS_CONFIG
+from posbias.methods.moice import WEIGHTS_FILE as ROUTERS_WEIGHTS
+from posbias.methods.moice import router_files
 from posbias.methods.registry import resolve_method
 from posbias.models import modeling_posbias as remote
 from posbias.models.adapter import (
@@ -23,25 +26,45 @@ from posbias.models.adapter import (
     ADAPTER_METHODS,
     ADAPTER_VERSION,
     FACTORS_FILE,
+    ROUTERS_DIR,
 )
 from posbias.patching.rope_scaling import write_model_factors
 from posbias.utils.io import versions
 
 MERGE_METHODS = ("lpes", "pi")  # per-layer RoPE factors, which modeling_posbias.py re-applies
 MODELING_FILE = "modeling_posbias.py"
+# Why a method cannot be written as an adapter folder (apply refuses it with this reason).
+NOT_ADAPTABLE = {
+    "attention-buckets": "it is a wrapper that runs the model once per RoPE base and mixes the logits, not a "
+                         "change to the model, so a loaded folder could not be the transformers model (generate, "
+                         "hidden states) that every caller uses",
+}
+# Why a method cannot be merged into a standalone folder: it changes attention, not only the RoPE tables.
+NOT_MERGEABLE = {
+    "ms-poe": "Ms-PoE picks each head's interpolation ratio from the attention scores of every prompt",
+    "moice": "MoICE routes every head and token over several RoPE bases with trained routers",
+}
+# Options of a moice adapter: the routers file fixes the rest (multipliers, bases, hidden, layers).
+MOICE_STORED = ("top_k", "rotated_cache")
 
 
 def check_apply_request(method: str, options: dict, merge: bool) -> str:
     """The canonical method name, after every check that needs no model (the method, its options, a
-    factors file); :class:`ValueError` with one line otherwise."""
+    factors file or routers); :class:`ValueError` with one line otherwise."""
 
     name = resolve_method(method).name
     if name not in ADAPTER_METHODS:
-        raise ValueError(f"apply writes methods that patch the model in place ({', '.join(ADAPTER_METHODS)}), "
-                         f"not {name}: evaluate {name} with --method instead")
+        reason = NOT_ADAPTABLE.get(name, "apply writes methods that patch the model in place "
+                                         f"({', '.join(ADAPTER_METHODS)})")
+        raise ValueError(f"apply cannot write {name}: {reason}; evaluate it with --method {name} on the base model")
     if merge and name not in MERGE_METHODS:
-        raise ValueError(f"--merge writes per-layer RoPE factors ({', '.join(MERGE_METHODS)}), not {name}: "
-                         "leave out --merge to write an adapter folder")
+        reason = NOT_MERGEABLE.get(name, "")
+        raise ValueError(f"--merge writes per-layer RoPE factors ({', '.join(MERGE_METHODS)}), which "
+                         f"modeling_posbias.py re-applies; {name} changes attention itself"
+                         f"{f' ({reason})' if reason else ''}: leave out --merge to write an adapter folder")
+    if name == "moice" and not options.get("routers"):
+        raise ValueError("apply writes moice with trained routers: --method-opt routers=DIR "
+                         "(from posbias train-moice)")
     check_method(name, options)
     return name
 
@@ -62,6 +85,9 @@ def write_applied(out: str | Path, *, spec: str, model, tokenizer, method: str, 
         if method == "lpes":
             factors = _write_lpes_factors(model, options["factors"], staging)
             stored["factors"] = FACTORS_FILE
+        if method == "moice":
+            _copy_routers(options["routers"], staging / ROUTERS_DIR)
+            stored = {**{k: stored[k] for k in MOICE_STORED}, "routers": ROUTERS_DIR}
         if merge:
 
             per_layer = factors if method == "lpes" else [float(stored["factor"])] * len(get_decoder_layers(model))
@@ -78,6 +104,14 @@ def write_applied(out: str | Path, *, spec: str, model, tokenizer, method: str, 
 def _write_lpes_factors(model, factors_path, folder: Path) -> list[float]:
 
     return write_model_factors(model, Path(str(factors_path)).expanduser(), folder / FACTORS_FILE)
+
+
+def _copy_routers(routers, folder: Path) -> None:
+    """Copy the MoICE routers saved at ``routers`` (their folder or safetensors file) into ``folder``."""
+    weights, config = router_files(routers)
+    folder.mkdir()
+    shutil.copyfile(weights, folder / ROUTERS_WEIGHTS)
+    shutil.copyfile(config, folder / ROUTERS_CONFIG)
 
 
 def adapter_doc(spec: str, model, method: str, options: dict, merged: bool) -> dict:

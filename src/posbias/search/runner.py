@@ -29,6 +29,7 @@ from posbias.evaluation.runner import check_fits
 from posbias.evaluation.session import build_instances
 from posbias.methods.temperature import TEMPERATURE_GRID
 from posbias.models import load_model, model_identity
+from posbias.models.adapter import refuse_adapter
 from posbias.models.options import LoadOptions, load_settings, options_for
 from posbias.patching.curves import DEFAULT_GRID
 from posbias.patching.rope_scaling import save_factors_file
@@ -171,9 +172,15 @@ def _search_result(out: Path, res, cfg, curve: str) -> SearchResult:
 RUN_KEYS = ("generations", "n_per_depth", "batch_size")  # preset keys that are not GA settings
 
 
+def check_search_model(cfg: SearchConfig) -> None:
+    """Refuse a folder written by ``posbias apply`` as the model: the search's own values would replace its method."""
+    refuse_adapter(cfg.model, "search", "per-layer RoPE factors" if cfg.target == "rope" else "per-layer temperatures")
+
+
 def _check_request(cfg: SearchConfig, loaded) -> tuple[dict, GAConfig, SearchConfig]:
     """Everything checkable before the model loads: ``(settings of the preset with its overrides,
     GAConfig, cfg with its task options and shared_context as the search uses them)``."""
+    check_search_model(cfg)
     if cfg.preset not in PRESETS:
         raise ValueError(f"unknown preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
     check_int("workers", cfg.workers)

@@ -29,6 +29,7 @@ from posbias.evaluation.teacher_forced import score_instances
 from posbias.methods import apply_method
 from posbias.methods.positional_hidden import tune_grid
 from posbias.models import load_model, model_identity
+from posbias.models.adapter import refuse_adapter
 from posbias.models.options import load_settings, options_for
 from posbias.search.fitness import DEFAULT_DEPTHS, DEFAULT_OBJECTIVE, OBJECTIVES, FitnessResult, depth_key, empty_result
 from posbias.search.runner import worker_gpus
@@ -153,6 +154,7 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
     ``load``: the model's :class:`posbias.models.LoadOptions` (device, dtype, Hub revision);
     ``workers``: processes scoring settings in parallel (``loaded`` is then not used).
     """
+    refuse_adapter(model, "tune", "each method's settings")
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     task_options, base_options = dict(task_options or {}), dict(base_options or {})
