@@ -106,11 +106,11 @@ def test_auto_resolves_on_this_machine(tiny, tmp_path):
 
 
 def test_a_run_given_a_loaded_model_records_where_that_model_is(tiny, tmp_path):
-    from posbias.evaluation.session import run_eval
+    from posbias.evaluation.session import EvalConfig, run_eval
     from posbias.models import LoadOptions, load_model
 
     loaded = load_model(tiny, LoadOptions("cpu", "bfloat16"))
-    run_eval(model=tiny, task="kv", depths=[0.0], n=1, out=tmp_path / "run", task_options={"num_keys": 4},
+    run_eval(EvalConfig(model=tiny, task="kv", depths=[0.0], n=1, out=tmp_path / "run", task_options={"num_keys": 4}),
              loaded=loaded)
     load = json.loads((tmp_path / "run" / "config.json").read_text())["config"]["load"]
     assert (load["resolved_device"], load["resolved_dtype"]) == ("cpu", "bfloat16")

@@ -75,8 +75,7 @@ def search_demo(*, out: str, model: str, preset: str, n: int, seed: int, load) -
     result = run_search(search, resume=True, loaded=loaded, load=load,
                         log=lambda rec: typer.echo(generation_line(rec)))
     typer.echo(f"[2/2] held-out accuracy by depth, before / after -> {out_dir / 'heldout'}")
-    before_after(model=model, task="kv", factors_path=result.factors_path, out=out_dir / "heldout", n=n,
-                 seed=seed, loaded=loaded, load=load)
+    before_after(search, result.factors_path, out_dir / "heldout", n=n, loaded=loaded, load=load)
     typer.echo((out_dir / "heldout" / "comparison.md").read_text())
     typer.echo(f"factors: {result.factors_path}\nplots: {out_dir / 'search'}/*.png, "
                f"{out_dir / 'heldout'}/comparison.png")

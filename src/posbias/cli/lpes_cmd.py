@@ -117,8 +117,7 @@ def search_command(
 
         heldout = Path(cfg.out) / "heldout"
         console.print(f"held-out accuracy by depth, before / after ({cfg.heldout_n} per depth) -> {heldout}")
-        before_after(model=cfg.model, task=cfg.task, factors_path=res.factors_path, out=heldout, n=cfg.heldout_n,
-                     seed=cfg.seed, task_options=cfg.task_options, chat=cfg.chat, load=load, target=cfg.target)
+        before_after(cfg, res.factors_path, heldout, load=load)
         console.print((heldout / "comparison.md").read_text())
     return res
 
