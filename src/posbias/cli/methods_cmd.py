@@ -112,7 +112,7 @@ def tune_command(
 ):
     """Choose each baseline's settings on the search split (a small grid per method), as LPES's search
     chooses its factors; `posbias compare --settings OUT/best_settings.json` uses them."""
-    from posbias.search.tune import tune_methods
+    from posbias.search.tune import TuneConfig, tune_methods
 
     load = load_options(device, dtype, revision)
     base = {"moice": {"routers": routers}} if routers else {}
@@ -121,11 +121,10 @@ def tune_command(
     flags = dict(model=model, task=task, methods=parse_names(methods), n_per_depth=n_per_depth, out=out, seed=seed,
                  batch_size=batch_size, base_options=base, objective=objective,
                  task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
-                 load=load, workers=workers)
-    settings = settings_with_file(ctx, config, "tune", flags,
-                                  [k for k in field_names(tune_methods) if k not in ("loaded", "log")])
+                 workers=workers)
+    settings = settings_with_file(ctx, config, "tune", flags, field_names(TuneConfig))
     out = Path(require(settings, "out", "--out")).expanduser()
-    best = tune_methods(**settings, log=typer.echo)
+    best = tune_methods(TuneConfig(**settings), log=typer.echo, load=load)
     typer.echo((out / "tune.md").read_text())
     typer.echo(f"best settings -> {out / 'best_settings.json'}: {json.dumps(best)}")
     return best
