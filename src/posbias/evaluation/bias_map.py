@@ -266,7 +266,8 @@ def open_map(cfg: MapConfig, load=None):
     """Check the request and its run folder (nothing written); returns the :class:`RunFolder`.
     ``load``: the model's :class:`~posbias.models.options.LoadOptions` (its resolved dtype is a resume key)."""
     check_map(cfg)
-    return open_run(cfg.out, "map", {**cfg.settings(), **load_settings(cfg.model, load)},
+    # out: not compared on resume; makes config.json usable as --config
+    return open_run(cfg.out, "map", {**cfg.settings(), "out": str(cfg.out), **load_settings(cfg.model, load)},
                     check_keys=(*MAP_RESUME_KEYS, "dtype"))
 
 
