@@ -1,8 +1,9 @@
 """``--config FILE``: a command's settings from a JSON, TOML or YAML file, under the flags the user gave.
 
 The file holds the settings of the command's config object (:class:`posbias.training.TrainConfig`,
-:class:`posbias.study.config.StudyConfig`, :class:`posbias.search.config.SearchConfig`, the settings
-of ``eval``), by field name, as a run records them: a run folder's ``config.json`` (``{"kind": ...,
+:class:`posbias.study.config.StudyConfig`, :class:`posbias.search.config.SearchConfig`,
+:class:`posbias.evaluation.session.EvalConfig`, ...; for the commands without one, the settings their
+run folder records), by field name, as a run records them: a run folder's ``config.json`` (``{"kind": ...,
 "config": {...}}``) is read as its ``config``, so any run can be repeated or resumed with
 ``--config <run>/config.json``. A flag given on the command line overrides the file's value (for
 options that hold ``key=value`` pairs, each given key overrides that key); a setting the file does
