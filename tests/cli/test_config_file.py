@@ -125,11 +125,12 @@ def test_search_config_round_trip_and_flags_override(tmp_path):
 
 def _rerun_from_its_config_scores_nothing(command: str, out, results: str = "results.jsonl") -> dict:
     """Re-run ``command`` with only ``--config out/config.json``: the same settings, nothing scored
-    again (``out/results`` unchanged); returns the settings."""
+    again (``out/results`` unchanged), the folder announced last; returns the settings."""
     first = json.loads((out / "config.json").read_text())["config"]
     before = (out / results).read_text()
     res = cli(command, "--config", out / "config.json")
     assert res.exit_code == 0, res.output
+    assert res.stdout.strip().splitlines()[-1] == f"outputs: {out.resolve()}"  # the file's out, announced
     assert json.loads((out / "config.json").read_text())["config"] == first
     assert (out / results).read_text() == before  # resumed: nothing scored again
     return first

@@ -36,9 +36,10 @@ def ConfigFileOption():
     return typer.Option(None, "--config", help=CONFIG_HELP)
 
 
-def read_settings_file(path: str | Path, kind: str) -> dict[str, Any]:
+def read_settings_file(path: str | Path, kind: str | None) -> dict[str, Any]:
     """The settings in ``path`` (by suffix: ``.toml``, ``.yaml`` / ``.yml``, else JSON); a run
-    folder's ``config.json`` gives its ``config`` after checking that it is a ``kind`` run."""
+    folder's ``config.json`` gives its ``config`` after checking that it is a ``kind`` run (any kind
+    for None)."""
     path = Path(path).expanduser()
     text = read_text(path)
     suffix = path.suffix.lower()
@@ -54,7 +55,7 @@ def read_settings_file(path: str | Path, kind: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ValueError(f"--config {path}: expected settings as key: value pairs, got {type(doc).__name__}")
     if isinstance(doc.get("config"), dict) and isinstance(doc.get("kind"), str):  # a run folder's config.json
-        if doc["kind"] != kind:
+        if kind is not None and doc["kind"] != kind:
             raise ValueError(f"--config {path} is the config of a {doc['kind']} run; posbias {kind} needs "
                              f"the settings of a {kind} run")
         doc = doc["config"]
@@ -87,6 +88,18 @@ def settings_with_file(ctx: typer.Context | None, path: str | Path | None, kind:
         elif key not in given:
             settings[key] = value
     return settings
+
+
+def file_out(path: str | Path | None) -> str | None:
+    """The run folder (``out``) that the settings file ``path`` names; None without a file, without
+    ``out`` or when it cannot be read (the command has said why)."""
+    if not path:
+        return None
+    try:
+        out = read_settings_file(path, None).get("out")
+    except (ValueError, OSError):
+        return None
+    return out if isinstance(out, str) else None
 
 
 def require(settings: Mapping[str, Any], key: str, flag: str) -> Any:
