@@ -89,6 +89,28 @@ def save_tiny_folder(path, arch: str = "llama", **kw) -> str:
     return str(path)
 
 
+# The LPES factors of the ``factors`` fixture: one per layer of the ``tiny`` folder.
+TINY_FACTORS = [1.0, 1.7, 3.0]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    """A tiny llama folder (3 layers, a 4,096-token window) for the commands' ``--model``; one per test
+    module (no test may change it)."""
+    return save_tiny_folder(tmp_path_factory.mktemp("tiny-llama"), max_positions=4096)
+
+
+@pytest.fixture(scope="module")
+def factors(tmp_path_factory) -> str:
+    """An LPES factors file (:data:`TINY_FACTORS`) for the ``tiny`` folder's layers, as ``posbias search``
+    writes it."""
+    from posbias.patching.rope_scaling import save_factors_file
+
+    path = tmp_path_factory.mktemp("factors") / "best_factors.json"
+    save_factors_file(path, factors=TINY_FACTORS, model="tiny", task="kv")
+    return str(path)
+
+
 @contextlib.contextmanager
 def held_by_another_process(folder, run_kind: str | None = None):
     """A separate running process holds ``folder`` until the block ends, then is killed: it commits a

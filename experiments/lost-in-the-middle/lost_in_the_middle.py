@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from posbias.evaluation.plots import plot_accuracy_by_depth
-from posbias.evaluation.session import run_eval
+from posbias.evaluation.session import EvalConfig, run_eval
 from posbias.models import load_model
 
 # name -> (task, task options, instances per depth, batch size); --n overrides the count
@@ -62,8 +62,8 @@ def main() -> None:
             opts = {**opts, "path": data}
         start = time.time()
         depths = [float(d) for d in args.depths.split(",")] if args.depths else DEPTHS
-        run_eval(model=args.model, task=task, depths=depths, n=n, out=Path(args.out) / name, batch_size=bs,
-                 task_options=opts, loaded=loaded)
+        run_eval(EvalConfig(model=args.model, task=task, depths=depths, n=n, out=Path(args.out) / name,
+                            batch_size=bs, task_options=opts), loaded=loaded)
         seconds = time.time() - start
         timing = Path(args.out) / name / "timing.json"
         if not timing.exists():  # the wall time of the run that scored it (a resume of a finished folder: 0)

@@ -5,7 +5,7 @@ import json
 import re
 
 import pytest
-from conftest import held_by_another_process, save_tiny_folder
+from conftest import held_by_another_process
 from typer.testing import CliRunner
 
 from posbias.cli.main import app
@@ -15,16 +15,6 @@ runner = CliRunner()
 KV = ["--task", "kv", "--num-keys", "4", "--n", "1", "--depths", "0,1"]
 SEARCH = ["--task", "kv", "--num-keys", "4", "--population", "3", "--n-per-depth", "1", "--batch-size", "3",
           "--curve", "linear", "--heldout-n", "0"]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return save_tiny_folder(tmp_path_factory.mktemp("tiny-llama"), max_positions=4096)
-
-
-@pytest.fixture(scope="module")
-def factors(tmp_path_factory):
-    return _factors(tmp_path_factory.mktemp("factors") / "f.json", [1.0, 1.1, 1.2])
 
 
 def _factors(path, values):

@@ -123,15 +123,16 @@ def test_search_config_round_trip_and_flags_override(tmp_path):
                    "unknown search setting(s) populaton")
 
 
-def _rerun_from_its_config_scores_nothing(command: str, out) -> dict:
+def _rerun_from_its_config_scores_nothing(command: str, out, results: str = "results.jsonl") -> dict:
     """Re-run ``command`` with only ``--config out/config.json``: the same settings, nothing scored
-    again (results.jsonl unchanged); returns the settings."""
+    again (``out/results`` unchanged), the folder announced last; returns the settings."""
     first = json.loads((out / "config.json").read_text())["config"]
-    results = (out / "results.jsonl").read_text()
+    before = (out / results).read_text()
     res = cli(command, "--config", out / "config.json")
     assert res.exit_code == 0, res.output
+    assert res.stdout.strip().splitlines()[-1] == f"outputs: {out.resolve()}"  # the file's out, announced
     assert json.loads((out / "config.json").read_text())["config"] == first
-    assert (out / "results.jsonl").read_text() == results  # resumed: nothing scored again
+    assert (out / results).read_text() == before  # resumed: nothing scored again
     return first
 
 
@@ -180,3 +181,80 @@ def test_tune_config_round_trip(tmp_path):
     assert res.exit_code == 0, res.output
     _rerun_from_its_config_scores_nothing("tune", out)
     one_line_error(cli("tune", "--config", out / "config.json", "--seed", "2"), "other settings")
+
+
+def test_map_config_round_trip_keeps_the_method_options(tmp_path):
+    from conftest import save_tiny_folder
+
+    tiny = save_tiny_folder(tmp_path / "tiny", max_positions=1024)
+    out = tmp_path / "map"
+    res = cli("map", "--model", tiny, "--lengths", "96", "--depths", "0,1", "--n", "1", "--bootstrap", "20",
+              "--methods", "none,pi", "--pi-factor", "1.3", "--out", out)
+    assert res.exit_code == 0, res.output
+    first = _rerun_from_its_config_scores_nothing("map", out)
+    assert first["method_options"]["pi"] == {"factor": 1.3} and first["out"] == str(out)
+    # --n over the file's: the same folder, one more context per length
+    res = cli("map", "--config", out / "config.json", "--n", "2")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["config"] == {**first, "n": 2}
+    one_line_error(cli("map", "--config", out / "config.json", "--seed", "3"), "other settings")
+    one_line_error(cli("map", "--config", tmp_path / "tiny" / "missing.json"), "missing.json")
+
+
+def test_analyze_config_round_trip(tmp_path):
+    from conftest import save_tiny_folder
+
+    tiny = save_tiny_folder(tmp_path / "tiny", max_positions=4096)
+    factors = tmp_path / "f.json"
+    factors.write_text(json.dumps({"format": "posbias-lpes-factors", "version": 1, "num_layers": 3,
+                                   "factors": [1.0, 1.1, 1.2]}))
+    out = tmp_path / "analyze"
+    res = cli("analyze", "--model", tiny, "--factors", factors, "--num-keys", "4", "--n", "1", "--controls", "1",
+              "--out", out)
+    assert res.exit_code == 0, res.output
+    first = _rerun_from_its_config_scores_nothing("analyze", out, "analysis.md")  # the same analysis again
+    assert first["factors"] == str(factors) and first["task_options"] == {"num_keys": 4}
+    res = cli("analyze", "--config", out / "config.json", "--out", tmp_path / "a2", "--sigma", "0.2")
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "a2" / "config.json").read_text())["config"] == {
+        **first, "sigma": 0.2, "out": str(tmp_path / "a2")}
+    one_line_error(cli("analyze", "--model", tiny, "--out", tmp_path / "a3"), "missing --factors")
+
+
+def test_train_moice_config_round_trip(tmp_path):
+    from conftest import save_tiny_folder
+
+    tiny = save_tiny_folder(tmp_path / "tiny", layers=2)
+    corpus = tmp_path / "d.txt"
+    corpus.write_text("Essay. The sky is blue and the grass is green. " * 40)
+    out = tmp_path / "routers"
+    res = cli("train-moice", "--model", tiny, "--corpus", corpus, "--top-k", "2", "--seq-len", "16", "--steps", "1",
+              "--out", out)
+    assert res.exit_code == 0, res.output
+    first = _rerun_from_its_config_scores_nothing("train-moice", out, "metrics.jsonl")  # resumed: no step again
+    assert first["top_k"] == 2 and first["corpus"] == str(corpus)
+    res = cli("train-moice", "--config", out / "config.json", "--steps", "2")  # a larger budget resumes
+    assert res.exit_code == 0, res.output
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    one_line_error(cli("train-moice", "--config", out / "config.json", "--seed", "4"), "other settings")
+
+
+def test_positional_dims_config_round_trip(tmp_path):
+    from conftest import save_tiny_folder
+
+    tiny = save_tiny_folder(tmp_path / "tiny", layers=2)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The grass is green. The sky is blue. The pass key is 12345. " * 100)
+    out = tmp_path / "dims"
+    res = cli("positional-dims", "--model", tiny, "--corpus", corpus, "--samples", "2", "--length", "40",
+              "--top-k", "3", "--out", out)
+    assert res.exit_code == 0, res.output
+    first = json.loads((out / "config.json").read_text())["config"]
+    assert first["top_k"] == 3 and first["batch_size"] == 1 and first["out"] == str(out)
+    dims = json.loads((out / "positional_dims.json").read_text())
+    res = cli("positional-dims", "--config", out / "config.json")
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["config"] == first
+    again = json.loads((out / "positional_dims.json").read_text())
+    assert {**again, "seconds": 0} == {**dims, "seconds": 0}  # the same dimensions from the same settings
+    one_line_error(cli("positional-dims", "--config", out / "config.json", "--samples", "3"), "other settings")

@@ -6,7 +6,6 @@ import re
 
 import pytest
 import torch
-from conftest import save_tiny_folder
 from typer.testing import CliRunner
 
 from posbias.cli.main import app
@@ -14,19 +13,6 @@ from posbias.cli.main import app
 runner = CliRunner()
 KV = ["--task", "kv", "--num-keys", "4", "--n", "1", "--depths", "0,1"]
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return save_tiny_folder(tmp_path_factory.mktemp("tiny"), max_positions=4096)
-
-
-@pytest.fixture(scope="module")
-def factors(tmp_path_factory):
-    path = tmp_path_factory.mktemp("factors") / "f.json"
-    path.write_text(json.dumps({"format": "posbias-lpes-factors", "version": 1, "num_layers": 3,
-                                "factors": [1.0, 1.1, 1.2]}))
-    return str(path)
 
 
 def commands(tiny, factors):
@@ -106,11 +92,11 @@ def test_auto_resolves_on_this_machine(tiny, tmp_path):
 
 
 def test_a_run_given_a_loaded_model_records_where_that_model_is(tiny, tmp_path):
-    from posbias.evaluation.session import run_eval
+    from posbias.evaluation.session import EvalConfig, run_eval
     from posbias.models import LoadOptions, load_model
 
     loaded = load_model(tiny, LoadOptions("cpu", "bfloat16"))
-    run_eval(model=tiny, task="kv", depths=[0.0], n=1, out=tmp_path / "run", task_options={"num_keys": 4},
+    run_eval(EvalConfig(model=tiny, task="kv", depths=[0.0], n=1, out=tmp_path / "run", task_options={"num_keys": 4}),
              loaded=loaded)
     load = json.loads((tmp_path / "run" / "config.json").read_text())["config"]["load"]
     assert (load["resolved_device"], load["resolved_dtype"]) == ("cpu", "bfloat16")

@@ -220,3 +220,33 @@ def test_ability_of_an_adapter_records_its_method(tmp_path, tiny_tokenizer, offl
     res = CliRunner().invoke(app, ["ability", "--model", str(adapter), "--methods", "none,pi", *common,
                                    "--out", str(tmp_path / "c")])
     assert res.exit_code == 2 and "carries method pi" in res.output and not (tmp_path / "c").exists()
+
+
+def test_ability_config_round_trip(tmp_path, tiny_tokenizer, offline):
+    """A run folder's config.json repeats the run (nothing scored again); flags override it."""
+    from typer.testing import CliRunner
+
+    from posbias.cli.main import app
+
+    root = _fake_tree(tmp_path / "hf_datasets")
+    mdir = tmp_path / "m"
+    make_tiny_model("llama", layers=2).save_pretrained(mdir)
+    tiny_tokenizer.save_pretrained(mdir)
+    out = tmp_path / "ability"
+    res = CliRunner().invoke(app, ["ability", "--model", str(mdir), "--methods", "none,pi", "--pi-factor", "1.5",
+                                   "--tasks", "arc_easy", "--limit", "1", "--data-root", str(root), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    first = json.loads((out / "config.json").read_text())["config"]
+    assert first["method_options"]["pi"] == {"factor": 1.5} and first["batch_size"] == 8
+    records = {p.relative_to(out): p.read_text() for p in out.rglob("*.jsonl") if p.name != "invocations.jsonl"}
+    assert records
+    res = CliRunner().invoke(app, ["ability", "--config", str(out / "config.json")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["config"] == first
+    assert {p: (out / p).read_text() for p in records} == records  # resumed: nothing scored again
+    res = CliRunner().invoke(app, ["ability", "--config", str(out / "config.json"), "--pi-factor", "1.2",
+                                   "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    second = json.loads((tmp_path / "b" / "config.json").read_text())["config"]
+    assert second == {**first, "method_options": {"none": {}, "pi": {"factor": 1.2}}, "out": str(tmp_path / "b")}
+

@@ -4,27 +4,15 @@ import json
 
 import pytest
 import torch
-from conftest import save_tiny_folder
+from conftest import TINY_FACTORS
 from typer.testing import CliRunner
 
 from posbias.cli.main import app
 from posbias.patching.rope_scaling import apply_layer_scaling, save_factors_file
 
 runner = CliRunner()
-FACTORS = [1.0, 1.7, 3.0]
+FACTORS = TINY_FACTORS  # the factors of the conftest fixture `factors`
 IDS = torch.tensor([[5, 17, 99, 3, 250, 41, 7, 300, 12, 64]])
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    return save_tiny_folder(tmp_path_factory.mktemp("tiny-llama"), max_positions=4096)
-
-
-@pytest.fixture(scope="module")
-def factors(tmp_path_factory):
-    path = tmp_path_factory.mktemp("factors") / "best_factors.json"
-    save_factors_file(path, factors=FACTORS, model="tiny", task="kv")
-    return str(path)
 
 
 def _logits(model, ids=IDS):
@@ -47,35 +35,35 @@ def _apply(*args):
     return res
 
 
-def test_adapter_folder_is_small_and_loads_as_base_plus_method(base, factors, tmp_path):
+def test_adapter_folder_is_small_and_loads_as_base_plus_method(tiny, factors, tmp_path):
     from posbias.models import load_model
 
     out = tmp_path / "adapter"
-    _apply("--model", base, "--factors", factors, "--out", out)
+    _apply("--model", tiny, "--factors", factors, "--out", out)
     names = sorted(p.name for p in out.iterdir())
     assert names == ["README.md", "posbias_adapter.json", "posbias_factors.json"]
     assert sum(p.stat().st_size for p in out.iterdir()) < 16_000
     doc = json.loads((out / "posbias_adapter.json").read_text())
     assert doc["method"] == "lpes" and doc["options"] == {"factors": "posbias_factors.json"} and not doc["merged"]
-    assert doc["base_model"]["spec"] == base and doc["base_model"]["num_layers"] == 3
+    assert doc["base_model"]["spec"] == tiny and doc["base_model"]["num_layers"] == 3
     model, _ = load_model(str(out))
-    assert torch.equal(_logits(model), _logits(_patched_reference(base)))
+    assert torch.equal(_logits(model), _logits(_patched_reference(tiny)))
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no staging folder left
 
 
-def test_eval_of_an_adapter_records_its_method(base, factors, tmp_path):
+def test_eval_of_an_adapter_records_its_method(tiny, factors, tmp_path):
     out = tmp_path / "adapter"
-    _apply("--model", base, "--factors", factors, "--out", out)
+    _apply("--model", tiny, "--factors", factors, "--out", out)
     run = tmp_path / "run"
     res = runner.invoke(app, ["eval", "--model", str(out), "--task", "kv", "--num-keys", "6", "--n", "1",
                               "--depths", "0,1", "--out", str(run)])
     assert res.exit_code == 0, res.output
     cfg = json.loads((run / "config.json").read_text())["config"]
     assert cfg["method"] == "lpes" and cfg["method_options"]["factors"] == str((out / "posbias_factors.json").resolve())
-    assert cfg["adapter"]["base_model"]["spec"] == base and cfg["adapter"]["merged"] is False
+    assert cfg["adapter"]["base_model"]["spec"] == tiny and cfg["adapter"]["merged"] is False
     # the same instances scored on the base model with --method lpes give the same results
     ref = tmp_path / "ref"
-    res = runner.invoke(app, ["eval", "--model", base, "--task", "kv", "--num-keys", "6", "--n", "1",
+    res = runner.invoke(app, ["eval", "--model", tiny, "--task", "kv", "--num-keys", "6", "--n", "1",
                               "--depths", "0,1", "--method", "lpes", "--factors", factors, "--out", str(ref)])
     assert res.exit_code == 0, res.output
 
@@ -94,34 +82,34 @@ def test_eval_of_an_adapter_records_its_method(base, factors, tmp_path):
     assert rows(tmp_path / "again") == rows(run)
 
 
-def test_pi_and_ms_poe_adapters(base, tmp_path):
+def test_pi_and_ms_poe_adapters(tiny, tmp_path):
     from posbias.methods import apply_method
     from posbias.models import load_model
 
-    _apply("--model", base, "--method", "pi", "--method-opt", "factor=2", "--out", tmp_path / "pi")
+    _apply("--model", tiny, "--method", "pi", "--method-opt", "factor=2", "--out", tmp_path / "pi")
     model, _ = load_model(str(tmp_path / "pi"))
-    assert torch.equal(_logits(model), _logits(_patched_reference(base, [2.0] * 3)))
-    _apply("--model", base, "--method", "ms-poe", "--method-opt", "r_max=2.0", "--out", tmp_path / "mspoe")
+    assert torch.equal(_logits(model), _logits(_patched_reference(tiny, [2.0] * 3)))
+    _apply("--model", tiny, "--method", "ms-poe", "--method-opt", "r_max=2.0", "--out", tmp_path / "mspoe")
     model, _ = load_model(str(tmp_path / "mspoe"))
-    ref, _ = load_model(base)
+    ref, _ = load_model(tiny)
     with apply_method(ref, "ms-poe", r_max=2.0) as h:
         assert torch.equal(_logits(model), _logits(h.model))
 
 
-def test_merged_folder_loads_scaled_in_plain_transformers(base, factors, tmp_path):
+def test_merged_folder_loads_scaled_in_plain_transformers(tiny, factors, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from posbias.models import load_model
 
     out = tmp_path / "merged"
-    _apply("--model", base, "--factors", factors, "--out", out, "--merge")
+    _apply("--model", tiny, "--factors", factors, "--out", out, "--merge")
     assert {"modeling_posbias.py", "config.json", "model.safetensors", "posbias_adapter.json",
             "posbias_factors.json", "tokenizer.json"} <= {p.name for p in out.iterdir()}
-    reference = _logits(_patched_reference(base))
+    reference = _logits(_patched_reference(tiny))
     remote = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
     assert type(remote).__name__ == "LlamaForCausalLM"
     assert torch.equal(_logits(remote), reference)  # bit for bit the model posbias patches itself
-    plain = AutoModelForCausalLM.from_pretrained(base).eval()
+    plain = AutoModelForCausalLM.from_pretrained(tiny).eval()
     assert not torch.equal(_logits(plain), reference)  # the scaling changes the logits
     ids = torch.randint(3, 500, (2, 40), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
@@ -129,32 +117,32 @@ def test_merged_folder_loads_scaled_in_plain_transformers(base, factors, tmp_pat
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         got = remote(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-        want = _patched_reference(base)(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        want = _patched_reference(tiny)(input_ids=ids, attention_mask=mask, position_ids=pos).logits
     assert torch.equal(got, want)
     model, _ = load_model(str(out))  # posbias reads it with its own lpes
     assert torch.equal(_logits(model), reference)
 
 
-def test_merged_folder_without_trust_remote_code_is_refused(base, factors, tmp_path):
+def test_merged_folder_without_trust_remote_code_is_refused(tiny, factors, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     out = tmp_path / "merged"
-    _apply("--model", base, "--factors", factors, "--out", out, "--merge")
+    _apply("--model", tiny, "--factors", factors, "--out", out, "--merge")
     for load in (AutoModelForCausalLM.from_pretrained, AutoConfig.from_pretrained):
         with pytest.raises(ValueError, match="trust_remote_code|custom code|posbias-scaled"):
             load(out, trust_remote_code=False)
 
 
-def test_a_folder_of_the_old_apply_still_loads_and_records_lpes(base, factors, tmp_path):
+def test_a_folder_of_the_old_apply_still_loads_and_records_lpes(tiny, factors, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from posbias.models import load_model
     from posbias.patching.rope_scaling import save_patched_model
 
-    old = save_patched_model(AutoModelForCausalLM.from_pretrained(base), AutoTokenizer.from_pretrained(base),
+    old = save_patched_model(AutoModelForCausalLM.from_pretrained(tiny), AutoTokenizer.from_pretrained(tiny),
                              factors, tmp_path / "old")
     model, _ = load_model(str(old))
-    assert torch.equal(_logits(model), _logits(_patched_reference(base)))
+    assert torch.equal(_logits(model), _logits(_patched_reference(tiny)))
     run = tmp_path / "run"
     res = runner.invoke(app, ["eval", "--model", str(old), "--task", "kv", "--num-keys", "6", "--n", "1",
                               "--depths", "0", "--out", str(run)])
@@ -163,10 +151,10 @@ def test_a_folder_of_the_old_apply_still_loads_and_records_lpes(base, factors, t
     assert cfg["method"] == "lpes" and cfg["adapter"]["legacy"] is True
 
 
-def test_apply_replaces_its_own_folder_and_refuses_bad_requests(base, factors, tmp_path):
+def test_apply_replaces_its_own_folder_and_refuses_bad_requests(tiny, factors, tmp_path):
     out = tmp_path / "adapter"
-    _apply("--model", base, "--factors", factors, "--out", out)
-    _apply("--model", base, "--method", "pi", "--method-opt", "factor=1.5", "--out", out)
+    _apply("--model", tiny, "--factors", factors, "--out", out)
+    _apply("--model", tiny, "--method", "pi", "--method-opt", "factor=1.5", "--out", out)
     assert json.loads((out / "posbias_adapter.json").read_text())["method"] == "pi"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]
     for args, message in ((["--method", "attention-buckets"], "cannot write attention-buckets: it is a wrapper"),
@@ -175,7 +163,7 @@ def test_apply_replaces_its_own_folder_and_refuses_bad_requests(base, factors, t
                           (["--method", "ms-poe", "--merge"], "--merge writes per-layer RoPE factors"),
                           (["--method", "lpes"], "needs its factors file"),
                           (["--model", str(out), "--method", "pi"], "give its base model")):
-        args = args if "--model" in args else ["--model", base, *args]
+        args = args if "--model" in args else ["--model", tiny, *args]
         res = runner.invoke(app, ["apply", *args, "--out", str(tmp_path / "bad")])
         assert res.exit_code == 2 and message in res.output, res.output
         assert not (tmp_path / "bad").exists()
@@ -207,14 +195,14 @@ def test_merged_folder_of_other_layouts(variant, tmp_path):
     assert torch.equal(_logits(remote), _logits(_patched_reference(tmp_path / "base", per_layer)))
 
 
-def test_a_loaded_adapter_is_known_by_its_model_and_freed_with_it(base, factors, tmp_path):
+def test_a_loaded_adapter_is_known_by_its_model_and_freed_with_it(tiny, factors, tmp_path):
     import gc
     import weakref
 
     from posbias.models import load_model
     from posbias.models.adapter import active_adapter
 
-    _apply("--model", base, "--factors", factors, "--out", tmp_path / "adapter")
+    _apply("--model", tiny, "--factors", factors, "--out", tmp_path / "adapter")
     model, _ = load_model(str(tmp_path / "adapter"))
     assert active_adapter(model).method == "lpes"
     ref = weakref.ref(model)

@@ -71,14 +71,15 @@ def _untimed(value):
 
 def test_tune_with_two_workers_equals_one(tmp_path):
     """The baselines' tuning scores the same settings to the same records with 1 or 2 spawned workers."""
-    from posbias.search.tune import tune_methods
+    from posbias.search.tune import TuneConfig, tune_methods
     from posbias.utils.io import read_jsonl
 
     model = save_tiny_folder(tmp_path / "tiny", max_positions=4096)
     grids = {"pi": [{"factor": 1.0}, {"factor": 1.5}, {"factor": 2.0}]}
     runs = {}
     for workers in (1, 2):
-        best = tune_methods(model=model, task="kv", methods=["pi"], n_per_depth=1, out=tmp_path / f"w{workers}",
-                            task_options={"num_keys": 4}, grids=grids, log=lambda _: None, workers=workers)
+        cfg = TuneConfig(model=model, task="kv", methods=["pi"], n_per_depth=1, out=tmp_path / f"w{workers}",
+                         task_options={"num_keys": 4}, grids=grids, workers=workers)
+        best = tune_methods(cfg, log=lambda _: None)
         runs[workers] = (best, [_untimed(r) for r in read_jsonl(tmp_path / f"w{workers}" / "results.jsonl")])
     assert runs[1] == runs[2] and len(runs[1][1]) == 3

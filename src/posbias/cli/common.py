@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import typer
 
+from posbias.cli.config_file import file_out
 from posbias.utils.options import parse_key_values, parse_names, parse_numbers  # noqa: F401 (re-exported for the CLI modules)
 
 # EOFError: a truncated file read without a reader that names it (click would turn it into a bare
@@ -37,7 +38,8 @@ def friendly_errors(fn: Callable) -> Callable:
     """Every command's wrapper: ``~`` expanded in its path options (:func:`expand_user_paths`); user
     errors as one red line and exit code 2 instead of a traceback (set POSBIAS_DEBUG=1 to see the
     traceback); Ctrl-C as one line saying how to resume, exit code 130; a command that ends well says
-    where its outputs are (``outputs: /abs/path``, its last line)."""
+    where its outputs are (``outputs: /abs/path``, its last line; the ``out`` of a ``--config`` file
+    without ``--out``)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -46,7 +48,7 @@ def friendly_errors(fn: Callable) -> Callable:
         try:
             kwargs = expand_user_paths(kwargs)
             result = fn(*args, **kwargs)
-            announce_outputs(kwargs.get("out"))
+            announce_outputs(kwargs.get("out") or file_out(kwargs.get("config")))  # --out, else --config's
             return result
         except KeyboardInterrupt:
             if os.environ.get("POSBIAS_DEBUG"):

@@ -1,8 +1,9 @@
 """``--config FILE``: a command's settings from a JSON, TOML or YAML file, under the flags the user gave.
 
 The file holds the settings of the command's config object (:class:`posbias.training.TrainConfig`,
-:class:`posbias.study.config.StudyConfig`, :class:`posbias.search.config.SearchConfig`, the settings
-of ``eval``), by field name, as a run records them: a run folder's ``config.json`` (``{"kind": ...,
+:class:`posbias.study.config.StudyConfig`, :class:`posbias.search.config.SearchConfig`,
+:class:`posbias.evaluation.session.EvalConfig`, ...; for the commands without one, the settings their
+run folder records), by field name, as a run records them: a run folder's ``config.json`` (``{"kind": ...,
 "config": {...}}``) is read as its ``config``, so any run can be repeated or resumed with
 ``--config <run>/config.json``. A flag given on the command line overrides the file's value (for
 options that hold ``key=value`` pairs, each given key overrides that key); a setting the file does
@@ -35,9 +36,10 @@ def ConfigFileOption():
     return typer.Option(None, "--config", help=CONFIG_HELP)
 
 
-def read_settings_file(path: str | Path, kind: str) -> dict[str, Any]:
+def read_settings_file(path: str | Path, kind: str | None) -> dict[str, Any]:
     """The settings in ``path`` (by suffix: ``.toml``, ``.yaml`` / ``.yml``, else JSON); a run
-    folder's ``config.json`` gives its ``config`` after checking that it is a ``kind`` run."""
+    folder's ``config.json`` gives its ``config`` after checking that it is a ``kind`` run (any kind
+    for None)."""
     path = Path(path).expanduser()
     text = read_text(path)
     suffix = path.suffix.lower()
@@ -53,7 +55,7 @@ def read_settings_file(path: str | Path, kind: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ValueError(f"--config {path}: expected settings as key: value pairs, got {type(doc).__name__}")
     if isinstance(doc.get("config"), dict) and isinstance(doc.get("kind"), str):  # a run folder's config.json
-        if doc["kind"] != kind:
+        if kind is not None and doc["kind"] != kind:
             raise ValueError(f"--config {path} is the config of a {doc['kind']} run; posbias {kind} needs "
                              f"the settings of a {kind} run")
         doc = doc["config"]
@@ -86,6 +88,18 @@ def settings_with_file(ctx: typer.Context | None, path: str | Path | None, kind:
         elif key not in given:
             settings[key] = value
     return settings
+
+
+def file_out(path: str | Path | None) -> str | None:
+    """The run folder (``out``) that the settings file ``path`` names; None without a file, without
+    ``out`` or when it cannot be read (the command has said why)."""
+    if not path:
+        return None
+    try:
+        out = read_settings_file(path, None).get("out")
+    except (ValueError, OSError):
+        return None
+    return out if isinstance(out, str) else None
 
 
 def require(settings: Mapping[str, Any], key: str, flag: str) -> Any:

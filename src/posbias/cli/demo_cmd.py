@@ -11,7 +11,19 @@ from typing import Optional
 
 import typer
 
-from posbias.cli.common import Count, Device, Dtype, ModelOption, Revision, Seed, friendly_errors, load_options
+from posbias.cli.common import (
+    Count,
+    Device,
+    Dtype,
+    ModelOption,
+    Revision,
+    Seed,
+    friendly_errors,
+    load_options,
+    method_options_from_flags,
+    parse_names,
+    parse_numbers,
+)
 from posbias.cli.lpes_cmd import generation_line
 
 DEMO_LENGTHS = "256,512,1024"
@@ -40,16 +52,16 @@ def demo_command(
 
 def map_demo(*, out: str, model: str, n: int, seed: int, load) -> None:
     """The map of ``model`` on word-key KV at 256 / 512 / 1,024 tokens, 5 depths, ``none`` and ``pi``."""
-    from posbias.cli.map_cmd import map_config
-    from posbias.evaluation.bias_map import run_map
+    from posbias.evaluation.bias_map import MapConfig, run_map
     from posbias.evaluation.map_plots import heatmap_path
     from posbias.utils.run_folder import out_path
 
     start = time.time()
-    cfg = map_config(model=model, out=out, task=None, data=None, lengths=DEMO_LENGTHS, depths=DEMO_DEPTHS,
-                     methods=DEMO_METHODS, factors=None, pi_factor=1.1, routers=None, settings=None, n=n, repeats=1,
-                     seed=seed, mode="teacher-forced", threshold=0.5, batch_size=8, bootstrap=1000, haystack=None,
-                     opt=None)
+    methods = parse_names(DEMO_METHODS)
+    options = method_options_from_flags(methods, factors=None, pi_factor=1.1, routers=None, settings=None)
+    cfg = MapConfig(model=model, out=out, task="kv", lengths=parse_names(DEMO_LENGTHS),
+                    depths=parse_numbers(DEMO_DEPTHS, "depths"), methods=methods, method_options=options, n=n,
+                    seed=seed)
     typer.echo(f"position-bias map of {model}: word-key KV at {DEMO_LENGTHS} tokens, depths {DEMO_DEPTHS}, "
                f"methods {DEMO_METHODS}, n = {n} per cell -> {out}")
     run_map(cfg, log=typer.echo, load=load)
@@ -75,8 +87,7 @@ def search_demo(*, out: str, model: str, preset: str, n: int, seed: int, load) -
     result = run_search(search, resume=True, loaded=loaded, load=load,
                         log=lambda rec: typer.echo(generation_line(rec)))
     typer.echo(f"[2/2] held-out accuracy by depth, before / after -> {out_dir / 'heldout'}")
-    before_after(model=model, task="kv", factors_path=result.factors_path, out=out_dir / "heldout", n=n,
-                 seed=seed, loaded=loaded, load=load)
+    before_after(search, result.factors_path, out_dir / "heldout", n=n, loaded=loaded, load=load)
     typer.echo((out_dir / "heldout" / "comparison.md").read_text())
     typer.echo(f"factors: {result.factors_path}\nplots: {out_dir / 'search'}/*.png, "
                f"{out_dir / 'heldout'}/comparison.png")

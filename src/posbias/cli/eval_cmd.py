@@ -58,7 +58,7 @@ def eval_command(
     config: Optional[str] = ConfigFileOption(),
 ):
     """Evaluate accuracy against the depth of the gold item; writes results, summary and plot to --out."""
-    from posbias.evaluation.session import run_eval
+    from posbias.evaluation.session import EvalConfig, run_eval
 
     load = load_options(device, dtype, revision)
     method_opts = parse_key_values(method_opt, "method-opt")
@@ -68,11 +68,11 @@ def eval_command(
         model=model, task=task, depths=parse_numbers(depths, "depths"), n=n, out=out, seed=seed, split=split,
         mode=mode, batch_size=batch_size, chat=chat, max_new_tokens=max_new_tokens, method=method,
         method_options=method_opts,
-        task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt), load=load,
+        task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
     )
-    settings = settings_with_file(ctx, config, "eval", flags, [k for k in field_names(run_eval) if k != "loaded"])
+    settings = settings_with_file(ctx, config, "eval", flags, field_names(EvalConfig))
     require(settings, "out", "--out")
-    summary = run_eval(**settings)
+    summary = run_eval(EvalConfig(**settings), load=load)
     typer.echo((Path(settings["out"]).expanduser() / "summary.md").read_text())
     return summary
 
@@ -103,21 +103,20 @@ def compare_command(
     config: Optional[str] = ConfigFileOption(),
 ):
     """Evaluate several methods on the same held-out instances: joint table and plot in --out."""
-    from posbias.evaluation.compare import compare_methods
+    from posbias.evaluation.compare import CompareConfig, compare_methods
 
     load = load_options(device, dtype, revision)
     flags = dict(model=model, task=task, methods=parse_names(methods), depths=parse_numbers(depths, "depths"), n=n,
                  out=out, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
-                 task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt), load=load)
-    settings = settings_with_file(ctx, config, "compare", flags,
-                                  [k for k in field_names(compare_methods) if k != "loaded"])
+                 task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))
+    settings = settings_with_file(ctx, config, "compare", flags, field_names(CompareConfig))
     require(settings, "out", "--out")
     settings["methods"] = ready_methods(settings["methods"], routers)
     pi_factor_given = config is None or "pi_factor" in (given_parameters(ctx) or ())
     settings["method_options"] = method_options_from_flags(  # the flags given over the file's options
         settings["methods"], factors=factors, pi_factor=pi_factor if pi_factor_given else None, routers=routers,
         settings=settings_file, recorded=settings.get("method_options"))
-    compare_methods(**settings)
+    compare_methods(CompareConfig(**settings), load=load)
     typer.echo((Path(settings["out"]).expanduser() / "comparison.md").read_text())
 
 

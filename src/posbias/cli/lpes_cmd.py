@@ -118,8 +118,7 @@ def search_command(
 
         heldout = Path(cfg.out) / "heldout"
         console.print(f"held-out accuracy by depth, before / after ({cfg.heldout_n} per depth) -> {heldout}")
-        before_after(model=cfg.model, task=cfg.task, factors_path=res.factors_path, out=heldout, n=cfg.heldout_n,
-                     seed=cfg.seed, task_options=cfg.task_options, chat=cfg.chat, load=load, target=cfg.target)
+        before_after(cfg, res.factors_path, heldout, load=load)
         console.print((heldout / "comparison.md").read_text())
     return res
 
@@ -173,11 +172,16 @@ def apply_command(
     typer.echo(f"wrote {target}: {name} on {model} as {what}")
 
 
+# The settings of an analyze run, as its config.json records them (and --config reads them).
+ANALYZE_SETTINGS = ("model", "factors", "task", "n", "controls", "sigma", "seed", "chat", "task_options", "out")
+
+
 def analyze_command(
+    ctx: typer.Context,
     model: str = ModelOption(),
-    factors: str = typer.Option(..., help=FACTORS_HELP),
+    factors: Optional[str] = typer.Option(None, help=f"{FACTORS_HELP}; required unless --config names it"),
     task: str = typer.Option("kv", help="task whose prompts are fed to the model"),
-    out: str = typer.Option(..., help="output folder"),
+    out: Optional[str] = typer.Option(None, help="output folder; required unless --config names it"),
     n: int = Count(2, help="prompts per depth (depths 0, 0.5, 1)"),
     controls: int = Count(3, help="noisy and shuffled control variants each"),
     sigma: float = typer.Option(0.1, min=0.0, help="noise: factors x exp(N(0, sigma))"),
@@ -187,8 +191,25 @@ def analyze_command(
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
     device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
+    config: Optional[str] = ConfigFileOption(),
 ):
     """Representation deviation (1 - linear CKA per layer) of found vs noisy vs shuffled factors."""
+    from posbias.search.analysis import analysis_table
+
+    load = load_options(device, dtype, revision)
+    flags = dict(model=model, factors=factors, task=task, n=n, controls=controls, sigma=sigma, seed=seed, chat=chat,
+                 task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt), out=out)
+    settings = settings_with_file(ctx, config, "analyze", flags, ANALYZE_SETTINGS)
+    require(settings, "factors", "--factors")
+    require(settings, "out", "--out")
+    res = analyze_factors(settings, load)
+    typer.echo(analysis_table(res))
+    return res
+
+
+def analyze_factors(settings: dict, load) -> dict:
+    """The analysis of the :data:`ANALYZE_SETTINGS` ``settings`` into their ``out`` folder
+    (``analysis.json``, ``analysis.md``, ``analysis.png``); returns the analysis."""
     import torch
 
     from posbias.evaluation.batching import prompt_text
@@ -202,27 +223,24 @@ def analyze_command(
     from posbias.utils.io import atomic_write_json, atomic_write_text
     from posbias.utils.run_folder import open_run
 
-    opts = task_options(num_keys, num_docs, length, path, haystack, num_needles, opt)
+    s = settings
     depths = [0.0, 0.5, 1.0]
-    load = load_options(device, dtype, revision)
-    refuse_adapter(model, "analyze", "per-layer factors")
-    folder = open_run(out, "analyze", {"model": model, "factors": factors, "task": task, "n": n, "controls": controls,
-                                       "sigma": sigma, "seed": seed, "chat": chat, "task_options": opts,
-                                       **load_settings(model, load)})
-    load_factors_file(factors)  # checked before the model loads
-    insts = precheck_instances(task, n=n, depths=depths, seed=seed, split="eval", **opts)
-    m, tok = load_model(model, load)
-    doc = load_factors_file(factors, num_layers=len(get_decoder_layers(m)))
+    refuse_adapter(s["model"], "analyze", "per-layer factors")
+    recorded = {k: s[k] for k in ANALYZE_SETTINGS if k != "out"}
+    folder = open_run(s["out"], "analyze", {**recorded, "out": str(s["out"]), **load_settings(s["model"], load)})
+    load_factors_file(s["factors"])  # checked before the model loads
+    insts = precheck_instances(s["task"], n=s["n"], depths=depths, seed=s["seed"], split="eval", **s["task_options"])
+    m, tok = load_model(s["model"], load)
+    doc = load_factors_file(s["factors"], num_layers=len(get_decoder_layers(m)))
     if insts is None:
-        insts = build_instances(m, tok, task, depths, n, seed, "eval", opts)
-    inputs = [torch.tensor(tok(prompt_text(tok, i, chat), add_special_tokens=not chat)["input_ids"]) for i in insts]
-    res = analyze_scaling(m, inputs, doc["factors"], n_controls=controls, sigma=sigma, seed=seed)
+        insts = build_instances(m, tok, s["task"], depths, s["n"], s["seed"], "eval", s["task_options"])
+    inputs = [torch.tensor(tok(prompt_text(tok, i, s["chat"]), add_special_tokens=not s["chat"])["input_ids"])
+              for i in insts]
+    res = analyze_scaling(m, inputs, doc["factors"], n_controls=s["controls"], sigma=s["sigma"], seed=s["seed"])
     outdir = folder.commit()
     atomic_write_json(outdir / "analysis.json", res)
-    table = analysis_table(res)
-    atomic_write_text(outdir / "analysis.md", table)
+    atomic_write_text(outdir / "analysis.md", analysis_table(res))
     plot_analysis(outdir / "analysis.png", res)
-    typer.echo(table)
     return res
 
 

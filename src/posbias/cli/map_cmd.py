@@ -19,14 +19,17 @@ from posbias.cli.common import (
     load_options,
     method_options_from_flags,
 )
-from posbias.utils.options import parse_key_values, parse_names, parse_numbers
+from posbias.cli.config_file import ConfigFileOption, given_parameters, require, settings_with_file
+from posbias.utils.options import field_names, parse_key_values, parse_names, parse_numbers
 
 DEPTHS_TEXT = ",".join(f"{i / 10:g}" for i in range(11))
 
 
 def map_command(
+    ctx: typer.Context,
     model: str = ModelOption(),
-    out: str = typer.Option(..., help="run folder (re-running resumes; more methods, --n or --repeats add to it)"),
+    out: Optional[str] = typer.Option(None, help="run folder (re-running resumes; more methods, --n or --repeats add "
+                                                 "to it); required unless --config names it"),
     task: Optional[str] = typer.Option(None, help="kv (default) | kv-uuid | niah | passkey; --data implies kv-uuid"),
     data: Optional[str] = typer.Option(None, "--data", help="a lost-in-the-middle kv-retrieval-*_keys.jsonl.gz file "
                                                             "(task kv-uuid)"),
@@ -52,29 +55,34 @@ def map_command(
     haystack: Optional[str] = Haystack,
     opt: Optional[list[str]] = ExtraOpts,
     device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
+    config: Optional[str] = ConfigFileOption(),
 ):
     """Score a depth x length grid (one prefill per shared context), summarise primacy, recency, middle
     dip and effective length with intervals (map.md, summary.json) and draw the heatmaps."""
-    from posbias.evaluation.bias_map import run_map
+    from posbias.evaluation.bias_map import MapConfig, run_map
     from posbias.evaluation.map_plots import heatmap_path
 
-    cfg = map_config(model=model, out=out, task=task, data=data, lengths=lengths, depths=depths, methods=methods,
-                     factors=factors, pi_factor=pi_factor, routers=routers, settings=settings, n=n, repeats=repeats,
-                     seed=seed, mode=mode, threshold=threshold, batch_size=batch_size, bootstrap=bootstrap,
-                     haystack=haystack, opt=opt)
-    run_map(cfg, log=typer.echo, load=load_options(device, dtype, revision))
-    folder = Path(out)
-    typer.echo((folder / "map.md").read_text())
+    load = load_options(device, dtype, revision)
+    task, task_opts = map_task(task, data, haystack, opt)
+    flags = dict(model=model, out=out, task=task, lengths=parse_names(lengths), depths=parse_numbers(depths, "depths"),
+                 methods=parse_names(methods), n=n, seed=seed, repeats=repeats, mode=mode, threshold=threshold,
+                 task_options=task_opts, batch_size=batch_size, bootstrap=bootstrap)
+    values = settings_with_file(ctx, config, "map", flags, field_names(MapConfig), fields_of={"data": "task"})
+    require(values, "out", "--out")
+    pi_factor_given = config is None or "pi_factor" in (given_parameters(ctx) or ())
+    values["method_options"] = method_options_from_flags(  # the flags given over the file's options
+        values["methods"], factors=factors, pi_factor=pi_factor if pi_factor_given else None, routers=routers,
+        settings=settings, recorded=values.get("method_options"))
+    cfg = MapConfig(**values)
+    run_map(cfg, log=typer.echo, load=load)
+    typer.echo((Path(cfg.out).expanduser() / "map.md").read_text())
     typer.echo(f"heatmap: {heatmap_path(cfg)}")
     return cfg
 
 
-def map_config(*, model, out, task, data, lengths, depths, methods, factors, pi_factor, routers, settings, n, repeats,
-               seed, mode, threshold, batch_size, bootstrap, haystack, opt):
-    """The :class:`~posbias.evaluation.bias_map.MapConfig` of the command-line flags."""
-    from posbias.evaluation.bias_map import MapConfig
-
-    names = parse_names(methods)
+def map_task(task: str | None, data: str | None, haystack: str | None, opt: list[str] | None) -> tuple[str, dict]:
+    """The task of ``--task`` / ``--data`` (a lost-in-the-middle KV file: kv-uuid; default kv) and its
+    options (``--haystack``, ``--opt key=value``)."""
     task_opts = parse_key_values(opt, "opt")
     if haystack is not None:
         task_opts["haystack"] = haystack
@@ -82,12 +90,7 @@ def map_config(*, model, out, task, data, lengths, depths, methods, factors, pi_
         if task not in (None, "kv-uuid"):
             raise ValueError(f"--data is the lost-in-the-middle KV file of task kv-uuid, not of --task {task}")
         task, task_opts["path"] = "kv-uuid", data
-    return MapConfig(model=model, out=out, task=task or "kv", lengths=parse_names(lengths),
-                       depths=parse_numbers(depths, "depths"), methods=names,
-                       method_options=method_options_from_flags(names, factors=factors, pi_factor=pi_factor,
-                                                                routers=routers, settings=settings),
-                       n=n, seed=seed, repeats=repeats, mode=mode, threshold=threshold, task_options=task_opts,
-                       batch_size=batch_size, bootstrap=bootstrap)
+    return task or "kv", task_opts
 
 
 def register(app: typer.Typer) -> None:

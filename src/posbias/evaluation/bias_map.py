@@ -268,7 +268,8 @@ def open_map(cfg: MapConfig, load=None):
     ``load``: the model's :class:`~posbias.models.options.LoadOptions` (its resolved dtype is a resume key)."""
     check_map(cfg)
     adapter = map_adapter(cfg)
-    return open_run(cfg.out, "map", {**cfg.settings(), **load_settings(cfg.model, load),
+    # out: not compared on resume; makes config.json usable as --config
+    return open_run(cfg.out, "map", {**cfg.settings(), "out": str(cfg.out), **load_settings(cfg.model, load),
                                      **({"adapter": adapter} if adapter else {})},
                     check_keys=(*MAP_RESUME_KEYS, "dtype"))
 

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from posbias.evaluation.plots import plot_accuracy_by_depth
-from posbias.evaluation.session import plan_eval, run_planned
+from posbias.evaluation.session import EvalConfig, plan_eval, run_planned
 from posbias.evaluation.stats import paired_difference, percent_cell
 from posbias.methods.registry import variant_options
 from posbias.models import load_model, model_identity
@@ -20,43 +21,63 @@ from posbias.utils.run_folder import INVOCATIONS, open_run, safe_name
 COMPARE_KEYS = ("model", "model_path", "task", "depths", "seed", "mode", "chat", "task_options", "dtype")
 
 
-def compare_methods(*, model: str, task: str, methods: list[str], depths: list[float], n: int, out: str | Path,
-                    method_options: dict[str, dict[str, Any]] | None = None, seed: int = 0,
-                    mode: str = "teacher-forced",
-                    batch_size: int = 8, chat: bool = False, task_options: dict | None = None, loaded=None,
-                    load: LoadOptions | None = None) -> dict:
-    """Evaluate every method in ``methods`` into ``out/<method>`` and write a joint table and plot.
+@dataclass
+class CompareConfig:
+    """The settings of one comparison: every method in ``methods`` on the same held-out (``eval``
+    split) instances, as :class:`~posbias.evaluation.session.EvalConfig` has them for one method.
 
     ``methods`` are names or variants ``name@key=value@...`` (:func:`posbias.methods.registry.variant_options`:
     the variant's options override ``method_options[name]``, so ``ms-poe@r_min=1.2@r_max=1.8`` beside a
-    tuned ``ms-poe`` shows the published default next to the tuned setting). Returns ``{label:
-    summary}``; ``load``: device, dtype and Hub revision of the model. Each method's folder (``out/<label>``,
-    :func:`method_folder`) resumes independently. Every method is
+    tuned ``ms-poe`` shows the published default next to the tuned setting); ``method_options``: options
+    per method name.
+    """
+
+    model: str
+    task: str
+    methods: list[str]
+    depths: list[float]
+    n: int
+    out: str | Path
+    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seed: int = 0
+    mode: str = "teacher-forced"
+    batch_size: int = 8
+    chat: bool = False
+    task_options: dict = field(default_factory=dict)
+
+    def method_config(self, label: str, out: str | Path) -> EvalConfig:
+        """The evaluation of the method (or variant) ``label`` into ``out``."""
+        name, options = variant_options(label, self.method_options or {})
+        return EvalConfig(model=self.model, task=self.task, depths=self.depths, n=self.n, out=out, seed=self.seed,
+                          split="eval", mode=self.mode, batch_size=self.batch_size, chat=self.chat, method=name,
+                          method_options=options, task_options=dict(self.task_options or {}))
+
+
+def compare_methods(cfg: CompareConfig, *, loaded=None, load: LoadOptions | None = None) -> dict:
+    """Evaluate every method of ``cfg.methods`` into ``cfg.out/<method>`` and write a joint table and plot.
+
+    Returns ``{label: summary}``; ``load``: device, dtype and Hub revision of the model. Each method's
+    folder (``out/<label>``, :func:`method_folder`) resumes independently. Every method is
     checked (name, options, factors file, its folder) before the model loads or anything is
     scored, and nothing is written before the first result.
     """
 
-    method_options = method_options or {}
-    task_options = dict(task_options or {})
+    method_options = cfg.method_options or {}
+    task_options = dict(cfg.task_options or {})
     load = options_for(load, loaded)
-    check_method_list(methods)
-    top = open_run(out, "compare",
-                   {"model": model, "model_path": model_identity(model), "task": task, "methods": methods,
-                    "depths": depths, "n": n,
-                                    "seed": seed, "mode": mode, "chat": chat, "task_options": task_options,
-                                    "method_options": method_options, "batch_size": batch_size,
-                                    "out": str(out), **load_settings(model, load)},
+    check_method_list(cfg.methods)
+    top = open_run(cfg.out, "compare",
+                   {"model": cfg.model, "model_path": model_identity(cfg.model), "task": cfg.task,
+                    "methods": cfg.methods, "depths": cfg.depths, "n": cfg.n, "seed": cfg.seed, "mode": cfg.mode,
+                    "chat": cfg.chat, "task_options": task_options, "method_options": method_options,
+                    "batch_size": cfg.batch_size, "out": str(cfg.out), **load_settings(cfg.model, load)},
                    check_keys=COMPARE_KEYS)
     plans, instances = {}, None
-    for label in methods:
-        name, options = variant_options(label, method_options)
-        plans[label] = plan_eval(model=model, task=task, depths=depths, n=n, out=top.path / method_folder(label),
-                                 seed=seed,
-                                 split="eval", mode=mode, batch_size=batch_size, chat=chat, method=name,
-                                 method_options=options,
-                                 task_options=task_options, parent=top, instances=instances, load=load)
+    for label in cfg.methods:
+        plans[label] = plan_eval(cfg.method_config(label, top.path / method_folder(label)), parent=top,
+                                 instances=instances, load=load)
         instances = plans[label].instances
-    loaded = loaded or load_model(model, load)
+    loaded = loaded or load_model(cfg.model, load)
     summaries = {}
     for name, plan in plans.items():
         start = time.time()
@@ -68,7 +89,7 @@ def compare_methods(*, model: str, task: str, methods: list[str], depths: list[f
     records = folder_records({label: top.path / method_folder(label) for label in joint})
     atomic_write_text(top.path / "comparison.md", comparison_table(joint) + "\n\n" + paired_table(records) + "\n")
     plot_accuracy_by_depth({m: s["by_depth"] for m, s in joint.items()}, top.path / "comparison.png",
-                           title=f"{model} / {task}", paired=paired_by_depth(records))
+                           title=f"{cfg.model} / {cfg.task}", paired=paired_by_depth(records))
     return summaries
 
 

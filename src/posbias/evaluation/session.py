@@ -1,7 +1,8 @@
 """One evaluation run end to end: check the request, load the model, build instances, apply a
 method, evaluate.
 
-:func:`plan_eval` runs every check that needs no model (task and its options, a data file, mode,
+:class:`EvalConfig` holds the settings of one run (what ``posbias eval`` builds from its flags or its
+``--config`` file). :func:`plan_eval` runs every check that needs no model (task and its options, a data file, mode,
 method name, options and factors file, the run folder) and writes nothing; :func:`run_planned`
 loads the model unless given one, builds the instances and scores them. The run folder's
 ``config.json`` is written only together with the first result, so a request rejected at any
@@ -9,7 +10,7 @@ point before that leaves the folder as it was. :func:`run_eval` does both steps.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,36 @@ PATH_OPTIONS = {"lpes": "factors", "moice": "routers"}
 
 
 @dataclass
+class EvalConfig:
+    """The settings of one evaluation run.
+
+    Attributes:
+        model: a model spec (folder, ``.gguf`` file, packaged alias or Hub id).
+        task / task_options / depths / n / seed / split: the instances (``n`` per gold depth in [0, 1]
+            of ``split``, ``eval`` or ``search``; instance ``i`` is the same for every ``n``).
+        out: the run folder (re-running resumes).
+        mode: ``teacher-forced`` | ``generate`` | ``both``; ``max_new_tokens``: greedy generation's limit.
+        batch_size: instances per forward pass; ``chat``: wrap prompts in the tokenizer's chat template.
+        method / method_options: the inference method applied while scoring (``none``: the model as it is).
+    """
+
+    model: str
+    task: str
+    depths: list[float]
+    n: int
+    out: str | Path
+    seed: int = 0
+    split: str = "eval"
+    mode: str = "teacher-forced"
+    batch_size: int = 8
+    chat: bool = False
+    max_new_tokens: int = 16
+    method: str = "none"
+    method_options: dict = field(default_factory=dict)
+    task_options: dict = field(default_factory=dict)
+
+
+@dataclass
 class EvalPlan:
     """A checked evaluation request: its settings, its run folder (nothing written yet) and, for a
     task that needs no tokenizer, its instances."""
@@ -47,40 +78,39 @@ class EvalPlan:
     load: LoadOptions = LoadOptions()
 
 
-def plan_eval(*, model: str, task: str, depths: list[float], n: int, out: str | Path, seed: int = 0,
-              split: str = "eval", mode: str = "teacher-forced", batch_size: int = 8, chat: bool = False,
-              max_new_tokens: int = 16, method: str = "none", method_options: dict | None = None,
-              task_options: dict | None = None, parent: RunFolder | None = None,
-              instances: list | None = None, load: LoadOptions | None = None) -> EvalPlan:
-    """Check an evaluation request before any model is loaded; see :func:`run_eval` for the arguments.
+def plan_eval(cfg: EvalConfig, *, parent: RunFolder | None = None, instances: list | None = None,
+              load: LoadOptions | None = None) -> EvalPlan:
+    """Check the evaluation request ``cfg`` before any model is loaded; ``load`` as in :func:`run_eval`.
 
     ``parent`` is the run folder this one lives in (a comparison); ``instances`` are ones already
     built for the same request (a comparison builds them once for all its methods).
     """
-    method_options = dict(method_options or {})
-    task_options = dict(task_options or {})
-    check_int("batch_size", batch_size)
-    check_int("max_new_tokens", max_new_tokens)
-    mode = canonical_mode(mode)
+    method_options = dict(cfg.method_options or {})
+    task_options = dict(cfg.task_options or {})
+    check_int("batch_size", cfg.batch_size)
+    check_int("max_new_tokens", cfg.max_new_tokens)
+    mode = canonical_mode(cfg.mode)
     check_mode(mode)
-    depths = check_request(task, n=n, depths=depths, seed=seed, split=split, **task_options)
+    depths = check_request(cfg.task, n=cfg.n, depths=cfg.depths, seed=cfg.seed, split=cfg.split, **task_options)
     if instances is None:
-        instances = precheck_instances(task, n=n, depths=depths, seed=seed, split=split, **task_options)
+        instances = precheck_instances(cfg.task, n=cfg.n, depths=depths, seed=cfg.seed, split=cfg.split,
+                                       **task_options)
 
-    method, method_options, adapter = eval_settings(model, method, method_options)  # a posbias apply folder's own
+    # a posbias apply folder's own method
+    method, method_options, adapter = eval_settings(cfg.model, cfg.method, method_options)
     check_method(method, method_options)
-    if chat and task_options.get("shared_context"):
+    if cfg.chat and task_options.get("shared_context"):
         raise ValueError("a shared context (shared_context=true) is scored without a chat template: drop --chat")
 
-    config = {"model": model, "model_path": model_identity(model), "task": task, "depths": depths, "n": n, "seed": seed,
-              "split": split, "mode": mode,
-              "batch_size": batch_size, "chat": chat, "max_new_tokens": max_new_tokens, "method": method,
+    config = {"model": cfg.model, "model_path": model_identity(cfg.model), "task": cfg.task, "depths": depths,
+              "n": cfg.n, "seed": cfg.seed, "split": cfg.split, "mode": mode,
+              "batch_size": cfg.batch_size, "chat": cfg.chat, "max_new_tokens": cfg.max_new_tokens, "method": method,
               "method_options": method_options, "task_options": task_options,
-              "out": str(out),  # not compared on resume; makes config.json usable as --config
-              **load_settings(model, load)}
+              "out": str(cfg.out),  # not compared on resume; makes config.json usable as --config
+              **load_settings(cfg.model, load)}
     if adapter is not None:  # the model loads with the method active: recorded, not applied again
         config["adapter"] = adapter
-    folder = open_run(out, "eval", config, check_keys=RESUME_KEYS, parent=parent)
+    folder = open_run(cfg.out, "eval", config, check_keys=RESUME_KEYS, parent=parent)
     return EvalPlan(config, folder, instances, load or LoadOptions())
 
 
@@ -125,21 +155,15 @@ def run_planned(plan: EvalPlan, loaded=None, progress: bool = True) -> dict:
                         progress=progress, before_write=plan.folder.commit)
 
 
-def run_eval(*, model: str, task: str, depths: list[float], n: int, out: str | Path, seed: int = 0,
-             split: str = "eval", mode: str = "teacher-forced", batch_size: int = 8, chat: bool = False,
-             max_new_tokens: int = 16, method: str = "none", method_options: dict | None = None,
-             task_options: dict | None = None, loaded=None, load: LoadOptions | None = None) -> dict:
-    """Evaluate ``model`` (spec, or ``loaded=(model, tokenizer)``) with ``method`` on ``task`` into the
-    run folder ``out`` (re-running resumes); returns the summary. ``load``: device, dtype and Hub
-    revision of the model (default: the CPU in float32).
+def run_eval(cfg: EvalConfig, *, loaded=None, load: LoadOptions | None = None) -> dict:
+    """Evaluate ``cfg.model`` (or ``loaded=(model, tokenizer)``) with ``cfg.method`` on ``cfg.task`` into
+    the run folder ``cfg.out`` (re-running resumes); returns the summary. ``load``: device, dtype and
+    Hub revision of the model (default: the CPU in float32).
 
     Everything that can be checked without the model is checked before it loads, and nothing is
     written before the first result, so bad input never leaves a half-made run folder behind.
     """
-    plan = plan_eval(model=model, task=task, depths=depths, n=n, out=out, seed=seed, split=split, mode=mode,
-                     batch_size=batch_size, chat=chat, max_new_tokens=max_new_tokens, method=method,
-                     method_options=method_options, task_options=task_options, load=options_for(load, loaded))
-    return run_planned(plan, loaded)
+    return run_planned(plan_eval(cfg, load=options_for(load, loaded)), loaded)
 
 
 class applied_method:

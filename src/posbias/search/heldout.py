@@ -3,24 +3,33 @@ on the *eval* split, which the search never sees."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
 
-from posbias.evaluation.compare import compare_methods
+from posbias.evaluation.compare import CompareConfig, compare_methods
+from posbias.search.config import SearchConfig
 
 HELDOUT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+HELDOUT_BATCH_SIZE = 4
 
 
-def before_after(*, model: str, task: str, factors_path: str | Path, out: str | Path, n: int = 20,
-                 depths: Sequence[float] = HELDOUT_DEPTHS, seed: int = 0, task_options: dict | None = None,
-                 chat: bool = False, batch_size: int = 4, loaded=None, load=None, target: str = "rope") -> dict:
-    """Evaluate ``none`` and ``lpes`` (the factors file; ``temperature`` for a temperature search's
-    values file, ``target="temperature"``) on the held-out split into ``out``.
+def heldout_config(search: SearchConfig, factors_path: str | Path, out: str | Path,
+                   n: int | None = None) -> CompareConfig:
+    """The comparison of ``none`` and ``lpes`` (the factors file; ``temperature`` and its values file
+    for a temperature search, ``search.target == "temperature"``) on the held-out split: the search's
+    model, task, task options, seed and chat setting, ``n`` instances per depth (default
+    ``search.heldout_n``) at :data:`HELDOUT_DEPTHS`."""
+    method, option = ("temperature", "values_file") if search.target == "temperature" else ("lpes", "factors")
+    return CompareConfig(model=search.model, task=search.task, methods=["none", method], depths=list(HELDOUT_DEPTHS),
+                         n=search.heldout_n if n is None else n, out=out,
+                         method_options={method: {option: str(factors_path)}}, seed=search.seed,
+                         batch_size=HELDOUT_BATCH_SIZE, chat=search.chat, task_options=search.task_options)
+
+
+def before_after(search: SearchConfig, factors_path: str | Path, out: str | Path, *, n: int | None = None,
+                 loaded=None, load=None) -> dict:
+    """Evaluate ``none`` and the search's result (:func:`heldout_config`) on the held-out split into ``out``.
 
     Writes ``out/comparison.md`` and ``out/comparison.png`` (accuracy by depth with 95% Wilson bands, and
     the paired difference to ``none``);
     returns ``{"none": summary, method: summary}``. ``load``: the model's :class:`LoadOptions`.
     """
-    method, option = ("temperature", "values_file") if target == "temperature" else ("lpes", "factors")
-    return compare_methods(model=model, task=task, methods=["none", method], depths=list(depths), n=n, out=out,
-                           method_options={method: {option: str(factors_path)}}, seed=seed,
-                           batch_size=batch_size, chat=chat, task_options=task_options, loaded=loaded, load=load)
+    return compare_methods(heldout_config(search, factors_path, out, n), loaded=loaded, load=load)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -141,25 +142,42 @@ def _scored_in_order(jobs: list[tuple[str, dict]], *, workers: int, batch_size: 
         yield from pool.map(_worker_score, [(m, o, batch_size) for m, o in jobs])
 
 
-def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int, out: str | Path, seed: int = 0,
-                 batch_size: int = 8, task_options: dict | None = None, grids: dict | None = None,
-                 base_options: dict | None = None, loaded=None, log=print,
-                 objective: str = DEFAULT_OBJECTIVE, load=None, workers: int = 1) -> dict[str, dict]:
-    """Score each method's grid on the search split; returns ``{method: best options}``, chosen by
-    ``objective`` (the LPES search's; scores do not depend on it, so a rerun with another objective
-    re-chooses from the same results).
+@dataclass
+class TuneConfig:
+    """The settings of one tuning run.
 
-    ``base_options[method]`` are fixed options merged under every grid setting (e.g. MoICE's
-    ``routers``). MoICE is only tuned with trained routers (``base_options["moice"]["routers"]``).
-    ``load``: the model's :class:`posbias.models.LoadOptions` (device, dtype, Hub revision);
-    ``workers``: processes scoring settings in parallel (``loaded`` is then not used).
+    Attributes:
+        model / task / task_options / seed: what is scored (the *search* split of the task).
+        methods: the methods tuned; ``grids[method]``: its settings (default: :func:`default_grid`).
+        n_per_depth: search-split instances (contexts) per depth; ``out``: the run folder (resumes).
+        base_options[method]: fixed options merged under every grid setting (e.g. MoICE's ``routers``).
+        objective: how each method's best setting is chosen (the LPES search's ``logprob`` or ``accuracy``;
+            scores do not depend on it, so a rerun with another objective re-chooses from the same results).
+        batch_size: instances per forward pass; ``workers``: processes scoring settings in parallel.
     """
-    refuse_adapter(model, "tune", "each method's settings")
-    if objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
-    task_options, base_options = dict(task_options or {}), dict(base_options or {})
-    grids = {m: list((grids or {}).get(m) or default_grid(m, base_options.get(m, {}))) for m in methods}
-    for m in methods:
+
+    model: str
+    task: str
+    methods: list[str]
+    n_per_depth: int
+    out: str | Path
+    seed: int = 0
+    batch_size: int = 8
+    task_options: dict = field(default_factory=dict)
+    grids: dict | None = None
+    base_options: dict = field(default_factory=dict)
+    objective: str = DEFAULT_OBJECTIVE
+    workers: int = 1
+
+
+def checked_grids(cfg: TuneConfig) -> dict[str, list[dict]]:
+    """``{method: settings}`` of every method of ``cfg``, each setting checked as the method's options
+    (a ``ValueError`` of one line for an objective, method or setting that cannot be tuned)."""
+    if cfg.objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {cfg.objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    base_options = dict(cfg.base_options or {})
+    grids = {m: list((cfg.grids or {}).get(m) or default_grid(m, base_options.get(m, {}))) for m in cfg.methods}
+    for m in cfg.methods:
         if not grids[m]:
             raise ValueError(f"tune: no settings grid for method {m!r} "
                              f"(tunable: {', '.join(DEFAULT_GRIDS)}, positional-hidden)")
@@ -167,14 +185,26 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
             raise ValueError("tune: moice needs trained routers (--routers, from posbias train-moice)")
         for setting in grids[m]:
             check_method(m, {**base_options.get(m, {}), **setting})
+    return grids
 
+
+def tune_methods(cfg: TuneConfig, *, loaded=None, log=print, load=None) -> dict[str, dict]:
+    """Score each method's grid on the search split; returns ``{method: best options}``, chosen by
+    ``cfg.objective``. MoICE is only tuned with trained routers (``base_options["moice"]["routers"]``).
+    ``load``: the model's :class:`posbias.models.LoadOptions` (device, dtype, Hub revision); with
+    ``cfg.workers > 1``, ``loaded`` is not used.
+    """
+    refuse_adapter(cfg.model, "tune", "each method's settings")
+    grids = checked_grids(cfg)
+    model, task, methods, seed, n_per_depth = cfg.model, cfg.task, cfg.methods, cfg.seed, cfg.n_per_depth
+    task_options, base_options = dict(cfg.task_options or {}), dict(cfg.base_options or {})
     load = options_for(load, loaded)
     config = {"model": model, "model_path": model_identity(model), "task": task, "seed": seed,
               "n_per_depth": n_per_depth, "task_options": task_options,
-              "base_options": base_options, "methods": methods, "grids": grids, "objective": objective,
-              "batch_size": batch_size, "out": str(out),  # these two: not compared on resume
+              "base_options": base_options, "methods": methods, "grids": grids, "objective": cfg.objective,
+              "batch_size": cfg.batch_size, "out": str(cfg.out),  # these two: not compared on resume
               **load_settings(model, load)}
-    folder = open_run(out, "tune", config, check_keys=TUNE_KEYS)
+    folder = open_run(cfg.out, "tune", config, check_keys=TUNE_KEYS)
     results = folder.path / "results.jsonl"
     # rows written before the fitness record was kept are scored again
     done = {r["key"]: r for r in read_jsonl(results, key="key") if "fitness" in r}
@@ -192,8 +222,8 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
         lm, tok = loaded or load_model(model, load)
         return lm, tok, _search_split(lm, tok, task, n_per_depth, seed, task_options)
 
-    scored = _scored_in_order([(m, {**base_options.get(m, {}), **s}) for m, s in todo], workers=workers,
-                              batch_size=batch_size, local=local,
+    scored = _scored_in_order([(m, {**base_options.get(m, {}), **s}) for m, s in todo], workers=cfg.workers,
+                              batch_size=cfg.batch_size, local=local,
                               pool_args=(model, load, task, n_per_depth, seed, task_options))
     for (m, setting), score in zip(todo, scored):
         folder.commit()
@@ -203,10 +233,10 @@ def tune_methods(*, model: str, task: str, methods: list[str], n_per_depth: int,
         log(f"{m:18s} {json.dumps(setting):48s} acc {rec['accuracy']:.3f}  "
             f"({' '.join(f'{d}:{a:.2f}' for d, a in rec['per_depth'].items())})  "
             f"lp {rec['weighted_logprob']:.3f}")
-    best = {m: {**base_options.get(m, {}), **_best(done, m, grids[m], objective)["setting"]} for m in methods}
+    best = {m: {**base_options.get(m, {}), **_best(done, m, grids[m], cfg.objective)["setting"]} for m in methods}
     folder.commit()
     atomic_write_json(folder.path / "best_settings.json", best)
-    atomic_write_text(folder.path / "tune.md", tune_table(done, methods, grids, objective) + "\n")
+    atomic_write_text(folder.path / "tune.md", tune_table(done, methods, grids, cfg.objective) + "\n")
     return best
 
 
