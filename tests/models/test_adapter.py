@@ -231,20 +231,20 @@ def _routers(base_folder, out):
     return out
 
 
-def test_moice_adapter_carries_its_routers_and_gives_the_method_logits(base, tmp_path):
+def test_moice_adapter_carries_its_routers_and_gives_the_method_logits(tiny, tmp_path):
     import shutil
 
     from posbias.methods import apply_method
     from posbias.models import load_model
 
-    routers = _routers(base, tmp_path / "routers")
+    routers = _routers(tiny, tmp_path / "routers")
     out = tmp_path / "adapter"
-    _apply("--model", base, "--method", "moice", "--routers", routers, "--method-opt", "top_k=2", "--out", out)
+    _apply("--model", tiny, "--method", "moice", "--routers", routers, "--method-opt", "top_k=2", "--out", out)
     assert sorted(p.name for p in (out / "moice_routers").iterdir()) == ["moice_config.json", "routers.safetensors"]
     doc = json.loads((out / "posbias_adapter.json").read_text())
     assert doc["method"] == "moice" and doc["options"] == {"routers": "moice_routers", "top_k": 2,
                                                            "rotated_cache": True}
-    ref, _ = load_model(base)
+    ref, _ = load_model(tiny)
     with apply_method(ref, "moice", routers=str(routers), top_k=2) as h:
         want = _logits(h.model)
     assert not torch.equal(want, _logits(ref))  # the routers change the logits
@@ -261,9 +261,9 @@ def test_moice_adapter_carries_its_routers_and_gives_the_method_logits(base, tmp
 
 
 @pytest.fixture()
-def adapter(base, factors, tmp_path):
+def adapter(tiny, factors, tmp_path):
     out = tmp_path / "adapter"
-    _apply("--model", base, "--factors", factors, "--out", out)
+    _apply("--model", tiny, "--factors", factors, "--out", out)
     return str(out)
 
 
@@ -276,14 +276,14 @@ def adapter(base, factors, tmp_path):
     ("map", ["--methods", "none,pi"], "evaluate it with method none, or evaluate pi on the base model"),
     ("compare", ["--methods", "none,pi", "--num-keys", "6"], "evaluate it with method none, or evaluate pi"),
 ])
-def test_commands_with_a_method_of_their_own_refuse_an_adapter(adapter, base, factors, tmp_path, command, extra,
+def test_commands_with_a_method_of_their_own_refuse_an_adapter(adapter, tiny, factors, tmp_path, command, extra,
                                                                message):
     out = tmp_path / "out"
     extra = [factors if a == "FACTORS" else a for a in extra]
     res = runner.invoke(app, [command, "--model", adapter, "--out", str(out), *extra])
     assert res.exit_code == 2, res.output
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) <= 3  # one message
-    assert "carries method lpes" in _text(res) and message in _text(res) and base in _text(res)
+    assert "carries method lpes" in _text(res) and message in _text(res) and tiny in _text(res)
     assert not out.exists()
 
 
