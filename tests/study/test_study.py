@@ -844,3 +844,31 @@ def test_a_study_folder_that_recorded_probe_tasks_as_text_still_resumes(tmp_path
     other = StudyConfig(out=str(tmp_path / "s"), schemes="rope", train_options={"probe_tasks": "passkey"})
     with pytest.raises(ValueError, match="train_options.probe_tasks"):
         check_training_run(other, "study", study_settings(other), CHECK_KEYS, upgrade=upgrade_settings)
+
+
+def test_study_trains_and_scores_the_kerple_and_fire_priors(tmp_path, tiny_tokenizer):
+    """``--schemes kerple-log,kerple-power+ssmax,fire``: each scheme trains (the real trainer, a few steps of a
+    tiny model) and is scored on the grid."""
+    from typer.testing import CliRunner
+
+    from posbias.cli.main import app
+    from posbias.study.grid import parse_schemes
+    from posbias.study.training import model_dir_name
+
+    assert parse_schemes("kerple-log,kerple-power+ssmax,fire") == ["kerple-log", "kerple-power+ssmax", "fire"]
+    tok = tmp_path / "tok"
+    tiny_tokenizer.save_pretrained(tok)
+    out = tmp_path / "s"
+    args = ["study", "--out", str(out), "--schemes", "kerple-log,kerple-power+ssmax,fire", "--train-steps", "3",
+            "--train-context", "160", "--multipliers", "1,2", "--depths", "0.5", "--n", "1", "--ppl-multipliers", "",
+            "--modes", "teacher-forced", "--corpus", _corpus(tmp_path), "--tokenizer", str(tok), "--passkey-rate", "0",
+            "--train-opt", "batch_size=2", "--model-opt", "num_hidden_layers=1", "--model-opt", "hidden_size=32",
+            "--model-opt", "intermediate_size=64", "--model-opt", "fire_threshold=64"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (out / "passkey.jsonl").read_text().splitlines()]
+    assert sorted({r["model"] for r in rows}) == ["fire", "kerple-log", "kerple-power+ssmax"] and len(rows) == 6
+    for scheme, pe in (("kerple-log", "kerple-log"), ("kerple-power+ssmax", "kerple-power"), ("fire", "fire")):
+        folder = out / "models" / model_dir_name(scheme)
+        steps = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+        assert steps and json.loads((folder / "final" / "config.json").read_text())["pe"] == pe
