@@ -368,3 +368,17 @@ def test_flex_score_mod_of_the_new_priors_on_cpu(monkeypatch, name):
         ref = attend(q, k, v, bias=prior, normaliser=s, doc_ids=docs, backend="eager", query_positions=own)
         out = kernel._flex(q, k, v, pos, pos, docs, docs, None, prior, s, True, q_index=own)
         assert torch.allclose(out, ref, atol=1e-5)
+
+
+def test_fire_is_asked_one_query_chunk_at_a_time():
+    """The chunked path never builds FIRE's full [H, L, L] bias: each call covers one chunk of query rows."""
+    q, k, v = _qkv(b=1, n=64)
+    fire = _prior("fire")
+    rows = []
+    forward = fire.forward
+    fire.forward = lambda q_pos, k_pos, q_index=None: rows.append((len(q_pos), len(k_pos))) or forward(
+        q_pos, k_pos, q_index)
+    with torch.no_grad():
+        out = attend(q, k, v, bias=fire, chunk_size=8)
+    assert len(rows) == 8 and max(r for r, _ in rows) == 8 and rows[0] == (8, 8) and rows[-1] == (8, 64)
+    assert torch.allclose(out, attend(q, k, v, bias=fire, backend="sdpa"), atol=1e-5)
