@@ -872,3 +872,27 @@ def test_study_trains_and_scores_the_kerple_and_fire_priors(tmp_path, tiny_token
         folder = out / "models" / model_dir_name(scheme)
         steps = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
         assert steps and json.loads((folder / "final" / "config.json").read_text())["pe"] == pe
+
+
+def test_prior_curves_of_every_learnable_prior():
+    """prior_curves reads each layer's prior at given distances: KERPLE as its formula with its r1 / r2, FIRE at
+    the asked query position, a shared prior with layer None, and nothing for RoPE."""
+    from posbias.study.priors import prior_curves
+
+    kerple = tiny_bam("kerple-log", "softmax")
+    curves = prior_curves(kerple, [0, 1, 10, 100])
+    assert len(curves) == kerple.config.num_hidden_layers * kerple.config.num_attention_heads
+    c = curves[5]
+    r1, r2 = c["params"]["r1"], c["params"]["r2"]
+    assert c["layer"] == 5 // kerple.config.num_attention_heads
+    assert c["bias"] == pytest.approx([-r1 * math.log1p(r2 * x) for x in (0, 1, 10, 100)], rel=1e-5)
+    fire = tiny_bam("fire", "softmax")
+    far = prior_curves(fire, [0, 5, 50], query_position=5000)
+    prior = fire.model.priors[0]
+    ref = prior(torch.tensor([5000]), torch.tensor([5000, 4995, 4950]))[:, 0]
+    assert far[0]["query_position"] == 5000 and far[1]["bias"] == pytest.approx(ref[1].tolist(), rel=1e-5)
+    shared = tiny_bam("kerple-power", "softmax", ggd_share_layers=True)
+    assert {c["layer"] for c in prior_curves(shared, [1, 2])} == {None}
+    assert prior_curves(tiny_bam("rope", "softmax"), [1, 2]) == []
+    with pytest.raises(ValueError, match="distances must lie in"):
+        prior_curves(fire, [10], query_position=5)

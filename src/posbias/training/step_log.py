@@ -40,7 +40,7 @@ class StepLog:
 
 
 def prior_summary(model) -> dict:
-    """Means of the GGD priors' parameters and SSMax scales, for the log line (empty for other schemes)."""
+    """Means of the GGD / KERPLE priors' parameters and SSMax scales, for the log line (empty for other schemes)."""
     out = {}
     priors = getattr(model.model, "priors", None)
     if priors is not None and model.config.pe == "ggd":
@@ -48,6 +48,11 @@ def prior_summary(model) -> dict:
         b = torch.stack([p.theta_beta.detach().float() for p in priors])
         out.update(theta_alpha_mean=a.mean().item(), theta_beta_mean=b.mean().item(),
                    theta_beta_min=b.min().item(), theta_beta_max=b.max().item())
+    elif priors is not None and model.config.pe.startswith("kerple"):
+        r1 = torch.stack([p.r1.detach().float() for p in priors])
+        r2 = torch.stack([p.r2.detach().float() for p in priors])
+        out.update(r1_mean=r1.mean().item(), r2_mean=r2.mean().item(), r2_min=r2.min().item(),
+                   r2_max=r2.max().item())
     if model.config.normaliser == "ssmax":
         s = torch.stack([layer.self_attn.ssmax.s.detach().float() for layer in model.model.layers])
         out["ssmax_s_mean"] = s.mean().item()
