@@ -26,6 +26,24 @@ from posbias.positional import FIREBias, GGDBias, KerpleBias, get_scheme
 from .config import BamConfig
 
 
+def own_positions(positions: torch.Tensor, doc_ids: torch.Tensor | None = None,
+                  attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Every token's own position, Long [b|1, n]: restarting at every packed document (``doc_ids`` [b, n]),
+    counted over the real tokens of a left-padded row (``attention_mask`` [b, past + n]), else
+    ``positions`` (Long [n], the tokens' indices in the sequence). The sinusoidal scheme's positions and
+    FIRE's query positions."""
+    if doc_ids is not None:
+        b, n = doc_ids.shape
+        start = torch.ones_like(doc_ids, dtype=torch.bool)
+        start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+        idx = torch.arange(n, device=doc_ids.device).expand(b, n)
+        first = torch.where(start, idx, torch.zeros_like(idx)).cummax(-1).values
+        return idx - first
+    if attention_mask is not None:
+        return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -len(positions):]
+    return positions[None]
+
+
 class BamRMSNorm(nn.Module):
     """RMSNorm (Zhang & Sennrich 2019), computed in float32. [..., d] -> [..., d]."""
 
@@ -173,21 +191,6 @@ class BamModel(BamPreTrainedModel):
         """Whether the prior reads each query's own position (FIRE)."""
         return self.priors is not None and bool(getattr(self.priors[0], "query_dependent", False))
 
-    @staticmethod
-    def _own_positions(positions, doc_ids, attention_mask):
-        """Every token's own position, Long [b|1, n]: restarting at every document (``doc_ids``), counted
-        over the real tokens of a left-padded row (``attention_mask`` [b, past + n]), else ``positions``."""
-        if doc_ids is not None:
-            b, n = doc_ids.shape
-            start = torch.ones_like(doc_ids, dtype=torch.bool)
-            start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
-            idx = torch.arange(n, device=doc_ids.device).expand(b, n)
-            first = torch.where(start, idx, torch.zeros_like(idx)).cummax(-1).values
-            return idx - first
-        if attention_mask is not None:
-            return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -len(positions):]
-        return positions[None]
-
     def forward(self, input_ids=None, attention_mask=None, doc_ids=None, position_ids=None, cache=None,
                 inputs_embeds=None, use_cache=None, attn_backend=None, chunk_size=None, output_attentions=False,
                 **kwargs):
@@ -215,7 +218,7 @@ class BamModel(BamPreTrainedModel):
         query_positions = None
         if self.abs_pe is not None or self._query_dependent_prior():
             if position_ids is None:
-                position_ids = self._own_positions(positions, doc_ids, attention_mask if key_mask is not None else None)
+                position_ids = own_positions(positions, doc_ids, attention_mask if key_mask is not None else None)
             query_positions = position_ids.expand(b, n) if self.priors is not None else None
         if self.abs_pe is not None:
             x = x + self.abs_pe(position_ids).to(x.dtype)
