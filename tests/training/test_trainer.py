@@ -605,6 +605,8 @@ def test_the_new_priors_train_and_kerple_stays_in_its_domain(tmp_path, tiny_toke
         values = torch.cat([v for v in seen[-1].values()])
         assert values.min().item() == pytest.approx(EPS) and (values >= EPS - 1e-7).all()
         assert all("r2_mean" in r for r in logged if "loss" in r)  # the log line follows the kernel
+    else:
+        assert all(r["fire_threshold_mean"] > 0 for r in logged if "loss" in r)
 
 
 @pytest.mark.parametrize("pe", ["kerple-log", "kerple-power", "fire"])

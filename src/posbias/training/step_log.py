@@ -40,7 +40,8 @@ class StepLog:
 
 
 def prior_summary(model) -> dict:
-    """Means of the GGD / KERPLE priors' parameters and SSMax scales, for the log line (empty for other schemes)."""
+    """Means of the GGD / KERPLE priors' parameters, FIRE's c and threshold L, and the SSMax scales, for the log
+    line (empty for other schemes)."""
     out = {}
     priors = getattr(model.model, "priors", None)
     if priors is not None and model.config.pe == "ggd":
@@ -53,6 +54,9 @@ def prior_summary(model) -> dict:
         r2 = torch.stack([p.r2.detach().float() for p in priors])
         out.update(r1_mean=r1.mean().item(), r2_mean=r2.mean().item(), r2_min=r2.min().item(),
                    r2_max=r2.max().item())
+    elif priors is not None and model.config.pe == "fire":
+        out.update(fire_c_mean=torch.cat([p.c().detach() for p in priors]).mean().item(),
+                   fire_threshold_mean=torch.cat([p.threshold_value().detach() for p in priors]).mean().item())
     if model.config.normaliser == "ssmax":
         s = torch.stack([layer.self_attn.ssmax.s.detach().float() for layer in model.model.layers])
         out["ssmax_s_mean"] = s.mean().item()
