@@ -872,6 +872,9 @@ def test_study_trains_and_scores_the_kerple_and_fire_priors(tmp_path, tiny_token
         folder = out / "models" / model_dir_name(scheme)
         steps = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
         assert steps and json.loads((folder / "final" / "config.json").read_text())["pe"] == pe
+        curves = json.loads((out / "priors" / f"{model_dir_name(scheme)}-curves.json").read_text())
+        assert set(curves) == {"query_at_160", "query_at_320"} and len(curves["query_at_320"]) == 4  # 1 layer x 4 heads
+        assert curves["query_at_320"][0]["distances"][-1] == 320
 
 
 def test_prior_curves_of_every_learnable_prior():
