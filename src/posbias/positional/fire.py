@@ -1,5 +1,5 @@
 """FIRE prior (Li et al. 2024, "Functional Interpolation for Relative Positions Improves Long Context
-Transformers", ICLR 2024, eq. 3-4): a learned function of the *normalised* distance::
+Transformers", ICLR 2024): a learned function of the *normalised* distance::
 
     b[h, i, j] = f( psi(i - j) / psi(max(L, i)) )[h],     psi(x) = log(c x + 1),   i >= j
 

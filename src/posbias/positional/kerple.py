@@ -1,5 +1,5 @@
 """KERPLE priors (Chi et al. 2022, "KERPLE: Kernelized Relative Positional Embedding for Length
-Extrapolation", NeurIPS 2022, sec. 4.2): conditionally positive definite kernels of the distance
+Extrapolation", NeurIPS 2022): conditionally positive definite kernels of the distance
 ``d = |i - j|``, added to the attention logits as a bias, per head ``h``::
 
     kerple-power:  b[h, i, j] = -r1[h] * d ** r2[h]             r1 > 0, 0 < r2 <= 2
