@@ -28,11 +28,13 @@ if [[ "${PRIORS:-0}" == 1 ]]; then
   done
 fi
 
-# BAM=1: the kept GGD models under the BAM reference's long-range passkey protocol (docs/methods/bam.md)
+# BAM=1: the kept GGD models under the BAM reference's long-range passkey protocol (docs/methods/bam.md), 64x and
+# 256x for the four seeds, 1000x for two (at 1000x: 2 settings x 10 instances, ~10 min of one core each)
 if [[ "${BAM:-0}" == 1 ]]; then
-  for s in 0 1 2 3; do
+  for run in "0 64,256,1000" "1 64,256,1000" "2 64,256" "3 64,256"; do
+    read -r s mult <<< "$run"
     bash experiments/extrapolation-1000x/bam_protocol.sh "experiments/extrapolation-1000x/models/c128-s$s-ggd" \
-      "$F/bam-protocol/c128-s$s-ggd"
+      "$F/bam-protocol/c128-s$s-ggd" "$mult"
   done
 fi
 
