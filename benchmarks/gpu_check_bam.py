@@ -4,13 +4,14 @@ chunked path on CUDA (forward and backward), and how fast does each scheme train
     python benchmarks/gpu_check_bam.py --out $OUT/gpu_check_bam.json          # on a CUDA machine
     python benchmarks/gpu_check_bam.py --device cpu --backends eager,chunked  # the same logic on CPU
 
-1. Equivalence: for every setup (ggd+ssmax, ggd+ssmax-content, ggd, alibi) one attention call with
-   packed documents and a GQA key/value, computed by each backend of ``--backends`` (default
+1. Equivalence: for every setup (ggd+ssmax, ggd+ssmax-content, ggd, alibi, kerple-log, kerple-power,
+   fire) one attention call with packed documents (FIRE's query positions restarting in each, as the
+   model passes them) and a GQA key/value, computed by each backend of ``--backends`` (default
    ``chunked,flex``: the first is the reference); the largest absolute difference of the output and
    of the gradients of q, k, v, the prior's parameters and the SSMax scales, in float32, and that
    difference relative to the reference's largest magnitude.
 2. Throughput: ``benchmarks/train_throughput.py`` on ``--preset`` (default ``120m``, bf16 on CUDA)
-   for rope / ggd / ggd+ssmax / alibi, interleaved, tokens per second and the ratio to rope, once
+   for rope / ggd / ggd+ssmax / alibi / kerple-log / fire, interleaved, tokens per second and the ratio to rope, once
    with the default attention path and once with FlexAttention (``--throughput-backends``).
 
 Everything is written to ``--out`` (JSON) and printed; nothing large is downloaded (random weights).
@@ -25,10 +26,12 @@ from pathlib import Path
 import torch
 
 from posbias.attention import SSMax, attend
+from posbias.bam.model import own_positions
 from posbias.positional import get_scheme
 
 SETUPS = {"ggd+ssmax": ("ggd", "all"), "ggd+ssmax-content": ("ggd", "content"), "ggd": ("ggd", None),
-          "alibi": ("alibi", None)}
+          "alibi": ("alibi", None), "kerple-log": ("kerple-log", None), "kerple-power": ("kerple-power", None),
+          "fire": ("fire", None)}
 
 
 def _inputs(device, b=2, h=8, h_kv=2, n=512, d=64, seed=0):
@@ -45,7 +48,8 @@ def _modules(setup: str, heads: int, device):
     # a GGD prior with varied, non-trivial alpha / beta per head (beta < 0 included), as after training
     ggd = {"ggd_theta_alpha": torch.linspace(-2.0, 1.0, heads).tolist(),
            "ggd_theta_beta": torch.linspace(-0.5, 1.5, heads).tolist()} if pe == "ggd" else {}
-    bias = spec.build(num_heads=heads, **ggd) if spec.kind == "bias" else None
+    # FIRE's threshold L inside the 512 tokens, so its query-position dependence is exercised
+    bias = spec.build(num_heads=heads, fire_threshold=64.0, **ggd) if spec.kind == "bias" else None
     ssmax = SSMax(heads, scope=scope) if scope else None
     if ssmax is not None:
         with torch.no_grad():  # varied per-head scales, from an explicit generator
@@ -57,16 +61,18 @@ def equivalence(setup: str, backends: list[str], device) -> dict:
     """Max |difference| to ``backends[0]`` of the output and every gradient, per other backend."""
     q, k, v, docs = _inputs(device)
     bias, ssmax = _modules(setup, q.shape[1], device)
-    params = [p for m in (bias, ssmax) if m is not None for p in m.parameters()]
+    named = [(f"d{n}", p) for m in (bias, ssmax) if m is not None for n, p in m.named_parameters()]
+    params = [p for _, p in named]
     results = {}
     for backend in backends:
         for t in [q, k, v, *params]:
             t.grad = None
-        out = attend(q, k, v, bias=bias, doc_ids=docs, normaliser=ssmax, backend=backend, chunk_size=128)
+        out = attend(q, k, v, bias=bias, doc_ids=docs, normaliser=ssmax, backend=backend, chunk_size=128,
+                     query_positions=own_positions(torch.arange(docs.shape[1], device=device), docs))
         (out.float() * torch.linspace(-1, 1, out.shape[-1], device=device)).sum().backward()
         results[backend] = [out.detach().float(), *[t.grad.detach().float() for t in [q, k, v, *params]]]
     ref = results[backends[0]]
-    names = ["out", "dq", "dk", "dv"] + [f"dparam{i}" for i in range(len(params))]
+    names = ["out", "dq", "dk", "dv"] + [n for n, _ in named]
     return {b: {name: {"abs": float((x - y).abs().max()),
                        "rel": float((x - y).abs().max() / y.abs().max().clamp(min=1e-12))}
                 for name, x, y in zip(names, got, ref)}
@@ -100,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
         from train_throughput import main as throughput  # noqa: PLC0415 (script: benchmarks/ is on sys.path when run as a script)
 
         args = ["--preset", a.preset, "--context", str(a.context), "--batch-size", str(a.batch_size),
-                "--setups", "rope,ggd,ggd+ssmax,alibi", "--device", str(device), "--backend", backend]
+                "--setups", "rope,ggd,ggd+ssmax,alibi,kerple-log,fire", "--device", str(device), "--backend", backend]
         report["throughput"][backend] = throughput(args + (["--bf16"] if device.type == "cuda" else []))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(report, indent=2))

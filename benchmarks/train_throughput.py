@@ -17,7 +17,8 @@ import torch
 from posbias.bam import BamConfig, BamForCausalLM
 
 SETUPS = {"rope": ("rope", "softmax"), "nope": ("nope", "softmax"), "alibi": ("alibi", "softmax"),
-          "ggd": ("ggd", "softmax"), "ggd+ssmax": ("ggd", "ssmax")}
+          "ggd": ("ggd", "softmax"), "ggd+ssmax": ("ggd", "ssmax"), "kerple-log": ("kerple-log", "softmax"),
+          "kerple-power": ("kerple-power", "softmax"), "fire": ("fire", "softmax")}
 
 
 def main(argv=None):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Trained at 128 tokens on passkey only, scored from 1x to 1000x (docs/results/extrapolation-1000x). One folder
 # per scheme and seed; the far lengths (noise filler only) run on the same folder afterwards. Each 1000x cell
-# (9 instances) takes ~85 min of one core. MIX=1 adds the 256-token mix / training-length ablation.
+# (9 instances) takes ~85 min of one core. MIX=1 adds the 256-token mix / training-length ablation, PRIORS=1 the
+# KERPLE and FIRE priors, BAM=1 the BAM reference's passkey protocol on the GGD models.
 source "$(dirname "$0")/../common.sh"
 F=runs/extrapolation-1000x
 study() { bash experiments/extrapolation-1000x/study.sh "$@"; }
@@ -15,6 +16,27 @@ for run in "0 ggd" "1 ggd" "2 ggd" "3 ggd" "0 ggd+ssmax" "1 ggd+ssmax" "0 alibi"
 done
 study 0 "$F/c128-s0-rope" rope "${NEAR[@]}"
 study 0 "$F/c128-s0-rope" rope 256 --ppl-multipliers ''
+
+# PRIORS=1: the closest prior art on the same budget (issue #53), two seeds each; the far lengths stop for a
+# scheme after two lengths in a row at 0 (--dead-after 2 in study.sh).
+if [[ "${PRIORS:-0}" == 1 ]]; then
+  for run in "0 kerple-log" "1 kerple-log" "0 kerple-power" "1 kerple-power" "0 fire" "1 fire"; do
+    read -r s scheme <<< "$run"
+    out="$F/c128-s$s-$scheme"
+    study "$s" "$out" "$scheme" "${NEAR[@]}"
+    study "$s" "$out" "$scheme" 128,256,1000 --ppl-multipliers ''
+  done
+fi
+
+# BAM=1: the kept GGD models under the BAM reference's long-range passkey protocol (docs/methods/bam.md), 64x and
+# 256x for the four seeds, 1000x for two (at 1000x: 2 settings x 10 instances, ~10 min of one core each)
+if [[ "${BAM:-0}" == 1 ]]; then
+  for run in "0 64,256,1000" "1 64,256,1000" "2 64,256" "3 64,256"; do
+    read -r s mult <<< "$run"
+    bash experiments/extrapolation-1000x/bam_protocol.sh "experiments/extrapolation-1000x/models/c128-s$s-ggd" \
+      "$F/bam-protocol/c128-s$s-ggd" "$mult"
+  done
+fi
 
 if [[ "${MIX:-0}" == 1 ]]; then
   mix() { bash experiments/extrapolation-1000x/mix.sh "$@"; }

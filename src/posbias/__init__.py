@@ -7,7 +7,7 @@ Packages, one job each:
   patching    Hugging Face patches: per-layer RoPE scaling (LPES)
   search      Bézier / linear / step curves and the curve-constrained genetic algorithm
   methods     registry of inference-time methods (none, pi, lpes, ms-poe, attention-buckets, moice)
-  positional  positional schemes for trained models (rope, sinusoidal, nope, alibi, ggd)
+  positional  positional schemes for trained models (rope, sinusoidal, nope, alibi, ggd, kerple, fire)
   attention   the attention kernel and normalisers (softmax, SSMax)
   bam         the trainable Llama-style LM with a pluggable positional scheme
   training    data packing and the training loop

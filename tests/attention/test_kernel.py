@@ -237,3 +237,148 @@ def test_ssmax_max_keys_holds_the_multiplier_at_its_value_beyond_it():
     assert torch.equal(attend(q, k, v, normaliser=ssmax, backend="chunked", chunk_size=4), full)
     ssmax.max_keys = 4
     assert not torch.allclose(attend(q, k, v, normaliser=ssmax, backend="chunked", chunk_size=4), full)
+
+
+# ----------------------------------------------------------------------------- KERPLE and FIRE priors
+
+PRIORS = ("kerple-log", "kerple-power", "fire")
+
+
+def _prior(name, heads=4, seed=0):
+    """A prior of ``name`` with parameters away from any special value (FIRE's threshold inside the length)."""
+    from posbias.positional import FIREBias, KerpleLogBias, KerplePowerBias
+
+    torch.manual_seed(seed)
+    if name == "kerple-log":
+        return KerpleLogBias(heads, r1=[0.3, 1.0, 1.7, 0.05][:heads], r2=[0.9, 0.2, 0.5, 0.02][:heads])
+    if name == "kerple-power":
+        return KerplePowerBias(heads, r1=[0.8, 0.1, 0.4, 0.02][:heads], r2=[1.9, 0.3, 1.0, 0.6][:heads])
+    return FIREBias(heads, hidden=8, c=0.3, threshold=6.0)
+
+
+def _own_positions(docs):
+    """Each token's position inside its document: Long [b, n]."""
+    n = docs.shape[1]
+    idx = torch.arange(n).expand_as(docs)
+    start = torch.ones_like(docs, dtype=torch.bool)
+    start[:, 1:] = docs[:, 1:] != docs[:, :-1]
+    return idx - torch.where(start, idx, torch.zeros_like(idx)).cummax(-1).values
+
+
+def _naive_prior(prior, i: int, j: int, i_own: int) -> torch.Tensor:
+    """The prior's formula for one (query, key) pair, written out in Python floats: float32 [H]."""
+    d = abs(i - j)
+    if hasattr(prior, "r1"):
+        r1, r2 = prior.constrained()
+        if type(prior).__name__ == "KerpleLogBias":
+            return torch.tensor([-a * math.log(1 + b * d) for a, b in zip(r1.tolist(), r2.tolist())])
+        return torch.tensor([-a * d ** b for a, b in zip(r1.tolist(), r2.tolist())])
+    c, big_l = abs(prior.c_raw.item()), abs(prior.l_raw.item()) * prior.threshold
+    u = math.log(c * d + 1) / (math.log(c * max(big_l, i_own) + 1) + 1e-6)
+    hid = [max(0.0, w * u + b) for w, b in zip(prior.w1.tolist(), prior.b1.tolist())]
+    return torch.tensor([sum(w * x for w, x in zip(row, hid)) + b2 for row, b2 in zip(prior.w2.tolist(),
+                                                                                        prior.b2.tolist())])
+
+
+@pytest.mark.parametrize("name", PRIORS)
+def test_new_priors_match_a_naive_per_query_loop(name):
+    """sdpa / eager / chunked with packed documents and SSMax equal a loop over (b, h, i) with the prior's
+    formula written out (FIRE's query position counted inside its document)."""
+    q, k, v = _qkv(n=12, h=4)
+    prior, s = _prior(name), SSMax(4)
+    docs = _docs(n=12)
+    own = _own_positions(docs)
+    with torch.no_grad():
+        s.s.copy_(torch.tensor([0.8, 1.3, 1.0, 0.6]))
+        b, h, n, d = q.shape
+        ref = torch.zeros_like(q)
+        for bi in range(b):
+            for i in range(n):
+                keys = [j for j in range(i + 1) if docs[bi, j] == docs[bi, i]]
+                prior_row = torch.stack([_naive_prior(prior, i, j, int(own[bi, i])) for j in keys])  # [keys, H]
+                for hi in range(h):
+                    c = torch.stack([q[bi, hi, i] @ k[bi, hi, j] / math.sqrt(d) for j in keys])
+                    p = torch.softmax((c + prior_row[:, hi]) * s.s[hi] * math.log(len(keys)), 0)
+                    ref[bi, hi, i] = sum(p[t] * v[bi, hi, j] for t, j in enumerate(keys))
+        for backend in ("sdpa", "eager", "chunked"):
+            out = attend(q, k, v, bias=prior, doc_ids=docs, normaliser=s, backend=backend, chunk_size=5,
+                         query_positions=own)
+            assert torch.allclose(out, ref, atol=1e-5), backend
+
+
+@pytest.mark.parametrize("name", PRIORS)
+@pytest.mark.parametrize("use_docs", [True, False])
+def test_new_priors_chunked_equals_full(name, use_docs):
+    q, k, v = _qkv()
+    prior = _prior(name)
+    docs = _docs() if use_docs else None
+    own = _own_positions(docs) if use_docs else None
+    full = attend(q, k, v, bias=prior, normaliser=SSMax(4), doc_ids=docs, backend="sdpa", query_positions=own)
+    for cs in (1, 7, 16, 64):
+        ch = attend(q, k, v, bias=prior, normaliser=SSMax(4), doc_ids=docs, chunk_size=cs, query_positions=own)
+        assert torch.allclose(full, ch, atol=1e-5), cs
+    # the last queries alone (decode with a KV cache) equal the full rows
+    last = attend(q[:, :, -3:], k, v, bias=prior, doc_ids=docs, normaliser=SSMax(4), chunk_size=2,
+                  query_positions=None if own is None else own[:, -3:])
+    assert torch.allclose(last, full[:, :, -3:], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", PRIORS)
+def test_new_priors_gradients_reach_their_parameters_equally_on_both_paths(name):
+    grads = {}
+    for backend in ("sdpa", "chunked"):
+        q, k, v = (t.clone().requires_grad_(True) for t in _qkv(n=24))
+        prior = _prior(name)
+        docs = _docs(n=24)
+        attend(q, k, v, bias=prior, normaliser=SSMax(4), doc_ids=docs, backend=backend, chunk_size=5,
+               query_positions=_own_positions(docs)).pow(2).sum().backward()
+        grads[backend] = {n: p.grad for n, p in prior.named_parameters()}
+        for n, g in grads[backend].items():
+            assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0, (backend, n)
+    for n in grads["sdpa"]:
+        assert torch.allclose(grads["sdpa"][n], grads["chunked"][n], atol=1e-4, rtol=1e-4), n
+
+
+def test_fire_reads_the_query_positions_and_distance_priors_ignore_them():
+    """FIRE normalises by the query's own position: other positions change it; KERPLE depends on distance only."""
+    q, k, v = _qkv(n=20)
+    shifted = torch.arange(20)[None] + 7
+    fire = _prior("fire")
+    assert not torch.allclose(attend(q, k, v, bias=fire), attend(q, k, v, bias=fire, query_positions=shifted))
+    kerple = _prior("kerple-log")
+    assert torch.equal(attend(q, k, v, bias=kerple, backend="eager"),
+                       attend(q, k, v, bias=kerple, backend="eager", query_positions=shifted))
+    with pytest.raises(ValueError, match="query_positions must be"):
+        attend(q, k, v, bias=fire, query_positions=torch.arange(5)[None])
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("name", PRIORS)
+def test_flex_score_mod_of_the_new_priors_on_cpu(monkeypatch, name):
+    fa = pytest.importorskip("torch.nn.attention.flex_attention")
+    from posbias.attention import kernel
+
+    monkeypatch.setitem(kernel._FLEX_CACHE, "f", fa.flex_attention)
+    q, k, v = _qkv(d=16, hkv=2)
+    docs = _docs()
+    own = _own_positions(docs)
+    prior, s = _prior(name), SSMax(4)
+    pos = torch.arange(40)
+    with torch.no_grad():
+        ref = attend(q, k, v, bias=prior, normaliser=s, doc_ids=docs, backend="eager", query_positions=own)
+        out = kernel._flex(q, k, v, pos, pos, docs, docs, None, prior, s, True, q_index=own)
+        assert torch.allclose(out, ref, atol=1e-5)
+
+
+def test_fire_is_asked_one_query_chunk_at_a_time():
+    """The chunked path never builds FIRE's full [H, L, L] bias: each call covers one chunk of query rows."""
+    q, k, v = _qkv(b=1, n=64)
+    fire = _prior("fire")
+    rows = []
+    forward = fire.forward
+    fire.forward = lambda q_pos, k_pos, q_index=None: rows.append((len(q_pos), len(k_pos))) or forward(
+        q_pos, k_pos, q_index)
+    with torch.no_grad():
+        out = attend(q, k, v, bias=fire, chunk_size=8)
+    assert len(rows) == 8 and max(r for r, _ in rows) == 8 and rows[0] == (8, 8) and rows[-1] == (8, 64)
+    assert torch.allclose(out, attend(q, k, v, bias=fire, backend="sdpa"), atol=1e-5)

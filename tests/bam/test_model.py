@@ -3,13 +3,14 @@ import torch
 
 from posbias.bam import BamConfig, BamForCausalLM, build_model
 
-SCHEMES = ["rope", "sinusoidal", "nope", "alibi", "ggd"]
+SCHEMES = ["rope", "sinusoidal", "nope", "alibi", "ggd", "kerple-log", "kerple-power", "fire"]
+NEW_PRIORS = ["kerple-log", "kerple-power", "fire"]
 
 
 def _tiny(pe="ggd", normaliser="ssmax", seed=0, **kw):
     torch.manual_seed(seed)
     cfg = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=97,
-               pe=pe, normaliser=normaliser, rope_theta=10000.0)
+               pe=pe, normaliser=normaliser, rope_theta=10000.0, fire_threshold=4.0)  # FIRE: L inside the inputs
     cfg.update(kw)
     m = BamForCausalLM(BamConfig(**cfg)).eval()
     with torch.no_grad():  # move priors / SSMax away from their init so a lost parameter shows
@@ -53,7 +54,7 @@ def test_cache_step_matches_full():
 
 
 def test_unknown_scheme_and_bad_config():
-    with pytest.raises(ValueError, match="unknown positional scheme 'xpos'; known schemes: alibi, ggd"):
+    with pytest.raises(ValueError, match="unknown positional scheme 'xpos'; known schemes: alibi, fire, ggd"):
         BamConfig(pe="xpos")
     with pytest.raises(ValueError, match="unknown normaliser"):
         BamConfig(normaliser="sparsemax")
@@ -63,7 +64,7 @@ def test_unknown_scheme_and_bad_config():
         BamConfig(hidden_size=30, num_attention_heads=4)
 
 
-@pytest.mark.parametrize("pe", ["ggd", "rope"])
+@pytest.mark.parametrize("pe", ["ggd", "rope"] + NEW_PRIORS)
 def test_chunked_long_equals_full(pe):
     m = _tiny(pe, "ssmax")
     x = torch.randint(0, 97, (1, 700))
@@ -78,14 +79,14 @@ def test_chunked_long_equals_full(pe):
     assert torch.allclose(m(x, logits_to_keep=1).logits, full[:, -1:], atol=1e-5)
 
 
-@pytest.mark.parametrize("pe", ["ggd", "sinusoidal", "rope"])
+@pytest.mark.parametrize("pe", ["ggd", "sinusoidal", "rope"] + NEW_PRIORS)
 def test_packed_documents_equal_separate(pe):
     m = _tiny(pe, "ssmax")
     a, b = torch.randint(0, 97, (1, 9)), torch.randint(0, 97, (1, 6))
     packed = torch.cat([a, b], 1)
     docs = torch.tensor([[0] * 9 + [1] * 6])
     lp = m(packed, doc_ids=docs).logits
-    # rope / ggd / alibi are relative; sinusoidal restarts positions per document
+    # rope / ggd / alibi / kerple are relative; sinusoidal and FIRE's query position restart per document
     assert torch.allclose(lp[:, :9], m(a).logits, atol=1e-5)
     assert torch.allclose(lp[:, 9:], m(b).logits, atol=1e-5)
 
@@ -114,6 +115,29 @@ def test_ggd_extra_parameter_count():
     assert sum(p.numel() for p in m.prior_parameters()) == 384 + 12 * 16
 
 
+def test_new_priors_parameters_per_layer_and_their_papers_initialisation():
+    base = sum(p.numel() for p in _tiny("nope", "softmax").parameters())
+    for pe in ("kerple-log", "kerple-power"):
+        assert sum(p.numel() for p in _tiny(pe, "softmax").parameters()) - base == 2 * 4 * 2
+        assert sum(p.numel() for p in _tiny(pe, "softmax", ggd_share_layers=True).parameters()) - base == 2 * 4
+    fire = 32 + 32 + 4 * 32 + 4 + 2  # w1, b1, w2, b2, c, L
+    assert sum(p.numel() for p in _tiny("fire", "softmax").parameters()) - base == 2 * fire
+    assert sum(p.numel() for p in _tiny("fire", "softmax", ggd_share_layers=True).parameters()) - base == fire
+    # built by the model (its _init_weights): the reference's draws, different per layer, and in the optimizer's
+    # no-decay group with the other prior parameters
+    torch.manual_seed(0)
+    m = BamForCausalLM(BamConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=97,
+                                 pe="kerple-log"))
+    r1 = torch.stack([p.r1 for p in m.model.priors])
+    assert 0.01 <= r1.min() and r1.max() <= 2 and not torch.equal(r1[0], r1[1])
+    assert {id(p) for p in m.prior_parameters()} == {id(p) for p in m.model.priors.parameters()}
+    m = BamForCausalLM(BamConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=97,
+                                 pe="fire"))
+    f = m.model.priors[1]
+    assert f.c().item() == pytest.approx(0.1) and f.threshold_value().item() == 512.0
+    assert f.w1.abs().max() <= 1 and 0 < f.w2.abs().max() <= 32 ** -0.5
+
+
 def test_presets():
     c = BamConfig.from_preset("1b", pe="rope")
     assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (24, 2048, 64)
@@ -121,7 +145,7 @@ def test_presets():
     assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (12, 768, 16)
 
 
-@pytest.mark.parametrize("pe", ["ggd", "sinusoidal"])
+@pytest.mark.parametrize("pe", ["ggd", "sinusoidal", "fire"])
 def test_generate_left_padded_batch_matches_single(pe):
     m = _tiny(pe, "ssmax", pad_token_id=0)
     a, b = torch.randint(3, 97, (1, 7)), torch.randint(3, 97, (1, 4))

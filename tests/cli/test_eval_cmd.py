@@ -84,3 +84,19 @@ def test_prompt_longer_than_model_is_refused_before_writing_results(tmp_path):
     res = _eval(folder, tmp_path / "run")
     assert res.exit_code == 2 and "maximum of 64 positions" in res.output
     assert not (tmp_path / "run" / "results.jsonl").exists()
+
+
+def test_passkey_in_the_bam_protocol_with_the_first_digit_given(tiny_folder, tmp_path):
+    """``--opt protocol=bam --opt given_digits=1``: the BAM reference's long-range passkey from the command line."""
+    out = tmp_path / "bam"
+    res = runner.invoke(app, ["eval", "--model", tiny_folder, "--task", "passkey", "--length", "200", "--n", "2",
+                              "--depths", "0", "--mode", "both", "--max-new-tokens", "4", "--out", str(out),
+                              "--opt", "protocol=bam", "--opt", "given_digits=1"])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    assert cfg["task_options"]["protocol"] == "bam" and cfg["task_options"]["given_digits"] == 1
+    recs = read_jsonl(out / "results.jsonl")
+    assert len(recs) == 2 and all("tf_em" in r and "prediction" in r for r in recs)
+    res = runner.invoke(app, ["eval", "--model", tiny_folder, "--task", "passkey", "--length", "200", "--n", "1",
+                              "--out", str(tmp_path / "bad"), "--opt", "protocol=landmark"])
+    assert res.exit_code == 2 and "unknown passkey protocol" in res.output

@@ -15,7 +15,7 @@ from posbias.positional import (
 
 
 def test_registry_names_and_kinds():
-    assert {"rope", "sinusoidal", "nope", "alibi", "ggd"} <= set(SCHEMES)
+    assert {"rope", "sinusoidal", "nope", "alibi", "ggd", "kerple-log", "kerple-power", "fire"} <= set(SCHEMES)
     assert get_scheme("rope").kind == "rotary"
     assert get_scheme("sinusoidal").kind == "absolute"
     assert get_scheme("nope").kind == "none"
@@ -24,7 +24,8 @@ def test_registry_names_and_kinds():
 
 
 def test_unknown_scheme_lists_known():
-    with pytest.raises(ValueError, match="known schemes: alibi, ggd, nope, rope, sinusoidal"):
+    with pytest.raises(ValueError, match="known schemes: alibi, fire, ggd, kerple-log, kerple-power, nope, rope, "
+                                         "sinusoidal"):
         get_scheme("xpos")
 
 

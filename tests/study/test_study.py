@@ -892,3 +892,58 @@ def test_a_study_folder_that_recorded_probe_tasks_as_text_still_resumes(tmp_path
     other = StudyConfig(out=str(tmp_path / "s"), schemes="rope", train_options={"probe_tasks": "passkey"})
     with pytest.raises(ValueError, match="train_options.probe_tasks"):
         check_training_run(other, "study", study_settings(other), CHECK_KEYS, upgrade=upgrade_settings)
+
+
+def test_study_trains_and_scores_the_kerple_and_fire_priors(tmp_path, tiny_tokenizer):
+    """``--schemes kerple-log,kerple-power+ssmax,fire``: each scheme trains (the real trainer, a few steps of a
+    tiny model) and is scored on the grid."""
+    from typer.testing import CliRunner
+
+    from posbias.cli.main import app
+    from posbias.study.grid import parse_schemes
+    from posbias.study.training import model_dir_name
+
+    assert parse_schemes("kerple-log,kerple-power+ssmax,fire") == ["kerple-log", "kerple-power+ssmax", "fire"]
+    tok = tmp_path / "tok"
+    tiny_tokenizer.save_pretrained(tok)
+    out = tmp_path / "s"
+    args = ["study", "--out", str(out), "--schemes", "kerple-log,kerple-power+ssmax,fire", "--train-steps", "3",
+            "--train-context", "160", "--multipliers", "1,2", "--depths", "0.5", "--n", "1", "--ppl-multipliers", "",
+            "--modes", "teacher-forced", "--corpus", _corpus(tmp_path), "--tokenizer", str(tok), "--passkey-rate", "0",
+            "--train-opt", "batch_size=2", "--model-opt", "num_hidden_layers=1", "--model-opt", "hidden_size=32",
+            "--model-opt", "intermediate_size=64", "--model-opt", "fire_threshold=64"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (out / "passkey.jsonl").read_text().splitlines()]
+    assert sorted({r["model"] for r in rows}) == ["fire", "kerple-log", "kerple-power+ssmax"] and len(rows) == 6
+    for scheme, pe in (("kerple-log", "kerple-log"), ("kerple-power+ssmax", "kerple-power"), ("fire", "fire")):
+        folder = out / "models" / model_dir_name(scheme)
+        steps = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+        assert steps and json.loads((folder / "final" / "config.json").read_text())["pe"] == pe
+        curves = json.loads((out / "priors" / f"{model_dir_name(scheme)}-curves.json").read_text())
+        assert set(curves) == {"query_at_160", "query_at_320"} and len(curves["query_at_320"]) == 4  # 1 layer x 4 heads
+        assert curves["query_at_320"][0]["distances"][-1] == 320
+
+
+def test_prior_curves_of_every_learnable_prior():
+    """prior_curves reads each layer's prior at given distances: KERPLE as its formula with its r1 / r2, FIRE at
+    the asked query position, a shared prior with layer None, and nothing for RoPE."""
+    from posbias.study.priors import prior_curves
+
+    kerple = tiny_bam("kerple-log", "softmax")
+    curves = prior_curves(kerple, [0, 1, 10, 100])
+    assert len(curves) == kerple.config.num_hidden_layers * kerple.config.num_attention_heads
+    c = curves[5]
+    r1, r2 = c["params"]["r1"], c["params"]["r2"]
+    assert c["layer"] == 5 // kerple.config.num_attention_heads
+    assert c["bias"] == pytest.approx([-r1 * math.log1p(r2 * x) for x in (0, 1, 10, 100)], rel=1e-5)
+    fire = tiny_bam("fire", "softmax")
+    far = prior_curves(fire, [0, 5, 50], query_position=5000)
+    prior = fire.model.priors[0]
+    ref = prior(torch.tensor([5000]), torch.tensor([5000, 4995, 4950]))[:, 0]
+    assert far[0]["query_position"] == 5000 and far[1]["bias"] == pytest.approx(ref[1].tolist(), rel=1e-5)
+    shared = tiny_bam("kerple-power", "softmax", ggd_share_layers=True)
+    assert {c["layer"] for c in prior_curves(shared, [1, 2])} == {None}
+    assert prior_curves(tiny_bam("rope", "softmax"), [1, 2]) == []
+    with pytest.raises(ValueError, match="distances must lie in"):
+        prior_curves(fire, [10], query_position=5)

@@ -194,3 +194,63 @@ def test_a_corpus_file_as_haystack(tiny_tokenizer, tmp_path):
     for task in ("passkey", "niah"):
         with pytest.raises(ValueError, match="is not a known haystack name nor a corpus path"):
             make_instances(task, tokenizer=tiny_tokenizer, n=1, depths=[0.0], haystack=str(tmp_path / "none.txt"))
+
+
+@pytest.fixture(scope="module")
+def digit_tokenizer(tmp_path_factory):
+    """The study's byte-level BPE (digits always single tokens), trained on the task texts."""
+    from posbias.training.tokenizer import synthetic_task_texts, train_bpe_tokenizer
+
+    return train_bpe_tokenizer(synthetic_task_texts(20), 300, tmp_path_factory.mktemp("bpe"))
+
+
+def test_passkey_bam_protocol_is_the_reference_prompt_with_the_digits_scored(digit_tokenizer):
+    """protocol=bam: the BAM reference's text (intro '... memorize them ...', pieces joined by spaces, key
+    at depth 0 right after the intro), the space before the key given, the 5 digits the scored answer."""
+    from posbias.evaluation.batching import encode
+    from posbias.tasks.passkey import BAM_INTRO
+
+    tok = digit_tokenizer
+    xs = make_instances("passkey", tokenizer=tok, n=2, depths=[0.0], length=300, protocol="bam")
+    for x in xs:
+        key = x.answers[0]
+        assert re.fullmatch(r"[1-9]\d{4}", key) and x.gold_index == 0
+        text = apply_chat(tok, x.prompt, x.answer_prefix)
+        assert text.startswith(f"{BAM_INTRO} The pass key is {key}. Remember it. {key} is the pass key. {NOISE} ")
+        assert text.endswith(f"{NOISE} What is the pass key? The pass key is ") and "\n" not in text
+        assert full_tokens(tok, x) <= 300
+        enc = encode(tok, x, chat=False)
+        assert tok.convert_ids_to_tokens(enc.answer_ids) == list(key)  # the digits only, one token each
+        assert enc.prompt_ids + enc.answer_ids == tok(text + key, add_special_tokens=False)["input_ids"]
+    # the default protocol keeps its format and its scored space
+    x = make_instances("passkey", tokenizer=tok, n=1, depths=[0.0], length=300)[0]
+    enc = encode(tok, x, chat=False)
+    assert x.prompt.startswith("There is") and "\n" in x.prompt and len(enc.answer_ids) == 6
+
+
+@pytest.mark.parametrize("protocol", ["bam", "posbias"])
+def test_passkey_given_digits_extend_the_key_and_score_the_rest(digit_tokenizer, protocol):
+    """given_digits=1 (the reference's passkey_preffix_digits=1): a 6-digit key, its first digit after the answer
+    prefix, the other 5 scored, joined to it without a space; generation is scored on those 5 too."""
+    from posbias.evaluation.batching import encode
+    from posbias.evaluation.metrics import score
+
+    tok = digit_tokenizer
+    x = make_instances("passkey", tokenizer=tok, n=1, depths=[0.0], length=300, protocol=protocol,
+                       given_digits=1)[0]
+    key = x.meta["key"]
+    assert re.fullmatch(r"[1-9]\d{5}", key) and x.answers == [key[1:]]
+    assert x.answer_prefix == f"The pass key is {key[0]}" and f"The pass key is {key}." in x.prompt
+    enc = encode(tok, x, chat=False)
+    assert tok.convert_ids_to_tokens(enc.answer_ids) == list(key[1:])
+    text = apply_chat(tok, x.prompt, x.answer_prefix)
+    assert enc.prompt_ids + enc.answer_ids == tok(text + key[1:], add_special_tokens=False)["input_ids"]
+    assert score(x.metric, f"{key[1:]}. Remember it.", x.answers) == 1.0
+    assert score(x.metric, f"{key}.", x.answers) == 0.0
+
+
+def test_passkey_protocol_options_are_checked(tiny_tokenizer):
+    with pytest.raises(ValueError, match="unknown passkey protocol 'landmark'; known: posbias, bam"):
+        make_instances("passkey", tokenizer=tiny_tokenizer, n=1, depths=[0.0], length=300, protocol="landmark")
+    with pytest.raises(ValueError, match="given_digits must be >= 0"):
+        make_instances("passkey", tokenizer=tiny_tokenizer, n=1, depths=[0.0], length=300, given_digits=-1)

@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import subprocess
 import sys
@@ -634,3 +635,48 @@ def test_progress_bar_names_the_ssmax_scope():
     content = TrainConfig(pe="ggd", ssmax=True, model_overrides={"ssmax_scope": "content"})
     assert [run_label(c) for c in (TrainConfig(pe="rope"), TrainConfig(pe="ggd", ssmax=True), content)] == \
         ["rope", "ggd+ssmax", "ggd+ssmax-content"]
+
+
+@pytest.mark.parametrize("pe", ["kerple-log", "kerple-power", "fire"])
+def test_the_new_priors_train_and_kerple_stays_in_its_domain(tmp_path, tiny_tokenizer, corpus, pe):
+    """A few steps of each new prior: the loss is finite, the prior's parameters move, and a prior learning
+    rate large enough to push KERPLE's parameters below zero leaves them clamped at their bound."""
+    from posbias.positional.kerple import EPS
+
+    seen = []
+
+    def record(step, model, info):
+        seen.append({n: p.detach().clone() for n, p in model.named_parameters() if ".priors." in n})
+
+    run = train(_cfg(tmp_path, pe=pe, ssmax=False, steps=3, prior_lr=1.0), tokenizer=tiny_tokenizer,
+                callback=record)
+    logged = [json.loads(x) for x in (run.parent / "metrics.jsonl").read_text().splitlines()]
+    assert logged and all(math.isfinite(r["loss"]) for r in logged if "loss" in r)
+    assert (run / "model.safetensors").exists()
+    assert len(seen) == 3 and any(not torch.equal(seen[0][n], seen[-1][n]) for n in seen[0])
+    if pe.startswith("kerple"):
+        values = torch.cat([v for v in seen[-1].values()])
+        assert values.min().item() == pytest.approx(EPS) and (values >= EPS - 1e-7).all()
+        assert all("r2_mean" in r for r in logged if "loss" in r)  # the log line follows the kernel
+    else:
+        assert all(r["fire_threshold_mean"] > 0 for r in logged if "loss" in r)
+
+
+@pytest.mark.parametrize("pe", ["kerple-log", "kerple-power", "fire"])
+def test_cli_train_takes_the_new_priors_by_name(tmp_path, tiny_tokenizer, corpus, pe):
+    import typer
+    from typer.testing import CliRunner
+
+    from posbias.cli import train_cmd
+
+    app = typer.Typer()
+    train_cmd.register(app)
+    app.command("noop")(lambda: None)
+    tiny_tokenizer.save_pretrained(tmp_path / "tok")
+    res = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "cli"), "--pe", pe, "--steps", "2", "--context",
+                                   "32", "--batch-size", "2", "--tokenizer", str(tmp_path / "tok"), "--corpus",
+                                   str(corpus), "--warmup", "1", "--model-opt", "num_hidden_layers=1",
+                                   "--model-opt", "hidden_size=32", "--model-opt", "intermediate_size=64"])
+    assert res.exit_code == 0, res.output
+    saved = json.loads((tmp_path / "cli" / "final" / "config.json").read_text())
+    assert saved["pe"] == pe and (tmp_path / "cli" / "final" / "model.safetensors").exists()

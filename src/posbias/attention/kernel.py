@@ -2,7 +2,7 @@
 
 Logits follow the BAM order (Bianchessi et al. 2025)::
 
-    z = q k^T / sqrt(d) + bias[h, i, j]          # positional prior (ALiBi / GGD), optional
+    z = q k^T / sqrt(d) + bias[h, i, j]          # positional prior (ALiBi / GGD / KERPLE / FIRE), optional
     z = z * (s_h * log n_i)                       # SSMax (Nakanishi 2025), optional
     z = mask(z)                                   # causal, same document, key padding
     out = softmax_float32(z) @ v
@@ -15,7 +15,7 @@ Backends:
 * ``"chunked"`` - exact, queries in chunks of ``chunk_size`` against all keys; the bias and mask
   are built per chunk, so memory grows linearly with length. Float32 throughout.
 * ``"flex"``    - FlexAttention ``score_mod`` + block mask, CUDA only (optional; needs the bias
-  module to expose ``score_fn()``).
+  module to expose ``score_fn()``: ``f(head, q_pos - k_pos, q_pos)``, the query position for FIRE).
 * ``"eager"``   - the chunked path with one chunk (reference implementation).
 
 ``"auto"`` picks ``chunked`` when ``q_len * k_len`` exceeds ``CHUNK_THRESHOLD`` (or a
@@ -77,13 +77,18 @@ def visible_keys(q_len: int, k_len: int, *, doc_ids=None, key_mask=None, causal=
     return torch.cat(out, dim=-1)
 
 
-def _bias(bias, q_pos, k_pos, q0: int, descending_queries: bool = False):
-    """[h, i, j] bias. Here queries are ``q0 + arange(i)`` (reversed with ``descending_queries``) and
+def _bias(bias, q_pos, k_pos, q0: int, descending_queries: bool = False, q_index=None):
+    """[1|b, h, i, j] bias. Here queries are ``q0 + arange(i)`` (reversed with ``descending_queries``) and
     keys ``arange(j)`` (contiguous), so the Toeplitz ``bias.block`` is used when the module offers it
-    (no device sync: ``q0`` is a host int)."""
+    (no device sync: ``q0`` is a host int). A query-dependent prior (FIRE, ``query_dependent``) also
+    gets ``q_index`` (Long [b|1, i], the queries' own positions) and may differ per batch row."""
+    if getattr(bias, "query_dependent", False):
+        out = bias(q_pos, k_pos, q_index)
+        return out if out.dim() == 4 else out[None]
     if _has_toeplitz_block(bias):
-        return bias.block(q0, len(q_pos), 0, len(k_pos), device=q_pos.device, descending_queries=descending_queries)
-    return bias(q_pos, k_pos)
+        return bias.block(q0, len(q_pos), 0, len(k_pos), device=q_pos.device,
+                          descending_queries=descending_queries)[None]
+    return bias(q_pos, k_pos)[None]
 
 
 def _has_toeplitz_block(bias) -> bool:
@@ -104,7 +109,8 @@ def _content_only(normaliser) -> bool:
     return normaliser is not None and getattr(normaliser, "scope", "all") == "content"
 
 
-def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0, return_probs=False):
+def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0, return_probs=False,
+           q_index=None):
     """Exact float32 attention of a query block against all keys. q: [b, h, i, d] -> [b, h, i, d]
     (and the float32 probabilities [b, h, i, j] with ``return_probs``).
 
@@ -114,12 +120,12 @@ def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, caus
     processed last-first, which makes the prior a view of its ``i + j - 1`` offsets instead of an
     [h, i, j] copy (flip + add were a third of the time at 16K tokens); outputs are returned in the
     given order."""
-    descending = bias is not None and _has_toeplitz_block(bias)
+    descending = bias is not None and _has_toeplitz_block(bias) and not getattr(bias, "query_dependent", False)
     if descending:
         q, q_pos, q_doc = q.flip(2), q_pos.flip(0), None if q_doc is None else q_doc.flip(-1)
     scale = 1.0 / math.sqrt(q.shape[-1])
     z = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scale)  # [b, h, i, j]
-    prior = _bias(bias, q_pos, k_pos, q0, descending)[None] if bias is not None else None
+    prior = _bias(bias, q_pos, k_pos, q0, descending, q_index) if bias is not None else None
     content_only = _content_only(normaliser)
     if prior is not None and not content_only:
         z.add_(prior)
@@ -147,7 +153,7 @@ def _block(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, caus
     return (out, p) if return_probs else out
 
 
-def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0):
+def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0, q_index=None):
     nq, nk = q.shape[2], k.shape[2]
     if bias is None and normaliser is None and q_doc is None and key_mask is None:
         if not causal:
@@ -155,7 +161,7 @@ def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causa
         if nq == nk:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     allowed = _allowed(q_pos, k_pos, q_doc, k_doc, key_mask, causal)
-    add = _bias(bias, q_pos, k_pos, q0)[None] if bias is not None else None  # [1, h, i, j] float32
+    add = _bias(bias, q_pos, k_pos, q0, q_index=q_index) if bias is not None else None  # [1|b, h, i, j] float32
     if normaliser is not None:
         if allowed is None:
             n = torch.full((1, nq), nk, device=q.device)
@@ -174,7 +180,8 @@ def _sdpa(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causa
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
 
 
-def _flex(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0=None):  # pragma: no cover (CUDA)
+def _flex(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causal, q0=None,
+          q_index=None):  # pragma: no cover (CUDA)
     # FlexAttention ships with torch >= 2.5 (pyproject allows 2.4), and only CUDA runs use it
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: PLC0415 (optional)
 
@@ -191,15 +198,17 @@ def _flex(q, k, v, q_pos, k_pos, q_doc, k_doc, key_mask, bias, normaliser, causa
         mult = normaliser.multiplier(n.expand(b, nq))[..., 0].contiguous()  # [b, h, i]
 
     content_only = _content_only(normaliser)
+    # the queries' own positions (FIRE's i): [b|1, i]; rows broadcast when there is one
+    q_at = (q_pos[None] if q_index is None else q_index).expand(b, nq).contiguous()
 
     def score_mod(score, bi, hi, qi, ki):
         z = score.float()
         if bias_f is not None and not content_only:
-            z = z + bias_f(hi, (qi + offset - ki).float())
+            z = z + bias_f(hi, (qi + offset - ki).float(), q_at[bi, qi])
         if mult is not None:
             z = z * mult[bi, hi, qi]
         if bias_f is not None and content_only:
-            z = z + bias_f(hi, (qi + offset - ki).float())
+            z = z + bias_f(hi, (qi + offset - ki).float(), q_at[bi, qi])
         return z.to(score.dtype)
 
     def mask_mod(bi, hi, qi, ki):
@@ -239,14 +248,16 @@ def flex_available(device: torch.device | str) -> bool:
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: BiasFn | None = None,
            doc_ids: torch.Tensor | None = None, normaliser=None, causal: bool = True,
            chunk_size: int | None = None, backend: str = "auto",
-           key_mask: torch.Tensor | None = None, return_probs: bool = False):
+           key_mask: torch.Tensor | None = None, return_probs: bool = False,
+           query_positions: torch.Tensor | None = None):
     """Attention with an optional positional prior, SSMax and packed-document masking.
 
     Args:
         q: [b, h, i, d] queries (the last ``i`` positions of the key sequence).
         k, v: [b, h_kv, j, d] keys / values; ``h`` must be a multiple of ``h_kv`` (GQA).
         bias: callable ``bias(q_pos: Long[i'], k_pos: Long[j]) -> float [h, i', j]`` (e.g.
-            :class:`~posbias.positional.GGDBias`), called per query chunk.
+            :class:`~posbias.positional.GGDBias`), called per query chunk (its Toeplitz ``block`` when
+            it has one, a view of the block's offsets).
         doc_ids: [b, j] document id of every key (queries take the last ``i``); attention and
             SSMax counts never cross documents.
         normaliser: ``None`` (softmax) or an :class:`~posbias.attention.SSMax` module.
@@ -256,32 +267,38 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: BiasFn | 
         key_mask: [b, j] 1/True for real keys, 0/False for padding.
         return_probs: also return the attention probabilities (float32 [b, h, i, j], prior, SSMax
             and masks included), computed on the exact eager path whatever ``backend`` says.
+        query_positions: Long [b|1, i], each query's position as a query-dependent prior reads it
+            (FIRE's ``i``; :class:`~posbias.bam.BamModel` passes positions that restart at every document
+            and skip left padding); default its index in the key sequence. Distance-only priors ignore it.
 
     Returns: [b, h, i, d] in the dtype of ``q`` (with ``return_probs``: ``(out, probs)``).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; known: {', '.join(BACKENDS)}")
     h, nq, nk = _check_shapes(q, k, v, doc_ids, key_mask)
+    if query_positions is not None and (query_positions.dim() != 2 or query_positions.shape[-1] != nq):
+        raise ValueError(f"query_positions must be [batch, {nq}], got {tuple(query_positions.shape)}")
     q_pos = torch.arange(nk - nq, nk, device=q.device)
+    q_index = q_pos[None] if query_positions is None else query_positions.to(q.device)
     k_pos = torch.arange(nk, device=q.device)
     doc_ids = None if doc_ids is None else doc_ids.to(q.device)
     q_doc = None if doc_ids is None else doc_ids[:, nk - nq:]
     args = (q_pos, k_pos, q_doc, doc_ids, key_mask, bias, normaliser, causal, nk - nq)
     if return_probs:
         k, v = _expand_kv(k, v, h)
-        return _block(q, k, v, *args, return_probs=True)
+        return _block(q, k, v, *args, return_probs=True, q_index=q_index)
     if backend == "auto":
         backend = "chunked" if (chunk_size is not None or nq * nk > CHUNK_THRESHOLD) else "sdpa"
     if backend == "flex":
         if not flex_available(q.device):
             raise RuntimeError("backend='flex' needs a CUDA device and torch.nn.attention.flex_attention")
-        return _flex(q, k, v, *args)
+        return _flex(q, k, v, *args, q_index=q_index)
     k, v = _expand_kv(k, v, h)
     if backend == "sdpa":
-        return _sdpa(q, k, v, *args)
+        return _sdpa(q, k, v, *args, q_index=q_index)
     if backend == "eager":
-        return _block(q, k, v, *args)
-    return _chunked(q, k, v, *args, chunk_size=chunk_size or DEFAULT_CHUNK)
+        return _block(q, k, v, *args, q_index=q_index)
+    return _chunked(q, k, v, *args, chunk_size=chunk_size or DEFAULT_CHUNK, q_index=q_index)
 
 
 def _check_shapes(q, k, v, doc_ids, key_mask) -> tuple[int, int, int]:
@@ -304,7 +321,7 @@ def _rows_per_chunk(chunk_size: int, cells_per_row: int) -> int:
 
 
 def _chunked(q, k, v, q_pos, k_pos, q_doc, doc_ids, key_mask, bias, normaliser, causal, offset, *,
-             chunk_size: int) -> torch.Tensor:
+             chunk_size: int, q_index=None) -> torch.Tensor:
     """Exact attention one query chunk at a time (memory ~ chunk x keys); k, v already expanded."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
@@ -323,7 +340,8 @@ def _chunked(q, k, v, q_pos, k_pos, q_doc, doc_ids, key_mask, bias, normaliser, 
         j = (offset + e) if causal else nk
         block = _block(q[:, :, s:e], k[:, :, :j], v[:, :, :j], q_pos[s:e], k_pos[:j],
                        None if q_doc is None else q_doc[:, s:e], None if doc_ids is None else doc_ids[:, :j],
-                       None if key_mask is None else key_mask[:, :j], bias, normaliser, causal, offset + s)
+                       None if key_mask is None else key_mask[:, :j], bias, normaliser, causal, offset + s,
+                       q_index=None if q_index is None else q_index[:, s:e])
         if out is None:
             outs.append(block)
         else:

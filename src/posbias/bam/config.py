@@ -24,7 +24,8 @@ class BamConfig(PretrainedConfig):
     """Llama-style decoder (RMSNorm, SwiGLU, pre-norm) with a pluggable positional scheme.
 
     Args (beyond the usual Hugging Face ones):
-        pe: positional scheme, one of ``posbias.positional.SCHEMES`` (rope, sinusoidal, nope, alibi, ggd).
+        pe: positional scheme, one of ``posbias.positional.SCHEMES`` (rope, sinusoidal, nope, alibi, ggd,
+            kerple-log, kerple-power, fire).
         normaliser: ``"softmax"`` or ``"ssmax"`` (Scalable-Softmax, ``s_h`` per head and layer).
         ssmax_scope: ``"all"`` (BAM's order: ``(q k^T / sqrt(d) + prior) * s_h log n``) or
             ``"content"`` (``q k^T / sqrt(d) * s_h log n + prior``; the ablation of issue #16).
@@ -33,7 +34,10 @@ class BamConfig(PretrainedConfig):
             initialisation (``None``: 1 and ``initializer_range``; see :meth:`from_preset` for sinusoidal).
         ggd_init / ggd_theta_alpha / ggd_theta_beta / ggd_eps: GGD prior initialisation
             (see :class:`posbias.positional.GGDBias`).
-        ggd_share_layers: one GGD prior for all layers instead of one per layer.
+        ggd_share_layers: one learnable prior (GGD, KERPLE, FIRE) for all layers instead of one per layer
+            (with ``pe="fire"`` the paper's FIRE-S).
+        fire_hidden / fire_threshold: FIRE's hidden units (32) and initial threshold ``L`` (512), see
+            :class:`posbias.positional.FIREBias`.
         attn_backend: ``auto`` / ``sdpa`` / ``chunked`` / ``eager`` / ``flex`` (see :func:`posbias.attention.attend`).
         attn_chunk_size: query chunk of the chunked path.
         ffn_chunk_size: longer sequences run the feed-forward in pieces of this many tokens
@@ -50,6 +54,7 @@ class BamConfig(PretrainedConfig):
                  embed_init_std: float | None = None, ggd_init: str = "nope",
                  ggd_theta_alpha=None,
                  ggd_theta_beta=None, ggd_eps: float = 1e-5, ggd_share_layers: bool = False,
+                 fire_hidden: int = 32, fire_threshold: float = 512.0,
                  ssmax_init: float = 1.0, ssmax_scope: str = "all", rms_norm_eps: float = 1e-5,
                  initializer_range: float = 0.02,
                  attn_backend: str = "auto", attn_chunk_size: int = 512, ffn_chunk_size: int | None = 32768,
@@ -63,7 +68,9 @@ class BamConfig(PretrainedConfig):
             raise ValueError(f"unknown ssmax_scope {ssmax_scope!r}; known: {', '.join(SSMAX_SCOPES)}")
         if ggd_init not in GGD_INITS:
             raise ValueError(f"unknown ggd_init {ggd_init!r}; known: {', '.join(GGD_INITS)}")
-        for name, val in (("vocab_size", vocab_size), ("hidden_size", hidden_size),
+        if not float(fire_threshold) > 0:
+            raise ValueError(f"fire_threshold must be > 0, got {fire_threshold}")
+        for name, val in (("vocab_size", vocab_size), ("hidden_size", hidden_size), ("fire_hidden", fire_hidden),
                           ("num_hidden_layers", num_hidden_layers), ("num_attention_heads", num_attention_heads),
                           ("attn_chunk_size", attn_chunk_size)):
             if int(val) <= 0:
@@ -101,6 +108,8 @@ class BamConfig(PretrainedConfig):
         self.ggd_theta_beta = ggd_theta_beta
         self.ggd_eps = ggd_eps
         self.ggd_share_layers = ggd_share_layers
+        self.fire_hidden = int(fire_hidden)
+        self.fire_threshold = float(fire_threshold)
         self.ssmax_init = ssmax_init
         self.ssmax_scope = ssmax_scope
         self.rms_norm_eps = rms_norm_eps

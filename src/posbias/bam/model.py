@@ -2,7 +2,8 @@
 
 Pre-norm blocks ``x + Attn(RMSNorm(x))``, ``x + SwiGLU(RMSNorm(x))`` (Touvron et al. 2023); the
 positional scheme is RoPE (q/k rotation), sinusoidal (added to the embeddings), NoPE, ALiBi or
-the learnable GGD prior of BAM (Bianchessi et al. 2025) as an additive attention bias; the
+a learnable prior as an additive attention bias (GGD of BAM, Bianchessi et al. 2025; KERPLE, Chi et al.
+2022; FIRE, Li et al. 2024); the
 normaliser is softmax or SSMax (Nakanishi 2025). Attention goes through
 :func:`posbias.attention.attend`, so long inputs run query-chunked with memory linear in length.
 
@@ -20,9 +21,27 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from posbias.attention import SSMax, attend
-from posbias.positional import GGDBias, get_scheme
+from posbias.positional import FIREBias, GGDBias, KerpleBias, get_scheme
 
 from .config import BamConfig
+
+
+def own_positions(positions: torch.Tensor, doc_ids: torch.Tensor | None = None,
+                  attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Every token's own position, Long [b|1, n]: restarting at every packed document (``doc_ids`` [b, n]),
+    counted over the real tokens of a left-padded row (``attention_mask`` [b, past + n]), else
+    ``positions`` (Long [n], the tokens' indices in the sequence). The sinusoidal scheme's positions and
+    FIRE's query positions."""
+    if doc_ids is not None:
+        b, n = doc_ids.shape
+        start = torch.ones_like(doc_ids, dtype=torch.bool)
+        start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+        idx = torch.arange(n, device=doc_ids.device).expand(b, n)
+        first = torch.where(start, idx, torch.zeros_like(idx)).cummax(-1).values
+        return idx - first
+    if attention_mask is not None:
+        return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -len(positions):]
+    return positions[None]
 
 
 class BamRMSNorm(nn.Module):
@@ -70,8 +89,10 @@ class BamAttention(nn.Module):
         self.ssmax = (SSMax(self.n_heads, config.ssmax_init, scope=getattr(config, "ssmax_scope", "all"))
                       if config.normaliser == "ssmax" else None)
 
-    def forward(self, x, *, positions, bias, doc_ids, key_mask, cache, backend, chunk_size, probs=None):
-        """x: [b, n, hidden]; with a list ``probs`` the attention probabilities [b, h, n, j] are appended."""
+    def forward(self, x, *, positions, bias, doc_ids, key_mask, cache, backend, chunk_size, probs=None,
+                query_positions=None):
+        """x: [b, n, hidden]; with a list ``probs`` the attention probabilities [b, h, n, j] are appended;
+        ``query_positions`` [b, n]: the tokens' own positions, for a query-dependent prior (FIRE)."""
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
@@ -81,7 +102,8 @@ class BamAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         out = attend(q, k, v, bias=bias, doc_ids=doc_ids, normaliser=self.ssmax, key_mask=key_mask,
-                     backend=backend, chunk_size=chunk_size, return_probs=probs is not None)
+                     backend=backend, chunk_size=chunk_size, return_probs=probs is not None,
+                     query_positions=query_positions)
         if probs is not None:
             out, p = out
             probs.append(p)
@@ -118,6 +140,9 @@ class BamPreTrainedModel(PreTrainedModel):
             alpha, beta = module.initial_values()
             init.copy_(module.theta_alpha, alpha)
             init.copy_(module.theta_beta, beta)
+        elif isinstance(module, (KerpleBias, FIREBias)):  # their papers' initialisation (random draws)
+            for name, value in module.initial_state().items():
+                init.copy_(getattr(module, name), value)
         elif isinstance(module, SSMax):
             init.constant_(module.s, module.init)
         elif isinstance(module, nn.Embedding) and getattr(self.config, "embed_init_std", None):
@@ -139,9 +164,13 @@ class BamModel(BamPreTrainedModel):
         if spec.kind == "bias":
             kw = dict(num_heads=config.num_attention_heads, ggd_init=config.ggd_init,
                       ggd_theta_alpha=config.ggd_theta_alpha, ggd_theta_beta=config.ggd_theta_beta,
-                      ggd_eps=config.ggd_eps)
-            n = 1 if (config.pe != "ggd" or config.ggd_share_layers) else config.num_hidden_layers
-            self.priors = nn.ModuleList(spec.build(**kw) for _ in range(n))
+                      ggd_eps=config.ggd_eps, fire_hidden=getattr(config, "fire_hidden", 32),
+                      fire_threshold=getattr(config, "fire_threshold", 512.0))
+            first = spec.build(**kw)
+            # a learnable prior has one module per layer (unless shared); a fixed one (ALiBi) is built once
+            learnable = any(True for _ in first.parameters())
+            n = config.num_hidden_layers if learnable and not config.ggd_share_layers else 1
+            self.priors = nn.ModuleList([first] + [spec.build(**kw) for _ in range(n - 1)])
         self.layers = nn.ModuleList(BamDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = BamRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_init()
@@ -157,6 +186,10 @@ class BamModel(BamPreTrainedModel):
         if self.priors is None:
             return None
         return self.priors[layer if len(self.priors) > 1 else 0]
+
+    def _query_dependent_prior(self) -> bool:
+        """Whether the prior reads each query's own position (FIRE)."""
+        return self.priors is not None and bool(getattr(self.priors[0], "query_dependent", False))
 
     def forward(self, input_ids=None, attention_mask=None, doc_ids=None, position_ids=None, cache=None,
                 inputs_embeds=None, use_cache=None, attn_backend=None, chunk_size=None, output_attentions=False,
@@ -182,25 +215,19 @@ class BamModel(BamPreTrainedModel):
             if not bool(attention_mask.bool().all()):
                 key_mask = attention_mask.bool()
         positions = torch.arange(past, past + n, device=x.device)
-        if self.abs_pe is not None:
+        query_positions = None
+        if self.abs_pe is not None or self._query_dependent_prior():
             if position_ids is None:
-                if doc_ids is not None:  # restart at every document
-                    start = torch.ones_like(doc_ids, dtype=torch.bool)
-                    start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
-                    idx = torch.arange(n, device=x.device).expand(b, n)
-                    first = torch.where(start, idx, torch.zeros_like(idx)).cummax(-1).values
-                    position_ids = idx - first
-                elif key_mask is not None:
-                    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
-                else:
-                    position_ids = positions[None].expand(b, n)
+                position_ids = own_positions(positions, doc_ids, attention_mask if key_mask is not None else None)
+            query_positions = position_ids.expand(b, n) if self.priors is not None else None
+        if self.abs_pe is not None:
             x = x + self.abs_pe(position_ids).to(x.dtype)
         backend = attn_backend or self.config.attn_backend
         chunk = chunk_size or (self.config.attn_chunk_size if backend == "chunked" else None)
         probs = [] if output_attentions else None
         for i, layer in enumerate(self.layers):
             x = layer(x, positions=positions, bias=self.prior(i), doc_ids=doc_ids, key_mask=key_mask,
-                      cache=cache, backend=backend, chunk_size=chunk, probs=probs)
+                      cache=cache, backend=backend, chunk_size=chunk, probs=probs, query_positions=query_positions)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(x), cache=cache if use_cache else None,
                                        attentions=tuple(probs) if probs is not None else None)
 

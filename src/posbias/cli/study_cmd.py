@@ -29,7 +29,8 @@ def study_command(
                                                  "skipped); required unless --config names it"),
     preset: str = typer.Option("tiny", help="model size preset: tiny | small | 120m | 1b"),
     schemes: str = typer.Option("rope,sinusoidal,nope,alibi,ggd,ggd+ssmax,rope+ssmax",
-                                help="comma-separated <pe>[+ssmax], pe in rope|sinusoidal|nope|alibi|ggd"),
+                                help="comma-separated <pe>[+ssmax], pe in rope|sinusoidal|nope|alibi|ggd|"
+                                     "kerple-log|kerple-power|fire"),
     train_steps: Optional[int] = Count(None, help="training steps per scheme (default: the trainer's)"),
     train_context: int = Count(512, help="training context in tokens"),
     multipliers: str = typer.Option("1,2,4,8,16,32,64", help="evaluation lengths as multiples of the training context"),

@@ -18,7 +18,8 @@ def train_command(
     out: Optional[str] = typer.Option(None, help="run folder (config.json, metrics.jsonl, checkpoint.pt, final/); "
                                                  "re-running resumes from its checkpoint (required unless "
                                                  "--config names it)"),
-    pe: str = typer.Option("ggd", help="positional scheme: rope, sinusoidal, nope, alibi, ggd"),
+    pe: str = typer.Option("ggd", help="positional scheme: rope, sinusoidal, nope, alibi, ggd, kerple-log, "
+                                       "kerple-power, fire"),
     ssmax: bool = typer.Option(False, "--ssmax/--softmax", help="Scalable-Softmax instead of softmax"),
     preset: str = typer.Option("tiny", help="model size: tiny, small, 120m, 1b"),
     steps: int = Count(1000, help="optimizer steps"),
@@ -26,7 +27,8 @@ def train_command(
     batch_size: int = Count(8, help="sequences per step and process"),
     grad_accum: int = Count(1, help="gradient accumulation micro-steps"),
     lr: float = typer.Option(1e-3, help="peak learning rate"),
-    prior_lr: Optional[float] = typer.Option(None, help="learning rate of GGD priors / SSMax scales (default --lr)"),
+    prior_lr: Optional[float] = typer.Option(None, help="learning rate of the learnable priors (GGD, KERPLE, FIRE) / "
+                                             "SSMax scales (default --lr)"),
     warmup: int = Count(100, minimum=0, help="linear warmup steps"),
     min_lr_ratio: float = typer.Option(0.1, help="the schedule decays to this fraction of --lr"),
     schedule: str = typer.Option("cosine", help="cosine (to --min-lr-ratio at --steps), constant (after warmup; "

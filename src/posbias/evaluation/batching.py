@@ -27,9 +27,10 @@ def prompt_text(tokenizer, inst: Instance, chat: bool) -> str:
     return plain_prompt(inst.prompt, inst.answer_prefix)
 
 
-def answer_text(prompt: str, answer: str) -> str:
-    """The gold continuation: a space is prepended unless the prompt already ends in whitespace."""
-    return answer if (not prompt or prompt[-1].isspace()) else " " + answer
+def answer_text(prompt: str, answer: str, joined: bool = False) -> str:
+    """The gold continuation: a space is prepended unless the prompt already ends in whitespace or the
+    answer continues the prompt's last word (``joined``: the passkey digits after the given ones)."""
+    return answer if (joined or not prompt or prompt[-1].isspace()) else " " + answer
 
 
 @dataclass
@@ -63,7 +64,8 @@ def encode(tokenizer, inst: Instance, chat: bool, max_positions: int = 0) -> Enc
     else:
         context_ids, prompt_ids = [], tokenizer(text, add_special_tokens=not chat)["input_ids"]
     target = inst.meta.get("tf_target", inst.answers[0])  # the gold continuation as the format writes it
-    answer_ids = tokenizer(answer_text(text, target), add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(answer_text(text, target, inst.meta.get("answer_joined", False)),
+                           add_special_tokens=False)["input_ids"]
     total = len(prompt_ids) + len(answer_ids)
     if max_positions and total > max_positions:
         raise ContextTooLongError(

@@ -62,10 +62,10 @@ class ALiBiBias(nn.Module):
         return toeplitz_block(lambda d: -slopes * d[None], q_start, n_q, k_start, n_k, device, descending_queries)
 
     def score_fn(self, device=None):
-        """Per-element form for FlexAttention: ``f(h, dist_float) -> bias`` (dist = q_pos - k_pos)."""
+        """Per-element form for FlexAttention: ``f(h, dist_float, q_pos) -> bias`` (dist = q_pos - k_pos)."""
         slopes = self.slopes(device)
 
-        def f(h, dist):
+        def f(h, dist, q_pos=None):
             return -slopes[h] * dist.abs()
 
         return f

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from .alibi import alibi_slopes
+from .params import per_head
 from .registry import register_scheme
 from .toeplitz import toeplitz_block
 
@@ -68,14 +69,7 @@ class GGDBias(nn.Module):
         self.reset_parameters()
 
     def _values(self, given, default: torch.Tensor) -> torch.Tensor:
-        if given is None:
-            return default
-        t = torch.as_tensor(given, dtype=torch.float32, device="cpu").flatten()
-        if t.numel() == 1:
-            return t.expand(self.n_heads).clone()
-        if t.numel() != self.n_heads:
-            raise ValueError(f"expected 1 or {self.n_heads} initial values, got {t.numel()}")
-        return t
+        return per_head(given, default, self.n_heads)
 
     def initial_values(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The initial ``(theta_alpha, theta_beta)``, float32 [H] each, given ``init`` and explicit values."""
@@ -124,10 +118,10 @@ class GGDBias(nn.Module):
                               descending_queries)
 
     def score_fn(self, device=None):
-        """Per-element form for FlexAttention ``score_mod``: ``f(h, dist) -> bias`` (dist = q_pos - k_pos)."""
+        """Per-element form for FlexAttention ``score_mod``: ``f(h, dist, q_pos) -> bias`` (dist = q_pos - k_pos)."""
         alpha, beta, eps = self.theta_alpha, self.theta_beta, self.eps
 
-        def f(h, dist):
+        def f(h, dist, q_pos=None):
             lm = alpha[h].float() + beta[h].float() * torch.log(dist.abs().float() + eps)
             return -torch.exp(torch.clamp(lm, max=MAX_LOG_MAGNITUDE))
 

@@ -6,7 +6,12 @@ A scheme is one of four *kinds*:
 * ``"absolute"`` - an embedding added to the token embeddings (sinusoidal);
 * ``"none"``     - nothing at all (NoPE);
 * ``"bias"``     - an additive per-head bias ``b[h, i, j]`` on the attention logits
-  (ALiBi, GGD-BAM), built for any block of query x key positions.
+  (ALiBi, GGD-BAM, KERPLE, FIRE), built for any block of query x key positions.
+
+A bias module offers ``forward(q_pos, k_pos) -> [H, i, j]``; a distance-only one also ``block(...)``
+(a Toeplitz view for contiguous positions); ``score_fn()`` gives the per-element form
+``f(h, dist, q_pos)`` of the FlexAttention path; ``project_()`` (KERPLE) puts constrained parameters
+back into their domain after an optimizer step (:func:`project_parameters`).
 
 ``get_scheme(name)`` returns the :class:`SchemeSpec`; ``spec.build(**kwargs)`` makes the module.
 """
@@ -40,6 +45,15 @@ def register_scheme(name: str, kind: str, build: Callable[..., nn.Module | None]
     spec = SchemeSpec(name=name, kind=kind, build=build, doc=doc)
     SCHEMES[name] = spec
     return spec
+
+
+def project_parameters(model: nn.Module) -> None:
+    """Clamp the parameters of every positional module of ``model`` that has constraints (``project_()``,
+    e.g. KERPLE's r > 0) back into their domain: the projected gradient step, run after every optimizer step."""
+    for module in model.modules():
+        project = getattr(module, "project_", None)
+        if callable(project):
+            project()
 
 
 def get_scheme(name: str) -> SchemeSpec:

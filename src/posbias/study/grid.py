@@ -1,6 +1,7 @@
 """The evaluation grid of the extrapolation study, for one trained model.
 
-* scheme names: ``"<pe>[+ssmax]"`` with ``pe`` in rope | sinusoidal | nope | alibi | ggd
+* scheme names: ``"<pe>[+ssmax]"`` with ``pe`` in rope | sinusoidal | nope | alibi | ggd | kerple-log |
+  kerple-power | fire
   (``+ssmax-content``: SSMax scaling the content logits only, the prior added after: an ablation)
   (:func:`parse_scheme`);
 * lengths: multiples of the training context (:func:`grid_lengths`);
@@ -25,7 +26,7 @@ from posbias.utils.io import append_jsonl, read_jsonl
 if TYPE_CHECKING:  # posbias.study.config imports this module
     from posbias.study.config import StudyConfig
 
-PES = ("rope", "sinusoidal", "nope", "alibi", "ggd")
+PES = ("rope", "sinusoidal", "nope", "alibi", "ggd", "kerple-log", "kerple-power", "fire")
 NORMALISERS = ("softmax", "ssmax", "ssmax-content")  # ssmax-content: SSMax on the content logits only
 DEFAULT_SCHEMES = ("rope", "sinusoidal", "nope", "alibi", "ggd", "ggd+ssmax", "rope+ssmax")
 DEFAULT_MULTIPLIERS = (1, 2, 4, 8, 16, 32, 64)

@@ -1,4 +1,4 @@
-"""Views of what a trained model learned about position: GGD priors and attention maps.
+"""Views of what a trained model learned about position: GGD priors, any prior's curves and attention maps.
 
 GGD readout. A GGD-BAM layer adds, per head h, the bias (reference parametrisation)::
 
@@ -79,6 +79,37 @@ def ggd_priors(model) -> list[dict]:
             alpha, beta = ggd_alpha_beta(a, b)
             out.append({"module": name, "layer": None if shared else _layer_index(name), "head": h, "theta_alpha": a,
                         "theta_beta": b, "alpha": alpha, "beta": beta, "eps": eps})
+    return out
+
+
+def prior_curves(model, distances: Sequence[int], query_position: int | None = None) -> list[dict]:
+    """The learned bias of every positional prior of a BAM ``model`` (GGD, ALiBi, KERPLE, FIRE), per layer
+    and head, at ``distances`` tokens back from one query: ``{layer, head, distances, bias, params}``
+    (``params``: the head's own scalars, e.g. KERPLE's ``r1`` / ``r2`` as stored). A distance-only prior
+    is the same for every query; FIRE also depends on the query's position, ``query_position`` (default
+    the largest distance: the key at position 0). ``layer`` is None for a prior shared by all layers;
+    [] for a model without a prior."""
+    bam = getattr(model, "model", model)
+    priors = getattr(bam, "priors", None)
+    if priors is None:
+        return []
+    d = torch.as_tensor(list(distances), dtype=torch.long)
+    i = int(d.max()) if query_position is None else int(query_position)
+    if int(d.min()) < 0 or int(d.max()) > i:
+        raise ValueError(f"distances must lie in [0, {i}] (the query position), got {d.min().item()}..{d.max().item()}")
+    n_layers = int(getattr(getattr(model, "config", None), "num_hidden_layers", 0) or 0)
+    shared = len(priors) == 1 and n_layers > 1
+    out = []
+    for layer, prior in enumerate(priors):
+        device = next(iter(prior.parameters()), torch.zeros(0)).device
+        with torch.no_grad():
+            bias = prior(torch.tensor([i], device=device), (i - d).to(device))[:, 0].float().cpu()  # [H, D]
+        per_head = {n: p.detach().float().cpu() for n, p in prior.named_parameters()
+                    if p.dim() == 1 and p.numel() == bias.shape[0]}
+        for h in range(bias.shape[0]):
+            out.append({"layer": None if shared else layer, "head": h, "query_position": i,
+                        "distances": d.tolist(), "bias": bias[h].tolist(),
+                        "params": {n: v[h].item() for n, v in per_head.items()}})
     return out
 
 

@@ -63,6 +63,7 @@ training settings differ.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Callable, Sequence
@@ -91,7 +92,14 @@ from posbias.study.grid import (
     evaluate_model,
     run_perplexity,
 )
-from posbias.study.priors import attention_maps, ggd_priors, plot_attention_maps, plot_priors, priors_table
+from posbias.study.priors import (
+    attention_maps,
+    ggd_priors,
+    plot_attention_maps,
+    plot_priors,
+    prior_curves,
+    priors_table,
+)
 from posbias.study.report import write_report  # noqa: F401
 from posbias.study.training import (  # noqa: F401
     check_before_training,
@@ -272,12 +280,25 @@ def _check_ppl_tokens(out: Path, cfg: StudyConfig) -> None:
                          f"(--ppl-multipliers {cfg.ppl_multipliers}, --ppl-tokens {cfg.ppl_tokens}): {hint}")
 
 
+def _write_prior_curves(cfg: StudyConfig, name: str, model) -> None:
+    """``priors/<name>-curves.json``: every head's learned bias (any prior: GGD, ALiBi, KERPLE, FIRE) at ~60
+    distances from 0 to the longest length, for a query at the training context and at the longest length
+    (FIRE depends on the query's position; the others give the same curve twice)."""
+    longest = max(cfg.lengths)
+    grid = sorted({0, *(round(10 ** (k / 60 * math.log10(longest))) for k in range(61))})
+    curves = {f"query_at_{i}": prior_curves(model, [d for d in grid if d <= i], query_position=i)
+              for i in sorted({cfg.train_context, longest})}
+    if any(curves.values()):
+        atomic_write_json(Path(cfg.out) / "priors" / f"{name}-curves.json", curves)
+
+
 def _model_views(cfg: StudyConfig, scheme: str, model, tokenizer, *, make_instances=None, log=print) -> None:
     """GGD prior plot + table, and attention maps on one passkey instance at the training length."""
 
     plots = Path(cfg.out) / "plots"
     name = model_dir_name(scheme)
     priors = ggd_priors(model)
+    _write_prior_curves(cfg, name, model)
     if (plots / f"attention_{name}.png").exists() and (not priors or (plots / f"priors_{name}.png").exists()):
         return  # done by an earlier invocation (the model has not changed since)
     if priors:

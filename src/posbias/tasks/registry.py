@@ -29,9 +29,11 @@ TASKS: dict[str, TaskSpec] = {
                         "lost-in-the-middle JSON of UUIDs (generated, 75 keys by default, or from path)"),
     "mdqa": TaskSpec("mdqa", make_mdqa, {"path": None, "num_docs": 10}, False, "best_subspan_em",
                      "NQ-Open multi-document QA, gold document moved (path required)"),
-    "passkey": TaskSpec("passkey", make_passkey, {"length": 1024, "digits": 5, "haystack": "noise"}, True, "passkey",
+    "passkey": TaskSpec("passkey", make_passkey, {"length": 1024, "digits": 5, "haystack": "noise",
+                                                  "protocol": "posbias", "given_digits": 0}, True, "passkey",
                         "Landmark passkey in the grass-is-green filler (haystack=essay: Paul Graham "
-                        "sentences), fitted to length tokens"),
+                        "sentences), fitted to length tokens; protocol=bam: the BAM reference's prompt (digits "
+                        "scored, not the space), given_digits=1: the key's first digit given"),
     "niah": TaskSpec("niah", make_niah, {"haystack": "noise", "num_needles": 1, "num_values": 1,
                                          "num_queries": 1, "length": 1024, "shared_context": False},
                      True, "string_match_all",

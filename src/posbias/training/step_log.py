@@ -57,7 +57,8 @@ class StepLog:
 
 
 def prior_summary(model) -> dict:
-    """Means of the GGD priors' parameters and SSMax scales, for the log line (empty for other schemes)."""
+    """Means of the GGD / KERPLE priors' parameters, FIRE's c and threshold L, and the SSMax scales, for the log
+    line (empty for other schemes)."""
     out = {}
     priors = getattr(model.model, "priors", None)
     if priors is not None and model.config.pe == "ggd":
@@ -65,6 +66,14 @@ def prior_summary(model) -> dict:
         b = torch.stack([p.theta_beta.detach().float() for p in priors])
         out.update(theta_alpha_mean=a.mean().item(), theta_beta_mean=b.mean().item(),
                    theta_beta_min=b.min().item(), theta_beta_max=b.max().item())
+    elif priors is not None and model.config.pe.startswith("kerple"):
+        r1 = torch.stack([p.r1.detach().float() for p in priors])
+        r2 = torch.stack([p.r2.detach().float() for p in priors])
+        out.update(r1_mean=r1.mean().item(), r2_mean=r2.mean().item(), r2_min=r2.min().item(),
+                   r2_max=r2.max().item())
+    elif priors is not None and model.config.pe == "fire":
+        out.update(fire_c_mean=torch.cat([p.c().detach() for p in priors]).mean().item(),
+                   fire_threshold_mean=torch.cat([p.threshold_value().detach() for p in priors]).mean().item())
     if model.config.normaliser == "ssmax":
         s = torch.stack([layer.self_attn.ssmax.s.detach().float() for layer in model.model.layers])
         out["ssmax_s_mean"] = s.mean().item()

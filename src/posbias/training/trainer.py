@@ -21,6 +21,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from posbias.bam import BamForCausalLM
+from posbias.positional import project_parameters
 from posbias.utils.io import append_jsonl, atomic_write_text, read_jsonl
 from posbias.utils.progress import progress_bar
 from posbias.utils.run_folder import announce_resume, prepare_run_dir
@@ -201,6 +202,7 @@ def _step(cfg: TrainConfig, info: DistInfo, ddp, model, ds, step: int, optimizer
         loss_acc += loss.item() / cfg.grad_accum
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     optimizer.step()
+    project_parameters(model)  # constrained priors (KERPLE) back into their domain
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return loss_acc, float(gnorm)
