@@ -21,7 +21,7 @@ posbias tune --model "$GEMMA" --task kv --num-keys 30 --methods positional-hidde
   --dims-file "$OUT/dims-$GEMMA/positional_dims.json" --n-per-depth 12 --seed 0 --batch-size 4 \
   --out "$OUT/tune-gemma"
 
-# 3. A per-layer temperature curve searched by the LPES genetic algorithm (Gemma)    # ~20 min
+# 3. A per-layer temperature curve searched by the LPES genetic algorithm (Gemma)    # ~35 min
 posbias search --model "$GEMMA" --task kv --num-keys 30 --target temperature --preset standard --seed 0 \
   --heldout-n 30 --out "$OUT/search-gemma-temperature"
 
