@@ -120,8 +120,12 @@ def test_tune_positional_hidden_and_temperature(tiny_folder, tmp_path):
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     ph = [x["setting"] for x in rows if x["method"] == "positional-hidden"]
-    assert len(ph) == 2 * len(TUNE_BANDS) * len(TUNE_FACTORS) and {s["dims"][0] for s in ph} == {5, 17}
+    assert len(ph) == 2 * len(TUNE_BANDS) * len(TUNE_FACTORS) + 1 and {s["dims"][0] for s in ph} == {5, 17}
     assert ph[0] == {"dims": [5], "dims_file": None, "band": [10 / 32, 26 / 32], "factor": 0.0}
+    assert ph[-1] == {**ph[0], "factor": 1.0}  # the unchanged model, for reference
+    plain = [x for x in rows if x["setting"] == ph[-1]][0]
+    t1 = [x for x in rows if x["method"] == "temperature" and x["setting"] == {"t": 1.0}][0]
+    assert plain["weighted_logprob"] == pytest.approx(t1["weighted_logprob"], abs=1e-5)
     assert len([x for x in rows if x["method"] == "temperature"]) == len(DEFAULT_GRIDS["temperature"])
     best = json.loads((out / "best_settings.json").read_text())
     from conftest import make_tiny_model

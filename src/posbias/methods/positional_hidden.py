@@ -307,7 +307,8 @@ TUNE_BANDS = (REFERENCE_BAND, (0.5, 1.0))
 def tune_grid(base: dict, top: int = 3) -> list[dict]:
     """dimension x band x factor settings for ``posbias tune``: each of the first ``top`` dimensions of
     ``base["dims_file"]`` (or each of ``base["dims"]``) alone; the first setting is the published one
-    (the best-ranked dimension, the reference band, factor 0)."""
+    (the best-ranked dimension, the reference band, factor 0), the last the unchanged model (factor 1),
+    so the table shows what the model scores on the same split."""
     if base.get("dims_file") is not None:
         p = Path(str(base["dims_file"])).expanduser()
         n = len(json.loads(p.read_text(encoding="utf-8")).get("dims", [])) if p.is_file() else top
@@ -317,5 +318,6 @@ def tune_grid(base: dict, top: int = 3) -> list[dict]:
     if not candidates:
         raise ValueError("tune: positional-hidden needs candidate dimensions: --dims-file (from posbias "
                          "positional-dims) or dims in the base options")
-    return [{"dims": [d], "dims_file": None, "band": list(b), "factor": f}
+    grid = [{"dims": [d], "dims_file": None, "band": list(b), "factor": f}
             for d in candidates for b in TUNE_BANDS for f in TUNE_FACTORS]
+    return grid + [{**grid[0], "factor": 1.0}]
