@@ -160,11 +160,8 @@ def test_compare_config_round_trip_keeps_the_method_options(tmp_path):
     res = cli("compare", "--model", tiny, "--task", "kv", "--num-keys", "4", "--n", "1", "--depths", "0,1",
               "--methods", "none,pi", "--pi-factor", "1.3", "--out", out)
     assert res.exit_code == 0, res.output
-    first = json.loads((out / "config.json").read_text())["config"]
-    assert first["method_options"]["pi"] == {"factor": 1.3} and first["batch_size"] == 8
-    res = cli("compare", "--config", out / "config.json")
-    assert res.exit_code == 0, res.output
-    assert json.loads((out / "config.json").read_text())["config"] == first  # pi keeps 1.3, not the flag's default
+    first = _rerun_from_its_config_scores_nothing("compare", out, "pi/results.jsonl")
+    assert first["method_options"]["pi"] == {"factor": 1.3} and first["batch_size"] == 8  # not the flag's default
     res = cli("compare", "--config", out / "config.json", "--out", tmp_path / "cmp2", "--pi-factor", "1.2")
     assert res.exit_code == 0, res.output
     second = json.loads((tmp_path / "cmp2" / "config.json").read_text())["config"]

@@ -27,6 +27,13 @@ def _fake_tree(root):
     return root
 
 
+def _tiny_folder(path, tokenizer):
+    """A two-layer tiny llama + ``tokenizer`` saved at ``path`` (what --model takes)."""
+    make_tiny_model("llama", layers=2).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 @pytest.fixture()
 def offline(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -93,9 +100,7 @@ def test_ability_cli_end_to_end_and_bad_inputs(tmp_path, tiny_tokenizer, offline
     from posbias.cli.main import app
 
     root = _fake_tree(tmp_path / "hf_datasets")
-    mdir = tmp_path / "m"
-    make_tiny_model("llama", layers=2).save_pretrained(mdir)
-    tiny_tokenizer.save_pretrained(mdir)
+    mdir = _tiny_folder(tmp_path / "m", tiny_tokenizer)
     out = tmp_path / "ability"
     args = ["ability", "--model", str(mdir), "--methods", "none,pi", "--pi-factor", "1.5", "--tasks", "mmlu,arc_easy",
             "--limit", "1", "--data-root", str(root), "--out", str(out)]
@@ -171,9 +176,7 @@ def test_a_method_label_naming_a_path_stays_inside_out(tmp_path, tiny_tokenizer,
     assert [safe_name(x) for x in ("..", ".", "", ".x", "a/b", "lpes@factors=../f.json")] == \
         ["_.", "_", "_", "_x", "a_b", "lpes@factors=.._f.json"]
     root = _fake_tree(tmp_path / "hf_datasets")
-    mdir = tmp_path / "m"
-    make_tiny_model("llama", layers=2).save_pretrained(mdir)
-    tiny_tokenizer.save_pretrained(mdir)
+    mdir = _tiny_folder(tmp_path / "m", tiny_tokenizer)
     (tmp_path / "a" / "b" / "c").mkdir(parents=True)
     (tmp_path / "f.json").write_text(json.dumps({"format": "posbias-lpes-factors", "version": 1, "num_layers": 2,
                                                  "factors": [1.0, 1.0]}))
@@ -192,9 +195,7 @@ def test_ability_of_an_adapter_records_its_method(tmp_path, tiny_tokenizer, offl
     from posbias.cli.main import app
 
     root = _fake_tree(tmp_path / "hf_datasets")
-    mdir = tmp_path / "m"
-    make_tiny_model("llama", layers=2).save_pretrained(mdir)
-    tiny_tokenizer.save_pretrained(mdir)
+    mdir = _tiny_folder(tmp_path / "m", tiny_tokenizer)
     adapter = tmp_path / "pi-adapter"
     res = CliRunner().invoke(app, ["apply", "--model", str(mdir), "--method", "pi", "--method-opt", "factor=1.5",
                                    "--out", str(adapter)])
@@ -229,9 +230,7 @@ def test_ability_config_round_trip(tmp_path, tiny_tokenizer, offline):
     from posbias.cli.main import app
 
     root = _fake_tree(tmp_path / "hf_datasets")
-    mdir = tmp_path / "m"
-    make_tiny_model("llama", layers=2).save_pretrained(mdir)
-    tiny_tokenizer.save_pretrained(mdir)
+    mdir = _tiny_folder(tmp_path / "m", tiny_tokenizer)
     out = tmp_path / "ability"
     res = CliRunner().invoke(app, ["ability", "--model", str(mdir), "--methods", "none,pi", "--pi-factor", "1.5",
                                    "--tasks", "arc_easy", "--limit", "1", "--data-root", str(root), "--out", str(out)])
