@@ -115,11 +115,13 @@ def band_layers(band, n_layers: int) -> list[int]:
 
 
 def scale_hidden(hidden: torch.Tensor, cfg: HiddenScaleConfig, position_ids: torch.Tensor | None = None,
-                 past: int = 0) -> torch.Tensor:
+                 past: int = 0, dims: torch.Tensor | None = None) -> torch.Tensor:
     """A copy of ``hidden`` (B, q, D) with ``cfg.dims`` multiplied by ``cfg.factor`` at positions >=
-    ``cfg.skip_first`` (``position_ids`` (B|1, q); default ``past .. past + q - 1``)."""
+    ``cfg.skip_first`` (``position_ids`` (B|1, q); default ``past .. past + q - 1``). ``dims``: the
+    indices as a long tensor on ``hidden``'s device, when the caller keeps one."""
     out = hidden.clone()
-    dims = torch.tensor(cfg.dims, dtype=torch.long, device=hidden.device)
+    if dims is None:
+        dims = torch.tensor(cfg.dims, dtype=torch.long, device=hidden.device)
     scaled = out[..., dims] * cfg.factor
     if cfg.skip_first > 0:
         if position_ids is None:
@@ -148,6 +150,7 @@ class PositionalHiddenScaling:
         self.model, self.cfg = model, cfg
         self._plain_out: dict[int, torch.Tensor] = {}  # layer -> unscaled attention output (B, q, D)
         self._plain_in: dict[int, torch.Tensor] = {}  # layer -> unscaled hidden (B, q, D) for v_proj
+        self._dims: dict[torch.device, torch.Tensor] = {}  # cfg.dims as a long tensor, per device
         self._hooks: list = []
         layers = get_decoder_layers(model)
         try:
@@ -168,7 +171,10 @@ class PositionalHiddenScaling:
             self._hooks.append(attn.v_proj.register_forward_hook(self._value_hook(layer)))
 
     def scaled(self, hidden: torch.Tensor, position_ids: torch.Tensor | None, past: int) -> torch.Tensor:
-        return scale_hidden(hidden, self.cfg, position_ids, past)
+        dims = self._dims.get(hidden.device)
+        if dims is None:  # made once per device, not in every attention call
+            dims = self._dims[hidden.device] = torch.tensor(self.cfg.dims, dtype=torch.long, device=hidden.device)
+        return scale_hidden(hidden, self.cfg, position_ids, past, dims)
 
     def _pre_hook(self, layer: int):
         def hook(module, args, kwargs):
