@@ -6,8 +6,8 @@
 Each ``label=folder`` names a method folder written by ``posbias eval`` / ``posbias compare``
 (``results.jsonl``, ``summary.json``); the first is the reference of the paired columns. The folders
 must hold the same instances (same task, seed, split, n): the ids are checked. Writes ``table.md``
-(accuracy per depth with 95% Wilson intervals, then the paired differences of
-:func:`posbias.evaluation.compare.paired_table`) and ``table.png``.
+(accuracy per depth with 95% Wilson intervals, then the paired differences) and ``table.png``, as
+``posbias compare`` writes its own (:func:`posbias.evaluation.compare.write_comparison`).
 """
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from posbias.evaluation.compare import comparison_table, folder_records, paired_by_depth, paired_table
-from posbias.evaluation.plots import plot_accuracy_by_depth
-from posbias.utils.io import atomic_write_text, read_json
+from posbias.evaluation.compare import folder_records, write_comparison
+from posbias.utils.io import read_json
 
 
 def parse_folders(items: list[str]) -> dict[str, Path]:
@@ -55,10 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     summaries = {lab: read_json(f / "summary.json") for lab, f in folders.items()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "table.md", comparison_table(summaries) + "\n\n" + paired_table(records) + "\n")
-    plot_accuracy_by_depth({lab: s["by_depth"] for lab, s in summaries.items()}, out / "table.png",
-                           title=args.title, paired=paired_by_depth(records))
-    print((out / "table.md").read_text())
+    print(write_comparison(summaries, folders, out / "table", title=args.title))
     print(f"outputs: {out}")
     return 0
 

@@ -86,11 +86,21 @@ def compare_methods(cfg: CompareConfig, *, loaded=None, load: LoadOptions | None
                                                   "by_depth": summaries[name]["by_depth"],
                                                   "seconds": round(time.time() - start, 1)})
     joint = finished_summaries(top.path, summaries)
-    records = folder_records({label: top.path / method_folder(label) for label in joint})
-    atomic_write_text(top.path / "comparison.md", comparison_table(joint) + "\n\n" + paired_table(records) + "\n")
-    plot_accuracy_by_depth({m: s["by_depth"] for m, s in joint.items()}, top.path / "comparison.png",
-                           title=f"{cfg.model} / {cfg.task}", paired=paired_by_depth(records))
+    write_comparison(joint, {label: top.path / method_folder(label) for label in joint},
+                     top.path / "comparison", title=f"{cfg.model} / {cfg.task}")
     return summaries
+
+
+def write_comparison(summaries: dict[str, dict], folders: dict[str, Path], stem: Path, title: str = "") -> str:
+    """``stem.md`` (accuracy per depth, then every method paired against the first on the same
+    instances) and ``stem.png`` from each method's ``summaries[label]`` and the records in
+    ``folders[label]``; returns the markdown."""
+    records = folder_records(folders)
+    text = comparison_table(summaries) + "\n\n" + paired_table(records) + "\n"
+    atomic_write_text(stem.with_suffix(".md"), text)
+    plot_accuracy_by_depth({m: s["by_depth"] for m, s in summaries.items()}, stem.with_suffix(".png"),
+                           title=title, paired=paired_by_depth(records))
+    return text
 
 
 def folder_methods(top: Path, current: list[str]) -> list[str]:
