@@ -314,3 +314,28 @@ def test_positional_dims_of_an_adapter_records_its_method(adapter, tmp_path):
     assert res.exit_code == 0, res.output
     cfg = json.loads((out / "config.json").read_text())["config"]
     assert cfg["adapter"]["method"] == "lpes" and cfg["adapter"]["folder"] == str(tmp_path / "adapter")
+
+
+def test_compare_of_an_adapter_records_its_method_at_the_top(adapter, tmp_path):
+    out = tmp_path / "compare"
+    res = runner.invoke(app, ["compare", "--model", adapter, "--methods", "none", "--task", "kv", "--num-keys", "6",
+                              "--n", "1", "--depths", "0", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    top = json.loads((out / "config.json").read_text())["config"]
+    assert top["methods"] == ["none"] and top["adapter"]["method"] == "lpes"
+    assert json.loads((out / "none" / "config.json").read_text())["config"]["method"] == "lpes"
+    assert "adapter: lpes active in every row" in (out / "comparison.md").read_text()
+
+
+def test_demo_search_refuses_an_adapter_before_loading_it(adapter, tmp_path, monkeypatch):
+    import posbias.models
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the adapter was refused")
+
+    monkeypatch.setattr(posbias.models, "load_model", never)
+    out = tmp_path / "demo"
+    res = runner.invoke(app, ["demo", "--search", "--model", adapter, "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "demo --search applies per-layer RoPE factors of its own" in _text(res)
+    assert not out.exists()

@@ -73,6 +73,7 @@ def map_demo(*, out: str, model: str, n: int, seed: int, load) -> None:
 def search_demo(*, out: str, model: str, preset: str, n: int, seed: int, load) -> None:
     """Quick LPES search on the default model and task, then the held-out before/after table."""
     from posbias.models import load_model
+    from posbias.models.adapter import refuse_adapter
     from posbias.search.config import SearchConfig
     from posbias.search.heldout import before_after
     from posbias.search.runner import run_search
@@ -81,6 +82,7 @@ def search_demo(*, out: str, model: str, preset: str, n: int, seed: int, load) -
     start = time.time()
     out_dir = out_path(out)
     load.check(model)
+    refuse_adapter(model, "demo --search", "per-layer RoPE factors")  # before the model loads
     loaded = load_model(model, load)
     typer.echo(f"[1/2] LPES search ({preset}) on {model}, task kv (30 word keys) -> {out_dir / 'search'}")
     search = SearchConfig(out=str(out_dir / "search"), model=model, task="kv", preset=preset, seed=seed)

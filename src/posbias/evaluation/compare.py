@@ -12,6 +12,7 @@ from posbias.evaluation.session import EvalConfig, plan_eval, run_planned
 from posbias.evaluation.stats import paired_difference, percent_cell
 from posbias.methods.registry import variant_options
 from posbias.models import load_model, model_identity
+from posbias.models.adapter import adapter_record
 from posbias.models.options import LoadOptions, load_settings, options_for
 from posbias.utils.io import append_jsonl, atomic_write_text, read_json, read_jsonl
 from posbias.utils.run_folder import INVOCATIONS, open_run, safe_name
@@ -66,11 +67,14 @@ def compare_methods(cfg: CompareConfig, *, loaded=None, load: LoadOptions | None
     task_options = dict(cfg.task_options or {})
     load = options_for(load, loaded)
     check_method_list(cfg.methods)
+    adapter = adapter_record(cfg.model)  # a folder of posbias apply: every "none" row runs with its method
+    adapter_note = f" (adapter: {adapter['method']} active in every row)" if adapter else ""
     top = open_run(cfg.out, "compare",
                    {"model": cfg.model, "model_path": model_identity(cfg.model), "task": cfg.task,
                     "methods": cfg.methods, "depths": cfg.depths, "n": cfg.n, "seed": cfg.seed, "mode": cfg.mode,
                     "chat": cfg.chat, "task_options": task_options, "method_options": method_options,
-                    "batch_size": cfg.batch_size, "out": str(cfg.out), **load_settings(cfg.model, load)},
+                    "batch_size": cfg.batch_size, "out": str(cfg.out), **load_settings(cfg.model, load),
+                    **({"adapter": adapter} if adapter else {})},
                    check_keys=COMPARE_KEYS)
     plans, instances = {}, None
     for label in cfg.methods:
@@ -87,16 +91,18 @@ def compare_methods(cfg: CompareConfig, *, loaded=None, load: LoadOptions | None
                                                   "seconds": round(time.time() - start, 1)})
     joint = finished_summaries(top.path, summaries)
     write_comparison(joint, {label: top.path / method_folder(label) for label in joint},
-                     top.path / "comparison", title=f"{cfg.model} / {cfg.task}")
+                     top.path / "comparison", title=f"{cfg.model} / {cfg.task}" + adapter_note,
+                     note=adapter_note.strip(" ()"))
     return summaries
 
 
-def write_comparison(summaries: dict[str, dict], folders: dict[str, Path], stem: Path, title: str = "") -> str:
-    """``stem.md`` (accuracy per depth, then every method paired against the first on the same
-    instances) and ``stem.png`` from each method's ``summaries[label]`` and the records in
-    ``folders[label]``; returns the markdown."""
+def write_comparison(summaries: dict[str, dict], folders: dict[str, Path], stem: Path, title: str = "",
+                     note: str = "") -> str:
+    """``stem.md`` (``note`` as its first paragraph when given, accuracy per depth, then every method paired
+    against the first on the same instances) and ``stem.png`` from each method's ``summaries[label]`` and the
+    records in ``folders[label]``; returns the markdown."""
     records = folder_records(folders)
-    text = comparison_table(summaries) + "\n\n" + paired_table(records) + "\n"
+    text = (f"{note}\n\n" if note else "") + comparison_table(summaries) + "\n\n" + paired_table(records) + "\n"
     atomic_write_text(stem.with_suffix(".md"), text)
     plot_accuracy_by_depth({m: s["by_depth"] for m, s in summaries.items()}, stem.with_suffix(".png"),
                            title=title, paired=paired_by_depth(records))
