@@ -28,14 +28,17 @@ if [[ "${PRIORS:-0}" == 1 ]]; then
   done
 fi
 
-# BAM=1: the kept GGD models under the BAM reference's long-range passkey protocol (docs/methods/bam.md), 64x and
-# 256x for the four seeds, 1000x for two (at 1000x: 2 settings x 10 instances, ~10 min of one core each)
+# BAM=1: the kept GGD models under the BAM reference's long-range passkey protocol (docs/methods/bam.md): 1x, 64x
+# and 256x for the four seeds in the reference's template and 1x / 64x in posbias's, 1000x for two seeds (at
+# 1000x: 2 settings x 10 instances, ~10 min of one core each); bam_table.py makes the page's table
 if [[ "${BAM:-0}" == 1 ]]; then
-  for run in "0 64,256,1000" "1 64,256,1000" "2 64,256" "3 64,256"; do
+  for run in "0 1,64,256,1000" "1 1,64,256,1000" "2 1,64,256" "3 1,64,256"; do
     read -r s mult <<< "$run"
-    bash experiments/extrapolation-1000x/bam_protocol.sh "experiments/extrapolation-1000x/models/c128-s$s-ggd" \
-      "$F/bam-protocol/c128-s$s-ggd" "$mult"
+    model="experiments/extrapolation-1000x/models/c128-s$s-ggd"
+    bash experiments/extrapolation-1000x/bam_protocol.sh "$model" "$F/bam-protocol/c128-s$s-ggd" "$mult"
+    TEMPLATE=posbias bash experiments/extrapolation-1000x/bam_protocol.sh "$model" "$F/bam-protocol/c128-s$s-ggd" 1,64
   done
+  script experiments/extrapolation-1000x/bam_table.py "$F/bam-protocol" docs/results/extrapolation-1000x/bam_protocol.md
 fi
 
 if [[ "${MIX:-0}" == 1 ]]; then

@@ -58,3 +58,8 @@ script experiments/fixes-qwen-gemma/joint_table.py --out "$OUT/table-qwen" --tit
   temperature="$OUT/compare-qwen-temperature/temperature" positional-hidden="$OUT/compare-qwen-hidden/positional-hidden"
 cp "$OUT/table-qwen/table.md" "$DOCS/qwen_kv100_table.md"; cp "$OUT/table-qwen/table.png" "$DOCS/qwen_kv100_table.png"
 cp "$OUT/compare-gemma/comparison.md" "$DOCS/gemma_kv30_table.md"; cp "$OUT/compare-gemma/comparison.png" "$DOCS/gemma_kv30_table.png"
+
+# 6. General ability of Gemma's temperature (ARC-Easy, all 570 questions)                  # ~6 min per method
+posbias ability --model "$GEMMA" --methods none,temperature@t=1.1 --tasks arc_easy --limit 0 \
+  --out "$OUT/ability-gemma-arc-easy"
+cp "$OUT/ability-gemma-arc-easy/ability.md" "$DOCS/gemma_arc_easy.md"

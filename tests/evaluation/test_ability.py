@@ -59,6 +59,10 @@ def test_mmlu_and_arc_offline_none_vs_a_method(tmp_path, tiny_tokenizer, offline
                                                        for d in (0, 1)}
     table = compare_ability(folders, tmp_path / "out")
     assert "| pi 2 |" in table and "n=4" in table
+    assert "arc_easy acc_norm" in table and "mmlu acc_norm" not in table  # MMLU letters have no acc_norm
+    saved = json.loads((tmp_path / "out" / "ability.json").read_text())
+    assert set(saved["differences_acc_norm"]["pi 2"]) == {"arc_easy"}
+    assert set(saved["differences"]["pi 2"]) == {"arc_easy", "mmlu"}
     # a rerun reads the finished folder instead of scoring again
     again = score_ability(model, tiny_tokenizer, tasks=["mmlu"], out=folders["none"], limit=2, data=root)
     assert again["groups"]["mmlu"]["n"] == 4

@@ -93,3 +93,24 @@ def test_niah_essay_is_ruler_single_2_in_its_own_file(monkeypatch, tmp_path):
     monkeypatch.setattr(lc, "run_grid", _fake_grid({1}, calls))
     res = evaluate_model(None, None, _grid(tmp_path, [1], niah_essay=True), name="ggd", progress=False)
     assert set(res) == {"passkey", "niah-essay"} and calls[-1] == ("niah", (1,), {"haystack": "essay"})
+
+
+@pytest.mark.parametrize("right_at,scored", [({1}, []), ({1, 4}, [8, 16])])
+def test_far_lengths_asked_later_skip_a_scheme_dead_below_them(monkeypatch, tmp_path, right_at, scored):
+    import json
+
+    import posbias.evaluation.long_context as lc
+    from posbias.study.grid import evaluate_model
+
+    earlier = [{"model": "fire", "task": "passkey", "length": L, "tf_em": L in right_at} for L in (1, 2, 4)]
+    earlier += [{"model": "ggd", "task": "passkey", "length": 4, "tf_em": True}]  # another scheme's: not counted
+    (tmp_path / "passkey.jsonl").write_text("".join(json.dumps(r) + "\n" for r in earlier))
+    calls, logs = [], []
+    monkeypatch.setattr(lc, "run_grid", _fake_grid(set(), calls))
+    res = evaluate_model(None, None, _grid(tmp_path, [8, 16], dead_after=2), name="fire", log=logs.append,
+                         progress=False)
+    assert [c[1] for c in calls] == [(L,) for L in scored]
+    if not scored:
+        assert logs == ["[study] fire passkey: 0 right at 2 lengths in a row below 8 (earlier invocations); "
+                        "lengths [8, 16] not scored"]
+        assert sorted(r["length"] for r in res["passkey"]) == [1, 2, 4]

@@ -277,31 +277,38 @@ def summarise(rows: Sequence[dict]) -> dict:
 
 
 def compare_ability(folders: dict[str, Path], out: Path) -> str:
-    """Markdown table of every method's accuracy per group and its paired difference to the first
-    method (``folders``: label -> folder of :func:`score_ability`); written to ``out/ability.md``."""
+    """Markdown table of every method's accuracy per group (``acc``, and ``acc_norm`` where the task has it)
+    and its paired difference to the first method (``folders``: label -> folder of :func:`score_ability`);
+    written to ``out/ability.md`` and ``out/ability.json`` (``differences``: ``acc``; ``differences_acc_norm``)."""
     labels = list(folders)
     samples = {lab: {(r["task"], r["doc_id"]): r for r in read_jsonl(Path(f) / "samples.jsonl") if "doc_id" in r}
                for lab, f in folders.items()}
     base = labels[0]
     groups = sorted({group_of(t) for t, _ in samples[base]})
-    lines = ["| method | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
-    report: dict[str, Any] = {}
+    columns = [(g, m) for g in groups for m in ("acc", "acc_norm")
+               if m == "acc" or all(m in r for k, r in samples[base].items() if group_of(k[0]) == g)]
+    lines = ["| method | " + " | ".join(g if m == "acc" else f"{g} {m}" for g, m in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    report: dict[str, dict[str, Any]] = {"acc": {}, "acc_norm": {}}
     for lab in labels:
-        cells = []
-        for g in groups:
-            metric = "acc"
-            keys = [k for k in samples[base] if group_of(k[0]) == g and k in samples[lab]]
-            acc = sum(samples[lab][k][metric] for k in keys) / max(1, len(keys))
-            cell = f"{100 * acc:.1f}% (n={len(keys)})"
-            if lab != base:
-                diff = paired_difference([samples[base][k][metric] for k in keys],
-                                         [samples[lab][k][metric] for k in keys])
-                lo, hi = diff["ci95"]
-                cell += f", {100 * diff['diff']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-                report.setdefault(lab, {})[g] = diff
-            cells.append(cell)
+        cells = [_ability_cell(samples, base, lab, g, m, report) for g, m in columns]
         lines.append(f"| {lab} | " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n"
     atomic_write_text(out / "ability.md", table)
-    atomic_write_json(out / "ability.json", {"base": base, "differences": report})
+    atomic_write_json(out / "ability.json", {"base": base, "differences": report["acc"],
+                                             "differences_acc_norm": report["acc_norm"]})
     return table
+
+
+def _ability_cell(samples: dict, base: str, lab: str, group: str, metric: str, report: dict) -> str:
+    """``"acc% (n=N)"`` of method ``lab`` on ``group``, with its paired difference to ``base`` (recorded in
+    ``report[metric][lab][group]``) unless it is the base."""
+    keys = [k for k in samples[base] if group_of(k[0]) == group and k in samples[lab]]
+    acc = sum(samples[lab][k][metric] for k in keys) / max(1, len(keys))
+    cell = f"{100 * acc:.1f}% (n={len(keys)})"
+    if lab != base:
+        diff = paired_difference([samples[base][k][metric] for k in keys], [samples[lab][k][metric] for k in keys])
+        lo, hi = diff["ci95"]
+        cell += f", {100 * diff['diff']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+        report[metric].setdefault(lab, {})[group] = diff
+    return cell

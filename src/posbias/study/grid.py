@@ -220,7 +220,12 @@ def _run_view(model, tokenizer, spec: GridSpec, *, out_jsonl: Path, n_at: Callab
             part = dataclasses.replace(spec, n=n, lengths=[L for L in ordered if n_at(L) == n])
             records = long_context.run_grid(model, tokenizer, part, out_jsonl=out_jsonl, **common)
         return records
-    records, dead = [], 0
+    records, dead = [], dead_before(out_jsonl, common["model_name"], spec.task, ordered[0])
+    if dead >= dead_after:
+        log(f"0 right at {dead} lengths in a row below {ordered[0]} (earlier invocations); lengths {ordered} "
+            "not scored")
+        name = common["model_name"]
+        return [r for r in read_jsonl(out_jsonl) if r.get("model") == name and r.get("task") == spec.task]
     for i, length in enumerate(ordered):
         part = dataclasses.replace(spec, n=n_at(length), lengths=[length])
         records = long_context.run_grid(model, tokenizer, part, out_jsonl=out_jsonl, **common)
@@ -229,6 +234,22 @@ def _run_view(model, tokenizer, spec: GridSpec, *, out_jsonl: Path, n_at: Callab
             log(f"0 right at {dead} lengths in a row (up to {length}); lengths {ordered[i + 1:]} not scored")
             break
     return records
+
+
+def dead_before(out_jsonl: Path, model_name: str, task: str, length: int) -> int:
+    """How many of the lengths shorter than ``length`` that ``out_jsonl`` already holds for this model and task
+    had no instance right, counted back from the longest of them (0 when none: the rule of
+    ``--dead-after`` carried across invocations, so far lengths asked later skip a scheme dead below them)."""
+    right: dict[int, bool] = {}
+    for r in read_jsonl(out_jsonl):
+        if r.get("model") == model_name and r.get("task") == task and int(r["length"]) < length:
+            right[int(r["length"])] = right.get(int(r["length"]), False) or is_right(r)
+    dead = 0
+    for L in sorted(right, reverse=True):
+        if right[L]:
+            break
+        dead += 1
+    return dead
 
 
 def is_right(record: dict) -> bool:
