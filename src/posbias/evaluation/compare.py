@@ -68,7 +68,7 @@ def compare_methods(cfg: CompareConfig, *, loaded=None, load: LoadOptions | None
     load = options_for(load, loaded)
     check_method_list(cfg.methods)
     adapter = adapter_record(cfg.model)  # a folder of posbias apply: every "none" row runs with its method
-    adapter_note = f" (adapter: {adapter['method']} active in every row)" if adapter else ""
+    adapter_note = f"adapter: {adapter['method']} active in every row" if adapter else ""
     top = open_run(cfg.out, "compare",
                    {"model": cfg.model, "model_path": model_identity(cfg.model), "task": cfg.task,
                     "methods": cfg.methods, "depths": cfg.depths, "n": cfg.n, "seed": cfg.seed, "mode": cfg.mode,
@@ -90,9 +90,9 @@ def compare_methods(cfg: CompareConfig, *, loaded=None, load: LoadOptions | None
                                                   "by_depth": summaries[name]["by_depth"],
                                                   "seconds": round(time.time() - start, 1)})
     joint = finished_summaries(top.path, summaries)
+    title = f"{cfg.model} / {cfg.task}" + (f" ({adapter_note})" if adapter else "")
     write_comparison(joint, {label: top.path / method_folder(label) for label in joint},
-                     top.path / "comparison", title=f"{cfg.model} / {cfg.task}" + adapter_note,
-                     note=adapter_note.strip(" ()"))
+                     top.path / "comparison", title=title, note=adapter_note)
     return summaries
 
 

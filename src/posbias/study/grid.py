@@ -220,12 +220,13 @@ def _run_view(model, tokenizer, spec: GridSpec, *, out_jsonl: Path, n_at: Callab
             part = dataclasses.replace(spec, n=n, lengths=[L for L in ordered if n_at(L) == n])
             records = long_context.run_grid(model, tokenizer, part, out_jsonl=out_jsonl, **common)
         return records
-    records, dead = [], dead_before(out_jsonl, common["model_name"], spec.task, ordered[0])
+    name = common["model_name"]
+    earlier = [r for r in read_jsonl(out_jsonl) if r.get("model") == name and r.get("task") == spec.task]
+    records, dead = earlier, dead_before(earlier, ordered[0])
     if dead >= dead_after:
         log(f"0 right at {dead} lengths in a row below {ordered[0]} (earlier invocations); lengths {ordered} "
             "not scored")
-        name = common["model_name"]
-        return [r for r in read_jsonl(out_jsonl) if r.get("model") == name and r.get("task") == spec.task]
+        return records
     for i, length in enumerate(ordered):
         part = dataclasses.replace(spec, n=n_at(length), lengths=[length])
         records = long_context.run_grid(model, tokenizer, part, out_jsonl=out_jsonl, **common)
@@ -236,13 +237,13 @@ def _run_view(model, tokenizer, spec: GridSpec, *, out_jsonl: Path, n_at: Callab
     return records
 
 
-def dead_before(out_jsonl: Path, model_name: str, task: str, length: int) -> int:
-    """How many of the lengths shorter than ``length`` that ``out_jsonl`` already holds for this model and task
-    had no instance right, counted back from the longest of them (0 when none: the rule of
+def dead_before(records: Iterable[dict], length: int) -> int:
+    """How many of the lengths shorter than ``length`` in ``records`` (one model's and view's, from earlier
+    invocations) had no instance right, counted back from the longest of them (0 when none: the rule of
     ``--dead-after`` carried across invocations, so far lengths asked later skip a scheme dead below them)."""
     right: dict[int, bool] = {}
-    for r in read_jsonl(out_jsonl):
-        if r.get("model") == model_name and r.get("task") == task and int(r["length"]) < length:
+    for r in records:
+        if int(r["length"]) < length:
             right[int(r["length"])] = right.get(int(r["length"]), False) or is_right(r)
     dead = 0
     for L in sorted(right, reverse=True):
