@@ -254,3 +254,27 @@ def test_rope_model_equals_hugging_face_llama_with_the_same_weights(backend):
     x = torch.randint(0, 97, (2, 23))
     ours = m(x, attn_backend=backend, chunk_size=5 if backend == "chunked" else None).logits
     assert torch.allclose(ours, ref(x).logits, atol=2e-5)
+
+
+@pytest.mark.parametrize("pe", SCHEMES)
+@pytest.mark.parametrize("backend", ["sdpa", "chunked"])
+def test_kept_logits_skip_the_last_layers_other_rows_exactly(pe, backend):
+    """``logits_to_keep = k`` runs the last layer for k query rows only: same logits, same cache."""
+    m = _tiny(pe, "ssmax", num_hidden_layers=3)
+    x = torch.randint(2, 97, (2, 23))
+    mask = torch.ones_like(x)
+    mask[1, :5] = 0  # a left-padded row
+    kw = dict(attention_mask=mask, attn_backend=backend, chunk_size=8 if backend == "chunked" else None)
+    full = m(x, use_cache=True, **kw)
+    rows = []
+    m.model.layers[-1].mlp.register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape[1]))
+    for k in (1, 4):
+        kept = m(x, use_cache=True, logits_to_keep=k, **kw)
+        assert kept.logits.shape == (2, k, 97) and rows[-1] == k
+        torch.testing.assert_close(kept.logits, full.logits[:, -k:], atol=1e-5, rtol=1e-5)
+        for a, b in zip(kept.cache.layers, full.cache.layers):
+            torch.testing.assert_close(a.keys, b.keys, atol=0, rtol=0)
+            torch.testing.assert_close(a.values, b.values, atol=0, rtol=0)
+    docs = torch.tensor([[0] * 9 + [1] * 14] * 2)  # packed documents: the kept rows stay in their own
+    torch.testing.assert_close(m(x, doc_ids=docs, logits_to_keep=3).logits, m(x, doc_ids=docs).logits[:, -3:],
+                               atol=1e-5, rtol=1e-5)

@@ -90,15 +90,20 @@ class BamAttention(nn.Module):
                       if config.normaliser == "ssmax" else None)
 
     def forward(self, x, *, positions, bias, doc_ids, key_mask, cache, backend, chunk_size, probs=None,
-                query_positions=None):
-        """x: [b, n, hidden]; with a list ``probs`` the attention probabilities [b, h, n, j] are appended;
+                query_positions=None, query_rows: int = 0):
+        """x: [b, n, hidden] -> [b, n, hidden], or [b, query_rows, hidden] with ``query_rows`` > 0: only the
+        last ``query_rows`` tokens query (keys and values, and the cache, still cover all ``n``).
+        With a list ``probs`` the attention probabilities [b, h, i, j] are appended;
         ``query_positions`` [b, n]: the tokens' own positions, for a query-dependent prior (FIRE)."""
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+        rows = query_rows or n
+        q = self.q_proj(x[:, n - rows:]).view(b, rows, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        if query_positions is not None:
+            query_positions = query_positions[:, n - rows:]
         if self.rotary is not None:
-            q, k = self.rotary(q, k, positions, positions)
+            q, k = self.rotary(q, k, positions[n - rows:], positions)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         out = attend(q, k, v, bias=bias, doc_ids=doc_ids, normaliser=self.ssmax, key_mask=key_mask,
@@ -107,7 +112,7 @@ class BamAttention(nn.Module):
         if probs is not None:
             out, p = out
             probs.append(p)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(b, rows, self.n_heads * self.head_dim))
 
 
 class BamDecoderLayer(nn.Module):
@@ -119,8 +124,10 @@ class BamDecoderLayer(nn.Module):
         self.mlp = BamMLP(config)
         self.ffn_chunk = config.ffn_chunk_size
 
-    def forward(self, x, **kw):
-        x = x + self.self_attn(self.input_layernorm(x), **kw)
+    def forward(self, x, query_rows: int = 0, **kw):
+        """x: [b, n, hidden] -> [b, n, hidden], or its last ``query_rows`` rows (see :class:`BamAttention`)."""
+        x = x[:, x.shape[1] - (query_rows or x.shape[1]):] + self.self_attn(self.input_layernorm(x),
+                                                                              query_rows=query_rows, **kw)
         n = x.shape[1]
         if self.ffn_chunk and n > self.ffn_chunk:  # position-wise, so pieces are exact
             return torch.cat([p + self.mlp(self.post_attention_layernorm(p)) for p in x.split(self.ffn_chunk, 1)], 1)
@@ -193,7 +200,11 @@ class BamModel(BamPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, doc_ids=None, position_ids=None, cache=None,
                 inputs_embeds=None, use_cache=None, attn_backend=None, chunk_size=None, output_attentions=False,
-                **kwargs):
+                rows_to_keep: int = 0, **kwargs):
+        """Hidden states [b, n, hidden] after the final norm; with ``rows_to_keep`` = k > 0 only the last
+        k rows [b, k, hidden]: the last layer then computes queries, MLP and output for those rows alone
+        (its keys and values, and the cache, cover every position), a 1 / num_layers saving when only the
+        last logits are wanted (teacher-forced scoring, prefill)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids and inputs_embeds")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -225,9 +236,12 @@ class BamModel(BamPreTrainedModel):
         backend = attn_backend or self.config.attn_backend
         chunk = chunk_size or (self.config.attn_chunk_size if backend == "chunked" else None)
         probs = [] if output_attentions else None
+        last = len(self.layers) - 1
+        rows = rows_to_keep if 0 < rows_to_keep < n and probs is None else 0
         for i, layer in enumerate(self.layers):
             x = layer(x, positions=positions, bias=self.prior(i), doc_ids=doc_ids, key_mask=key_mask,
-                      cache=cache, backend=backend, chunk_size=chunk, probs=probs, query_positions=query_positions)
+                      cache=cache, backend=backend, chunk_size=chunk, probs=probs, query_positions=query_positions,
+                      query_rows=rows if i == last else 0)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(x), cache=cache if use_cache else None,
                                        attentions=tuple(probs) if probs is not None else None)
 
@@ -273,10 +287,12 @@ class BamForCausalLM(BamPreTrainedModel, GenerationMixin):
             cache = past_key_values
         if use_cache is None:
             use_cache = bool(self.config.use_cache) and not self.training and labels is None
+        # only the kept logits' rows go through the last layer when nothing else needs the others
+        rows = logits_to_keep if isinstance(logits_to_keep, int) and labels is None else 0
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, doc_ids=doc_ids,
                          position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
                          use_cache=use_cache, attn_backend=attn_backend, chunk_size=chunk_size,
-                         output_attentions=output_attentions)
+                         output_attentions=output_attentions, rows_to_keep=rows)
         h = out.last_hidden_state
         loss = None
         if labels is not None:
