@@ -8,7 +8,10 @@
 # with no key right. Keys keep the 5 digits the models trained on: with the first given, 4 are scored (the
 # reference's prefix keys have 6 digits, a key length these models never saw: 3 of 10 right at 128 tokens for
 # c128-s0-ggd, against 10 of 10 with 5 digits).
-# usage: [TEMPLATE=bam|posbias] bam_protocol.sh MODEL OUT [MULTIPLIERS (default 1,64,256,1000)]
+# Teacher forcing puts the key's first digit in context whether or not the prompt gives it, so the given0
+# pass also scores "first digit given" (its tf_hits, digits 2-5: the same tokens at the same positions);
+# GIVEN=0 runs that pass alone and bam_table.py reads the given1 score from it (half the time at 1000x).
+# usage: [TEMPLATE=bam|posbias] [GIVEN="0 1"|0] bam_protocol.sh MODEL OUT [MULTIPLIERS (default 1,64,256,1000)]
 source "$(dirname "$0")/../common.sh"
 model=$1; out=$2; mult=${3:-1,64,256,1000}
 template=${TEMPLATE:-bam}
@@ -17,7 +20,7 @@ case "$template" in
   posbias) protocol=(); prefix="posbias-" ;;
   *) echo "TEMPLATE must be bam or posbias, not $template" >&2; exit 2 ;;
 esac
-for given in 0 1; do
+for given in ${GIVEN:-0 1}; do
   digits=$((5 - given))
   zeros=0
   for m in ${mult//,/ }; do

@@ -1,6 +1,8 @@
 """The BAM reference's long-range passkey protocol beside posbias's: one markdown table from the folders
 ``bam_protocol.sh`` writes (``ROOT/<model>/[posbias-]given<0|1>-<m>x/summary.json``), exact match %
 [95% Wilson] (right / n, mean seconds per instance) per model, template, setting and length.
+A "first digit given" cell with no folder of its own is read from the given0 pass's ``tf_hits`` (digits
+2-5 right: the same tokens at the same positions, teacher-forced), marked "same pass".
 
 usage: bam_table.py ROOT [OUT.md]
 """
@@ -10,8 +12,8 @@ import re
 import sys
 from pathlib import Path
 
-from posbias.evaluation.stats import percent_cell
-from posbias.utils.io import atomic_write_text, read_json
+from posbias.evaluation.stats import percent_cell, wilson_interval
+from posbias.utils.io import atomic_write_text, read_json, read_jsonl
 
 FOLDER = re.compile(r"(posbias-)?given(\d)-(\d+)x")
 TEMPLATES = {"": "bam", "posbias-": "posbias"}
@@ -31,7 +33,21 @@ def cells(model: Path) -> dict[tuple[str, int, int], str]:
         out[TEMPLATES[m[1] or ""], int(m[2]), int(m[3])] = (
             f"{percent_cell(depth['accuracy'], depth['ci_low'], depth['ci_high'])} ({right}/{depth['n']}, "
             f"{seconds:.2g} s)")
+    for template, _, mult in [k for k in out if k[1] == 0]:
+        prefix = next(p for p, t in TEMPLATES.items() if t == template)
+        derived = first_digit_given(model / f"{prefix}given0-{mult}x")
+        if (template, 1, mult) not in out and derived:
+            out[template, 1, mult] = derived
     return out
+
+
+def first_digit_given(run: Path) -> str | None:
+    """The "first digit given" cell read from a given0 run's per-digit hits, or None without them."""
+    records = read_jsonl(run / "results.jsonl")
+    if not records or any("tf_hits" not in r for r in records):
+        return None
+    right, n = sum(all(r["tf_hits"][1:]) for r in records), len(records)
+    return f"{percent_cell(right / n, *wilson_interval(right, n))} ({right}/{n}, same pass)"
 
 
 def table(root: Path) -> str:

@@ -24,19 +24,22 @@ if [[ "${PRIORS:-0}" == 1 ]]; then
     read -r s scheme <<< "$run"
     out="$F/c128-s$s-$scheme"
     study "$s" "$out" "$scheme" "${NEAR[@]}"
-    study "$s" "$out" "$scheme" 128,256,1000 --ppl-multipliers ''
+    study "$s" "$out" "$scheme" 128,256 --ppl-multipliers ''
+    NBEYOND="--n-beyond 64=1" study "$s" "$out" "$scheme" 1000 --ppl-multipliers ''  # one needle per depth
   done
 fi
 
 # BAM=1: the kept GGD models under the BAM reference's long-range passkey protocol (docs/methods/bam.md): 1x, 64x
-# and 256x for the four seeds in the reference's template and 1x / 64x in posbias's, 1000x for two seeds (at
-# 1000x: 2 settings x 10 instances, ~10 min of one core each); bam_table.py makes the page's table
+# and 256x for the four seeds in the reference's template and 1x / 64x in posbias's, 1000x for seeds 0 and 3 (the
+# two that hold at 256x). One teacher-forced pass per instance scores both settings (GIVEN=0; 10 instances of
+# ~10 min of one core at 1000x); bam_table.py makes the page's table
 if [[ "${BAM:-0}" == 1 ]]; then
-  for run in "0 1,64,256,1000" "1 1,64,256,1000" "2 1,64,256" "3 1,64,256"; do
+  for run in "0 1,64,256,1000" "1 1,64,256" "2 1,64,256" "3 1,64,256,1000"; do
     read -r s mult <<< "$run"
     model="experiments/extrapolation-1000x/models/c128-s$s-ggd"
-    bash experiments/extrapolation-1000x/bam_protocol.sh "$model" "$F/bam-protocol/c128-s$s-ggd" "$mult"
-    TEMPLATE=posbias bash experiments/extrapolation-1000x/bam_protocol.sh "$model" "$F/bam-protocol/c128-s$s-ggd" 1,64
+    GIVEN=0 bash experiments/extrapolation-1000x/bam_protocol.sh "$model" "$F/bam-protocol/c128-s$s-ggd" "$mult"
+    GIVEN=0 TEMPLATE=posbias bash experiments/extrapolation-1000x/bam_protocol.sh "$model" \
+      "$F/bam-protocol/c128-s$s-ggd" 1,64
   done
   script experiments/extrapolation-1000x/bam_table.py "$F/bam-protocol" docs/results/extrapolation-1000x/bam_protocol.md
 fi

@@ -48,3 +48,11 @@ def test_a_run_cut_off_after_one_batch_has_every_depth_and_resumes(tmp_path, mon
     summary = evaluate(model, tok, insts, tmp_path, batch_size=3, progress=False)
     assert [r["n"] for r in summary["by_depth"]] == [4, 4, 4]
     assert read_jsonl(tmp_path / "results.jsonl")[:3] == first  # nothing scored twice
+
+
+def test_records_carry_their_batch_time_and_per_token_hits(tmp_path):
+    model, tok = make_tiny_model(), make_tiny_tokenizer()
+    evaluate(model, tok, _kv(2, [0.0, 1.0]), tmp_path, batch_size=2, progress=False)
+    records = read_jsonl(tmp_path / "results.jsonl")
+    assert all(r["seconds"] > 0 for r in records)
+    assert all(len(r["tf_hits"]) == r["n_tokens"] and r["tf_em"] == all(r["tf_hits"]) for r in records)

@@ -47,6 +47,7 @@ def _rows(seed, n, lo=3, hi=500):
 def _close(a, b):
     assert [r["id"] for r in a] == [r["id"] for r in b]
     assert [r["em"] for r in a] == [r["em"] for r in b]
+    assert [r["hits"] for r in a] == [r["hits"] for r in b]
     for x, y in zip(a, b):
         assert x["n_tokens"] == y["n_tokens"] and x["prompt_tokens"] == y["prompt_tokens"]
         assert abs(x["logprob"] - y["logprob"]) < 1e-4, (x, y)
@@ -160,3 +161,23 @@ def test_smollm2_shared_kv_context_equals_own_prompts(smollm2, name, tmp_path):
         single = score_instances(h.model, tok, insts, batch_size=2, shared=False)
     _close(shared, single)
     assert any(r["em"] for r in shared)  # the model retrieves some of them: the comparison is not vacuous
+
+
+def test_hits_score_the_answer_with_its_first_tokens_given():
+    """``all(hits[g:])`` of one pass = the exact match of a pass with the first ``g`` tokens in the prompt."""
+    model = make_tiny_model("llama")
+    prompts = _rows(6, 6, lo=3, hi=500)
+    answers = []
+    for p in prompts:  # greedy continuations (every hit 1), the first token then replaced: mixed hits
+        ids = torch.tensor([p])
+        for _ in range(4):
+            ids = torch.cat([ids, model(input_ids=ids).logits[:, -1:].argmax(-1)], 1)
+        greedy = ids[0, len(p):].tolist()
+        answers.append([(greedy[0] + 1) % 500 + 3] + greedy[1:])
+    full = score_batch(model, [Encoded(_inst(i), p, a) for i, (p, a) in enumerate(zip(prompts, answers))], PAD)
+    assert any(r["hits"][1:] == [1, 1, 1] for r in full) and not any(r["em"] for r in full)  # not vacuous
+    for g in (1, 2):
+        given = score_batch(model, [Encoded(_inst(i), p + a[:g], a[g:])
+                                    for i, (p, a) in enumerate(zip(prompts, answers))], PAD)
+        assert [r["hits"][g:] for r in full] == [r["hits"] for r in given]
+        assert [all(r["hits"][g:]) for r in full] == [r["em"] for r in given]

@@ -256,7 +256,8 @@ def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_s
     if TEACHER_FORCED in modes:
 
         for o, r in zip(out, score_teacher_forced(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
-            o.update(tf_em=bool(r["em"]), tf_logprob=float(r["logprob"]), n_tokens=int(r["n_tokens"]))
+            o.update(tf_em=bool(r["em"]), tf_logprob=float(r["logprob"]), n_tokens=int(r["n_tokens"]),
+                     tf_hits=r["hits"])
             if "prompt_tokens" in r:
                 o["prompt_tokens"] = int(r["prompt_tokens"])
     if "generate" in modes:
@@ -295,8 +296,8 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
     if extra > 0:
         cache.crop(-extra)  # negative: drop the last `extra` positions (all transformers versions)
     generated = greedy_continue(model, cache, mask, next_pos, last, eos_ids_of(tokenizer), max_new_tokens)[0]
-    return {"tf_em": tf["em"], "tf_logprob": tf["logprob"], "n_tokens": len(A), "prompt_tokens": len(P),
-            "prediction": tokenizer.decode(generated, skip_special_tokens=True)}
+    return {"tf_em": tf["em"], "tf_logprob": tf["logprob"], "tf_hits": tf["hits"], "n_tokens": len(A),
+            "prompt_tokens": len(P), "prediction": tokenizer.decode(generated, skip_special_tokens=True)}
 
 
 def summarize_grid(records: Iterable[dict]) -> list[dict]:

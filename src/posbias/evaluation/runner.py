@@ -47,13 +47,14 @@ def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch
     """Score a chunk of instances; one record per instance with ``correct`` (the headline score).
 
     Per-instance fields are those of the study grid's records: ``tf_em, tf_logprob, n_tokens,
-    prompt_tokens`` (teacher-forced) and ``prediction, gen_score`` (generation)."""
+    prompt_tokens, tf_hits`` (teacher-forced; ``tf_hits``: 1 / 0 per answer token) and ``prediction,
+    gen_score`` (generation)."""
     records = [{"id": i.id, "depth": i.depth, "gold_index": i.gold_index, "num_items": i.num_items,
                 "answers": i.answers} for i in chunk]
     if mode in (TEACHER_FORCED, "both"):
         for rec, r in zip(records, score_teacher_forced(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
             rec.update(tf_em=r["em"], tf_logprob=r["logprob"], n_tokens=r["n_tokens"],
-                       prompt_tokens=r["prompt_tokens"])
+                       prompt_tokens=r["prompt_tokens"], tf_hits=r["hits"])
     if mode in (GENERATE, "both"):
         preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                 chat=chat)
@@ -111,11 +112,12 @@ def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *
                        enabled=progress)
     for pos in range(0, len(todo), batch_size):
         chunk = todo[pos:pos + batch_size]
+        chunk_start = time.time()
         records = score_chunk(model, tokenizer, chunk, mode=mode, batch_size=batch_size, chat=chat,
                               max_new_tokens=max_new_tokens)
         commit()
-        for rec in records:
-            append_jsonl(results_path, rec)
+        for rec in records:  # seconds: the batch's wall time per instance (a resumed run keeps earlier ones)
+            append_jsonl(results_path, {**rec, "seconds": (time.time() - chunk_start) / len(chunk)})
         bar.update(len(chunk))
     bar.close()
     commit()

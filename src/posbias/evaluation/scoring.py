@@ -21,7 +21,9 @@ predict the first suffix token (needed when the suffix *is* the answer).
 
 Result records (one schema for every scorer): ``id``, ``em`` (argmax equals the gold token at every
 answer position), ``logprob`` (sum of gold-token log-probabilities), ``n_tokens`` (answer length),
-``prompt_tokens``.
+``prompt_tokens``, ``hits`` (1 / 0 per answer token: its argmax is the gold token). Teacher forcing
+puts the gold tokens in context, so ``all(hits[g:])`` is the exact match with the first ``g`` answer
+tokens given in the prompt (same tokens, same positions): one pass scores both.
 """
 from __future__ import annotations
 
@@ -90,12 +92,18 @@ def score_continuations(model, cache, mask: torch.Tensor, next_pos: torch.Tensor
             pred = torch.cat([last_logits[b: b + 1], logits[b, : c.n_answer - 1]])
         else:
             pred = logits[b, q - 1 - first: q - 1 - first + c.n_answer]
-        logp = torch.log_softmax(pred.float(), dim=-1)  # (A, V)
-        gold = torch.tensor(c.suffix_ids[q:], device=dev)
-        results.append({"id": c.id, "em": bool(torch.equal(logp.argmax(-1), gold)),
-                        "logprob": float(logp.gather(-1, gold[:, None]).sum()), "n_tokens": c.n_answer,
-                        "prompt_tokens": c.prompt_tokens})
+        results.append(answer_record(c.id, pred, c.suffix_ids[q:], c.prompt_tokens))
     return results
+
+
+def answer_record(id_: str, logits: torch.Tensor, gold_ids: Sequence[int], prompt_tokens: int) -> dict:
+    """The record of one answer (module docstring) from its logits ``[A, V]`` (row ``a`` predicts
+    ``gold_ids[a]``)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (A, V)
+    gold = torch.tensor(list(gold_ids), device=logp.device)
+    hits = logp.argmax(-1) == gold
+    return {"id": id_, "em": bool(hits.all()), "logprob": float(logp.gather(-1, gold[:, None]).sum()),
+            "n_tokens": len(gold_ids), "prompt_tokens": prompt_tokens, "hits": [int(h) for h in hits.tolist()]}
 
 
 @torch.no_grad()
@@ -115,11 +123,7 @@ def score_token_rows(model, prompts: Sequence[Sequence[int]], answers: Sequence[
                 logits_to_keep=keep, use_cache=False)
     results = []
     for b, (i, p, a) in enumerate(zip(ids, prompts, answers)):
-        logp = torch.log_softmax(out.logits[b, keep - 1 - len(a): keep - 1].float(), dim=-1)  # (A, V)
-        gold = torch.tensor(list(a), device=logp.device)
-        results.append({"id": i, "em": bool(torch.equal(logp.argmax(-1), gold)),
-                        "logprob": float(logp.gather(-1, gold[:, None]).sum()), "n_tokens": len(a),
-                        "prompt_tokens": len(p)})
+        results.append(answer_record(i, out.logits[b, keep - 1 - len(a): keep - 1], a, len(p)))
     return results
 
 
