@@ -1,8 +1,10 @@
 """Bad input as a new user would type it (issue 15), through the CLI on a tiny model: one line naming
 the problem, exit code 2, nothing written that was not there, nothing lost."""
 import gzip
+import importlib
 import json
 import re
+import sys
 
 import pytest
 from conftest import held_by_another_process
@@ -153,9 +155,7 @@ def test_a_file_is_not_an_out_folder(tiny, tmp_path):
     ("train-moice", "--steps", "0"), ("train-moice", "--top-k", "0"),
 ])
 def test_count_options_are_refused_at_parse_time(tiny, factors, tmp_path, monkeypatch, command, option, value):
-    import posbias.models
-
-    monkeypatch.setattr(posbias.models, "load_model", _no_model)
+    forbid_model_loading(monkeypatch)
     out = tmp_path / "out"
     extra = {"compare": ["--methods", "none"], "analyze": ["--factors", factors]}.get(command, [])
     model = ["--model", tiny] if command not in ("train", "study") else []
@@ -165,6 +165,23 @@ def test_count_options_are_refused_at_parse_time(tiny, factors, tmp_path, monkey
 
 def _no_model(*a, **k):
     raise AssertionError("the model was loaded before the input was checked")
+
+
+# modules that bind ``load_model`` by name when first imported: imported before the patch, so that none
+# first imported while it is on keeps ``_no_model`` for later tests
+LOADING_MODULES = ("posbias.models", "posbias.evaluation.bias_map", "posbias.evaluation.compare",
+                   "posbias.evaluation.lm_eval_adapter", "posbias.evaluation.session", "posbias.search.tune",
+                   "posbias.search.runner", "posbias.study.training")
+
+
+def forbid_model_loading(monkeypatch):
+    """Make every ``load_model`` the commands reach fail the test (each module's own binding patched)."""
+    for name in LOADING_MODULES:
+        importlib.import_module(name)
+    real = sys.modules["posbias.models.loader"].load_model
+    for name, module in list(sys.modules.items()):
+        if name.startswith("posbias") and getattr(module, "load_model", None) is real:
+            monkeypatch.setattr(module, "load_model", _no_model)
 
 
 def test_compare_table_of_empty_summaries():
@@ -198,9 +215,7 @@ def _kv_file(path):
     ("truncated", "truncated gzip file"), ("plain", "not a valid gzip file"), ("latin1", "not UTF-8"),
 ])
 def test_broken_data_file_names_file_and_cause(tiny, tmp_path, monkeypatch, command, damage, message):
-    import posbias.models
-
-    monkeypatch.setattr(posbias.models, "load_model", _no_model)  # checked before the model loads
+    forbid_model_loading(monkeypatch)  # checked before the model loads
     path = tmp_path / ("data.jsonl" if damage == "latin1" else "data.jsonl.gz")
     if damage == "truncated":
         data = _kv_file(path).read_bytes()
@@ -296,9 +311,7 @@ def test_compare_resume_records_the_settings_its_table_shows(tiny, tmp_path):
 @pytest.mark.parametrize("command", ["eval", "compare", "search", "analyze", "apply", "train", "study", "demo"])
 def test_empty_out_is_refused(tiny, factors, tmp_path, monkeypatch, command):
     monkeypatch.chdir(tmp_path)
-    import posbias.models
-
-    monkeypatch.setattr(posbias.models, "load_model", _no_model)
+    forbid_model_loading(monkeypatch)
     args = {"eval": ["--model", tiny, *KV], "compare": ["--model", tiny, *KV, "--methods", "none"],
             "search": ["--model", tiny, *SEARCH], "analyze": ["--model", tiny, "--factors", factors],
             "apply": ["--model", tiny, "--factors", factors]}.get(command, [])
@@ -382,9 +395,7 @@ def test_factors_that_are_not_numbers_are_refused(tiny, tmp_path, command, value
     (["eval", *KV, "--opt", "key_words=0"], "key_words must be >= 1"),
 ])
 def test_input_is_checked_before_the_model_loads(tiny, tmp_path, monkeypatch, args, message):
-    import posbias.models
-
-    monkeypatch.setattr(posbias.models, "load_model", _no_model)
+    forbid_model_loading(monkeypatch)
     sub = {"NEG": _factors(tmp_path / "neg.json", [1.0, -1.0, 1.0]), "MISSING": str(tmp_path / "missing.json")}
     out = tmp_path / "out"
     refused(cli(*[sub.get(a, a) for a in args], "--model", tiny, "--out", out), message)
