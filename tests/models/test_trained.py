@@ -82,3 +82,34 @@ def test_compare_and_ability_of_a_trained_model(trained_folder, tmp_path, monkey
                               "posbias_bam_tiny", "--include-path", str(tasks), "--out", str(tmp_path / "ab")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "ab" / "ability.md").exists()
+
+
+def test_a_train_or_study_run_folder_stands_for_its_model(trained_folder, tmp_path):
+    import shutil
+
+    import torch
+
+    from posbias.models import load_model
+
+    ids = torch.tensor([[5, 6, 7, 8]])
+    want = load_model(str(trained_folder))[0](input_ids=ids).logits
+    study = tmp_path / "study"
+    (study / "models" / "ggd").mkdir(parents=True)
+    (study / "config.json").write_text(json.dumps({"kind": "study", "config": {}}))
+    shutil.copytree(trained_folder, study / "models" / "ggd" / "final")
+    shutil.copy(trained_folder.parent / "config.json", study / "models" / "ggd")  # a study's models are train runs
+    for folder in (trained_folder.parent, study, study / "models" / "ggd"):
+        model, _ = load_model(str(folder))
+        assert torch.equal(model(input_ids=ids).logits, want), folder
+
+    shutil.copytree(trained_folder, study / "models" / "alibi" / "final")
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    shutil.copy(trained_folder.parent / "config.json", unfinished / "config.json")
+    for folder, message in ((study, "study of 2 trained models; give one of them"),
+                            (unfinished, "train run without a final model yet")):
+        res = runner.invoke(app, ["eval", "--model", str(folder), "--task", "passkey", "--length", "256", "--n", "1",
+                                  "--depths", "0", "--out", str(tmp_path / "never")])
+        lines = [x for x in res.output.splitlines() if x.startswith("error:")]
+        assert res.exit_code == 2 and len(lines) == 1 and message in lines[0], res.output
+        assert not (tmp_path / "never").exists()

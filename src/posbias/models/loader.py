@@ -36,7 +36,7 @@ from posbias.architecture.rope_layout import RopeLayoutError, is_rotary_module, 
 from posbias.models.adapter import read_adapter
 from posbias.models.hub import looks_like_hub_id, resolve_hub_model
 from posbias.models.options import LoadOptions
-from posbias.models.trained import register_folder_model_type
+from posbias.models.trained import register_folder_model_type, trained_model_folder
 from posbias.utils.io import atomic_write_text, read_json
 
 
@@ -181,7 +181,7 @@ def model_identity(spec: str) -> str:
 
 def resolve_spec(spec: str, revision: str | None = None) -> Path:
     """Turn an alias / path / Hugging Face Hub id (at ``revision``) into a filesystem path (a folder
-    or a ``.gguf`` file)."""
+    or a ``.gguf`` file; a ``posbias train`` / ``study`` run folder becomes the model it trained)."""
 
     if spec in ALIASES:
         return _resolve_alias(ALIASES[spec])
@@ -192,7 +192,7 @@ def resolve_spec(spec: str, revision: str | None = None) -> Path:
         known = ", ".join(ALIASES)
         raise ModelLoadError(f"model {spec!r} not found: give a model folder, a .gguf file, a Hugging Face Hub "
                              f"id (org/name) or an alias ({known})")
-    return path
+    return trained_model_folder(path)
 
 
 def load_model(spec: str, options: LoadOptions | None = None, *, dtype: torch.dtype | str | None = None,

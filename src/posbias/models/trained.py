@@ -1,7 +1,8 @@
 """Models posbias trains itself (``posbias train`` / ``study``: the BAM decoder, ``model_type`` ``posbias-bam``).
 
 Their folders load through :func:`posbias.models.load_model` like any other model: the model type is
-registered with transformers' Auto classes before the folder is read (:func:`register_folder_model_type`).
+registered with transformers' Auto classes before the folder is read (:func:`register_folder_model_type`),
+and the run folder itself stands for the model it trained (:func:`trained_model_folder`).
 They carry their own positional scheme (GGD, ALiBi, NoPE, ... ; Chi et al. / Bai et al.'s BAM priors),
 not a transformers rotary module, so the training-free methods that rescale RoPE (everything but ``none``)
 are refused on them with one line (:func:`check_method_fits`).
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import posbias.bam  # noqa: F401  (registers model_type "posbias-bam" with AutoConfig / AutoModelForCausalLM)
+from posbias.architecture.layers import ModelLoadError
 from posbias.utils.io import read_json
 
 BAM_MODEL_TYPE = "posbias-bam"
@@ -32,6 +34,36 @@ def register_folder_model_type(path: str | Path) -> bool:
         return False
 
     return True
+
+
+def run_folder_kind(path: str | Path) -> str | None:
+    """``"train"`` / ``"study"`` for a posbias run folder (its ``config.json`` is the run's settings), else None."""
+    try:
+        doc = read_json(Path(path) / "config.json")
+    except (OSError, ValueError):
+        return None
+    return doc.get("kind") if isinstance(doc, dict) and doc.get("kind") in ("train", "study") else None
+
+
+def trained_model_folder(path: str | Path) -> Path:
+    """The model a ``posbias train`` / ``study`` output folder holds (``final/``; a study's one scheme's
+    ``models/<scheme>/final``), or ``path`` itself when it is no such run folder. A run without a finished
+    model, or a study of several schemes, is a :class:`ModelLoadError` saying what to pass instead."""
+    path = Path(path)
+    kind = run_folder_kind(path)
+    if kind == "train":
+        if folder_model_type(path / "final") is None:
+            raise ModelLoadError(f"{path} is a posbias train run without a final model yet (run the same train "
+                                 "command again to resume it)")
+        return path / "final"
+    if kind == "study":
+        models = sorted(p.parent for p in (path / "models").glob("*/final") if folder_model_type(p) is not None)
+        if len(models) != 1:
+            found = ", ".join(str(m) for m in models) or "none finished yet"
+            raise ModelLoadError(f"{path} is a posbias study of {len(models)} trained models; give one of them "
+                                 f"as --model ({found})")
+        return models[0] / "final"
+    return path
 
 
 def is_trained_model(model) -> bool:
