@@ -7,13 +7,15 @@ On a model of a real 7B shape (``--config qwen2.5-7b``: random weights from Qwen
 on the GPU in bfloat16 by ``benchmarks/latency.py``'s ``random_model``; nothing is downloaded):
 
 1. identity: every method at its identity setting (pi factor 1, LPES factors all 1, Ms-PoE ratios 1,
-   Attention Buckets one base, MoICE one expert at the model's base) against the unpatched model on a
+   Attention Buckets one base, MoICE one expert at the model's base, temperature 1, positional-hidden
+   factor 1) against the unpatched model on a
    left-padded batch, prefill and one cached decoding step: ``torch.equal`` and the largest |difference|
    of the logits;
 2. search: one ``quick``-preset LPES search end to end (``posbias.search.runner.run_search``) on the
    kv task, with a byte-level BPE tokenizer trained here on the tasks' own text (the model's weights
    are random: the search checks the GPU path and its time, not an accuracy);
-3. latency: ``benchmarks/latency.py`` for none / pi / lpes / ms-poe / attention-buckets / moice at 4K
+3. latency: ``benchmarks/latency.py`` for none / pi / lpes / ms-poe / attention-buckets / moice /
+   temperature / positional-hidden at 4K
    and 16K tokens, prefill and decode as ratios to ``none``, interleaved with the order rotating;
 4. BAM: ``benchmarks/gpu_check_bam.py`` (FlexAttention against the exact chunked path, and training
    throughput per scheme).
@@ -47,6 +49,8 @@ IDENTITY = {
     "ms-poe": {"r_min": 1.0, "r_max": 1.0, "skip_layers": 0},
     "attention-buckets": {"multipliers": [1.0]},
     "moice": {"multipliers": [1.0], "top_k": 1},
+    "temperature": {"t": 1.0},
+    "positional-hidden": {"dims": [0, 1], "factor": 1.0},
 }
 FULL = {"config": "qwen2.5-7b", "device": "cuda", "identity_tokens": 1024, "lengths": "4096,16384", "reps": 2,
         "decode": 16, "search_keys": 30, "search_overrides": {}}
@@ -122,7 +126,8 @@ def latency_check(config: str, device: str, lengths: str, reps: int, decode: int
 
     return latency.main(["--random-config", config, "--device", device, "--dtype",
                          "bfloat16" if device.startswith("cuda") else "float32", "--lengths", lengths,
-                         "--methods", "none,pi,lpes,ms-poe,attention-buckets,moice", "--reps", str(reps),
+                         "--methods", "none,pi,lpes,ms-poe,attention-buckets,moice,temperature,positional-hidden",
+                         "--reps", str(reps),
                          "--decode", str(decode), "--warmup", "1", "--out", str(out)])
 
 

@@ -17,7 +17,8 @@ shared machine are not comparable, the ratios inside one repetition are: methods
 
 Methods and options: ``--methods none,pi,ms-poe,attention-buckets,moice`` (``lpes`` needs a factors
 file: ``--lpes-factors PATH``). MoICE uses untrained routers (same cost as trained ones); PI uses
-factor 1.5. A variant with other options is ``name@key=value@key=value`` (e.g.
+factor 1.5, temperature t = 1.2, positional-hidden factor 0 on dims 0 and 1 in the reference band. A
+variant with other options is ``name@key=value@key=value`` (e.g.
 ``ms-poe@rotated_cache=false``, the decoding path that re-rotates the whole key cache each step).
 
 On a GPU, the paper's comparison on the hardware it was made for, with nothing large to move:
@@ -49,7 +50,8 @@ from posbias.patching.rope_scaling import save_factors_file
 from posbias.utils.io import atomic_write_text
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-DEFAULT_OPTIONS = {"pi": {"factor": 1.5}, "ms-poe": {}, "attention-buckets": {}, "moice": {}, "none": {}}
+DEFAULT_OPTIONS = {"pi": {"factor": 1.5}, "ms-poe": {}, "attention-buckets": {}, "moice": {}, "none": {},
+                   "temperature": {"t": 1.2}, "positional-hidden": {"dims": [0, 1], "factor": 0.0}}
 
 
 def prompt_ids(tok, length: int) -> torch.Tensor:

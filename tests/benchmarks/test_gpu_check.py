@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import load_benchmark
 
-METHODS = {"none", "pi", "lpes", "ms-poe", "attention-buckets", "moice"}
+METHODS = {"none", "pi", "lpes", "ms-poe", "attention-buckets", "moice", "temperature", "positional-hidden"}
 
 
 def test_dry_run_checks_every_method_and_writes_its_tables(tmp_path):

@@ -23,6 +23,8 @@ IDENTITY = {
     "ms-poe": {"r_min": 1.0, "r_max": 1.0, "skip_layers": 0},
     "attention-buckets": {"multipliers": [1.0]},
     "moice": {"multipliers": [1.0], "top_k": 1},
+    "temperature": {"t": 1.0},
+    "positional-hidden": {"dims": [1, 5], "factor": 1.0},
 }
 # Real settings. Ms-PoE ordered by head index and dense MoICE: Ms-PoE's score order and sparse MoICE
 # routing are discrete choices that bfloat16 rounding may flip (measured here: a 3-5x larger bf16
@@ -34,6 +36,8 @@ ACTIVE = {
     "ms-poe": {"skip_layers": 0, "r_min": 2.0, "r_max": 4.0, "order": "index"},
     "attention-buckets": {"multipliers": [0.01, 1.0]},
     "moice": {"top_k": 3, "multipliers": [0.01, 1.0, 100.0]},
+    "temperature": {"values": [0.5, 1.0, 1.5, 2.0]},
+    "positional-hidden": {"dims": [1, 5, 9], "layers": [1, 2], "factor": -1.0, "last_recompute_tokens": 2},
 }
 # A real setting's bf16 logits may differ from its float32 logits by at most this multiple of the
 # unpatched model's own bf16-vs-float32 difference (max over valid positions; measured: 0.8-1.3x).
