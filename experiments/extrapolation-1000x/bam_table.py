@@ -29,7 +29,7 @@ def cells(model: Path) -> dict[tuple[str, int, int], str]:
         summary = read_json(run / "summary.json")
         depth = summary["by_depth"][0]
         right = round(depth["accuracy"] * depth["n"])
-        seconds = summary.get("seconds_this_invocation", 0) / max(1, summary["n_instances"])
+        seconds = mean_seconds(run, summary)
         out[TEMPLATES[m[1] or ""], int(m[2]), int(m[3])] = (
             f"{percent_cell(depth['accuracy'], depth['ci_low'], depth['ci_high'])} ({right}/{depth['n']}, "
             f"{seconds:.2g} s)")
@@ -39,6 +39,15 @@ def cells(model: Path) -> dict[tuple[str, int, int], str]:
         if (template, 1, mult) not in out and derived:
             out[template, 1, mult] = derived
     return out
+
+
+def mean_seconds(run: Path, summary: dict) -> float:
+    """Mean seconds per instance: the records' own (eval records carry them), else the summary's total
+    over its instances (exact only for a run that was not resumed)."""
+    timed = [r["seconds"] for r in read_jsonl(run / "results.jsonl") if "seconds" in r]
+    if timed:
+        return sum(timed) / len(timed)
+    return summary.get("seconds_this_invocation", 0) / max(1, summary["n_instances"])
 
 
 def first_digit_given(run: Path) -> str | None:
