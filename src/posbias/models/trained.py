@@ -18,13 +18,18 @@ from posbias.utils.io import read_json
 BAM_MODEL_TYPE = "posbias-bam"
 
 
-def folder_model_type(path: str | Path) -> str | None:
-    """The ``model_type`` in ``path/config.json`` (None without a readable one)."""
+def config_doc(path: str | Path) -> dict:
+    """``path/config.json`` as a dict ({} without a readable JSON object there)."""
     try:
         doc = read_json(Path(path) / "config.json")
     except (OSError, ValueError):
-        return None
-    return doc.get("model_type") if isinstance(doc, dict) else None
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def folder_model_type(path: str | Path) -> str | None:
+    """The ``model_type`` in ``path/config.json`` (None without a readable one)."""
+    return config_doc(path).get("model_type")
 
 
 def register_folder_model_type(path: str | Path) -> bool:
@@ -38,11 +43,8 @@ def register_folder_model_type(path: str | Path) -> bool:
 
 def run_folder_kind(path: str | Path) -> str | None:
     """``"train"`` / ``"study"`` for a posbias run folder (its ``config.json`` is the run's settings), else None."""
-    try:
-        doc = read_json(Path(path) / "config.json")
-    except (OSError, ValueError):
-        return None
-    return doc.get("kind") if isinstance(doc, dict) and doc.get("kind") in ("train", "study") else None
+    kind = config_doc(path).get("kind")
+    return kind if kind in ("train", "study") else None
 
 
 def trained_model_folder(path: str | Path) -> Path:
@@ -58,10 +60,12 @@ def trained_model_folder(path: str | Path) -> Path:
         return path / "final"
     if kind == "study":
         models = sorted(p.parent for p in (path / "models").glob("*/final") if folder_model_type(p) is not None)
-        if len(models) != 1:
-            found = ", ".join(str(m) for m in models) or "none finished yet"
+        if not models:
+            raise ModelLoadError(f"{path} is a posbias study without a trained model yet (run the same study "
+                                 "command again to resume it)")
+        if len(models) > 1:
             raise ModelLoadError(f"{path} is a posbias study of {len(models)} trained models; give one of them "
-                                 f"as --model ({found})")
+                                 f"as --model ({', '.join(str(m) for m in models)})")
         return models[0] / "final"
     return path
 
