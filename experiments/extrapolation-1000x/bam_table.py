@@ -30,9 +30,10 @@ def cells(model: Path) -> dict[tuple[str, int, int], str]:
         depth = summary["by_depth"][0]
         right = round(depth["accuracy"] * depth["n"])
         seconds = mean_seconds(run, summary)
+        shown = f"{seconds:.0f}" if seconds >= 100 else f"{seconds:.2g}"
         out[TEMPLATES[m[1] or ""], int(m[2]), int(m[3])] = (
             f"{percent_cell(depth['accuracy'], depth['ci_low'], depth['ci_high'])} ({right}/{depth['n']}, "
-            f"{seconds:.2g} s)")
+            f"{shown} s)")
     for template, _, mult in [k for k in out if k[1] == 0]:
         prefix = next(p for p, t in TEMPLATES.items() if t == template)
         derived = first_digit_given(model / f"{prefix}given0-{mult}x")
