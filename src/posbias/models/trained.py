@@ -27,6 +27,12 @@ def config_doc(path: str | Path) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
+def is_saved_model(path: str | Path) -> bool:
+    """Whether ``path`` holds a saved model (a Hugging Face ``config.json`` with ``model_type``), not a
+    training run folder (whose ``config.json`` is the run's settings)."""
+    return "model_type" in config_doc(path)
+
+
 def folder_model_type(path: str | Path) -> str | None:
     """The ``model_type`` in ``path/config.json`` (None without a readable one)."""
     return config_doc(path).get("model_type")
@@ -54,12 +60,12 @@ def trained_model_folder(path: str | Path) -> Path:
     path = Path(path)
     kind = run_folder_kind(path)
     if kind == "train":
-        if folder_model_type(path / "final") is None:
+        if not is_saved_model(path / "final"):
             raise ModelLoadError(f"{path} is a posbias train run without a final model yet (run the same train "
                                  "command again to resume it)")
         return path / "final"
     if kind == "study":
-        models = sorted(p.parent for p in (path / "models").glob("*/final") if folder_model_type(p) is not None)
+        models = sorted(p.parent for p in (path / "models").glob("*/final") if is_saved_model(p))
         if not models:
             raise ModelLoadError(f"{path} is a posbias study without a trained model yet (run the same study "
                                  "command again to resume it)")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import time
 from concurrent.futures import as_completed
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any, Callable
 import torch
 
 from posbias.models import load_model
+from posbias.models.trained import is_saved_model
 from posbias.study.config import MODELS_FILE, StudyConfig, read_models_file
 from posbias.study.grid import check_grid_fits, parse_scheme
 from posbias.training import TrainConfig, train
@@ -26,16 +26,6 @@ from posbias.utils.workers import spawn_pool
 
 def model_dir_name(scheme: str) -> str:
     return scheme.replace("+", "_")
-
-
-def is_saved_model(path: Path) -> bool:
-    """Whether ``path`` holds a saved model (a Hugging Face ``config.json`` with ``model_type``), not a
-    training run folder (whose ``config.json`` is the run's settings)."""
-    cfg = Path(path) / "config.json"
-    try:
-        return cfg.exists() and "model_type" in json.loads(cfg.read_text())
-    except (OSError, ValueError):
-        return False
 
 
 def default_train_fn() -> Callable:
