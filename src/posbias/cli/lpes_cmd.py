@@ -54,7 +54,8 @@ def search_command(
     backend: str = typer.Option("processes", help="processes (this machine) | ray (Ray actors, across nodes)"),
     ray_address: Optional[str] = typer.Option(None, help="ray.init address for --backend ray (e.g. auto)"),
     target: str = typer.Option("rope", help="what the per-layer curve sets: rope (LPES factors) | temperature "
-                                            "(attention temperatures, default grid 0.5..2)"),
+                                            "(attention temperatures, default grid 0.5..2) | rope+temperature "
+                                            "(both, two curves in one genome; --grid sets the RoPE one)"),
     curve: str = typer.Option("bezier", help="bezier | linear | step"),
     control_points: int = Count(4, minimum=2, help="number of control points (4 = cubic Bézier)"),
     population: Optional[int] = Count(None, minimum=2, help="override the preset's population"),
@@ -113,6 +114,8 @@ def search_command(
     console.print(f"winner chosen by {chosen}; its search-split accuracy {res.accuracy:.3f} (unpatched {base}); "
                   f"factors: {res.factors_path}")
     console.print("factors: " + ", ".join(f"{f:.3f}" for f in res.factors))
+    if res.temperatures is not None:
+        console.print("temperatures: " + ", ".join(f"{t:.3f}" for t in res.temperatures))
     if cfg.heldout_n > 0:
         from posbias.search.heldout import before_after
 

@@ -20,15 +20,19 @@ KV cache, shared-context scoring and generation (nothing depends on where a prom
 from __future__ import annotations
 
 import math
+from contextlib import ExitStack
 from typing import Sequence
 
 import torch
 
 from posbias.architecture.layers import get_decoder_layers
 from posbias.methods.registry import MethodHandle, as_list, register_method
-from posbias.patching.rope_scaling import FactorsFileError, load_factors_file
+from posbias.patching.rope_scaling import FactorsFileError, apply_layer_scaling, factors_for_model, load_factors_file
 
 TARGET = "temperature"  # the factors-file ``target`` of a temperature search
+#: the factors-file ``target`` of a joint search: RoPE factors (``factors``) and temperatures
+#: (``temperatures``, ``temperature_curve``) found together; ``lpes`` applies both
+JOINT_TARGET = "rope+temperature"
 #: the curve GA's default value grid for ``posbias search --target temperature`` (fine steps near 1)
 TEMPERATURE_GRID = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0)
 
@@ -90,10 +94,39 @@ def values_from_file(path, n_layers: int) -> tuple[float, ...]:
         doc = load_factors_file(str(path), num_layers=n_layers)
     except FactorsFileError as e:
         raise ValueError(f"temperature: {e}") from None
+    if doc.get("target") == JOINT_TARGET:
+        raise ValueError(f"temperature: {path} holds RoPE factors and temperatures found together "
+                         "(a joint search): apply it with lpes@factors=PATH")
     if doc.get("target") != TARGET:
         raise ValueError(f"temperature: {path} holds RoPE factors, not temperatures "
                          "(write one with posbias search --target temperature)")
     return tuple(doc["factors"])
+
+
+def joint_temperatures(doc: dict, n_layers: int, path="<factors>") -> tuple[float, ...]:
+    """The temperatures of a joint search's factors file (``load_factors_file``'s dict), fitted to
+    ``n_layers`` (its ``temperature_curve`` re-evaluated for another depth)."""
+    temps = doc.get("temperatures")
+    if not isinstance(temps, list):
+        raise FactorsFileError(f"{path}: a {JOINT_TARGET} file needs the list 'temperatures'")
+    fitted = factors_for_model({"factors": temps, "curve": doc.get("temperature_curve")}, n_layers, path=path)
+    try:
+        return check_values(fitted, n_layers)
+    except ValueError as e:
+        raise FactorsFileError(f"{path}: {e}") from None
+
+
+def apply_scaling_and_temperature(model, factors: Sequence[float], temperatures: Sequence[float]) -> ExitStack:
+    """Per-layer RoPE factors (LPES) and attention temperatures on one model; closing the returned
+    stack removes both."""
+    stack = ExitStack()
+    try:
+        stack.enter_context(apply_layer_scaling(model, factors))
+        stack.enter_context(TemperatureHooks(model, temperatures))
+    except Exception:
+        stack.close()
+        raise
+    return stack
 
 
 @register_method("temperature", "attention temperature: scale the query of each layer by t_l before the dot "

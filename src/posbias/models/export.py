@@ -19,6 +19,7 @@ from posbias.methods.moice import CONFIG_FILE as ROUTERS_CONFIG
 from posbias.methods.moice import WEIGHTS_FILE as ROUTERS_WEIGHTS
 from posbias.methods.moice import router_files
 from posbias.methods.registry import resolve_method
+from posbias.methods.temperature import JOINT_TARGET
 from posbias.models import modeling_posbias as remote
 from posbias.models.adapter import (
     ADAPTER_FILE,
@@ -28,7 +29,7 @@ from posbias.models.adapter import (
     FACTORS_FILE,
     ROUTERS_DIR,
 )
-from posbias.patching.rope_scaling import write_model_factors
+from posbias.patching.rope_scaling import load_factors_file, write_model_factors
 from posbias.utils.io import versions
 
 MERGE_METHODS = ("lpes", "pi")  # per-layer RoPE factors, which modeling_posbias.py re-applies
@@ -62,11 +63,23 @@ def check_apply_request(method: str, options: dict, merge: bool) -> str:
         raise ValueError(f"--merge writes per-layer RoPE factors ({', '.join(MERGE_METHODS)}), which "
                          f"modeling_posbias.py re-applies; {name} changes attention itself"
                          f"{f' ({reason})' if reason else ''}: leave out --merge to write an adapter folder")
+    if merge and name == "lpes" and _joint_factors(options.get("factors")):
+        raise ValueError(f"--merge writes per-layer RoPE factors only, and {options['factors']} also holds the "
+                         "temperatures of a joint search: leave out --merge to write an adapter folder")
     if name == "moice" and not options.get("routers"):
         raise ValueError("apply writes moice with trained routers: --method-opt routers=DIR "
                          "(from posbias train-moice)")
     check_method(name, options)
     return name
+
+
+def _joint_factors(path) -> bool:
+    """Whether ``path`` is a factors file of a joint RoPE + temperature search (False when unreadable:
+    the method's own check names that problem)."""
+    try:
+        return load_factors_file(Path(str(path)).expanduser()).get("target") == JOINT_TARGET
+    except (ValueError, TypeError):
+        return False
 
 
 def write_applied(out: str | Path, *, spec: str, model, tokenizer, method: str, options: dict,

@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 
 from posbias.architecture.layers import get_decoder_layers
 from posbias.evaluation.teacher_forced import score_instances
-from posbias.methods.temperature import TemperatureHooks
+from posbias.methods.temperature import JOINT_TARGET, TemperatureHooks, apply_scaling_and_temperature
 from posbias.patching.rope_scaling import apply_layer_scaling
 
 __all__ = ["FitnessResult", "TeacherForcedFitness", "SyntheticFitness", "interleave_by_depth", "empty_result",
@@ -203,8 +203,9 @@ class TeacherForcedFitness:
         objective: ``"accuracy"`` or ``"logprob"`` (see the module docstring).
         shared: score the questions of one shared context from one prefill (instances made with
             ``shared_context=True``; equal scores, see :mod:`posbias.evaluation.scoring`).
-        target: what the per-layer values are (:data:`SEARCH_TARGETS`): ``rope`` (LPES factors) or
-            ``temperature`` (attention temperatures, :mod:`posbias.methods.temperature`).
+        target: what the per-layer values are (:data:`SEARCH_TARGETS`): ``rope`` (LPES factors),
+            ``temperature`` (attention temperatures, :mod:`posbias.methods.temperature`) or
+            ``rope+temperature`` (both: ``2 * num_layers`` values, :func:`apply_values`).
     """
 
     def __init__(self, model, tokenizer, instances: Sequence[Any], *, weights=None, batch_size: int = 4,
@@ -269,13 +270,18 @@ class TeacherForcedFitness:
         return res
 
 
-SEARCH_TARGETS = ("rope", "temperature")
+SEARCH_TARGETS = ("rope", "temperature", JOINT_TARGET)
 
 
 def apply_values(model, target: str, values: Sequence[float]):
-    """Apply one per-layer value set of a search ``target``; the handle removes it (a context manager)."""
+    """Apply one per-layer value set of a search ``target``; the handle removes it (a context manager).
+
+    ``rope+temperature`` values are ``2 * num_layers`` long: the RoPE factors, then the temperatures."""
     if target == "temperature":
         return TemperatureHooks(model, values)
+    if target == JOINT_TARGET:
+        n = len(values) // 2
+        return apply_scaling_and_temperature(model, values[:n], values[n:])
 
     return apply_layer_scaling(model, values)
 

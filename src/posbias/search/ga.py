@@ -9,6 +9,12 @@ Genome: ``C`` control points of a layer->factor curve (see :mod:`posbias.patchin
 
 Genomes are frozen dataclasses of int tuples: hashable (memoisation) and JSON-friendly.
 
+A *joint* genome carries several curves over the same layers (``GAConfig.extra_grids``: one more
+curve per grid, e.g. LPES factors and attention temperatures searched together): ``x`` and ``y``
+are the per-curve blocks above, concatenated in curve order. Every operator then acts on each curve
+with that curve's grid (crossover per control point of each curve; a forced mutation moves one
+curve); a one-curve genome takes exactly the one-curve code path, so its searches are unchanged.
+
 One generation: the caller ``ask()``s the population, scores it, ``tell()``s the fitness (any
 totally ordered values, higher is better). ``tell`` keeps the ``elite`` best unchanged and fills
 the rest with children: two tournament-selected parents, uniform crossover per control point (with
@@ -26,7 +32,7 @@ score is the baseline) plus random genomes whose ``y`` lie within ``init_y_sprea
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -34,7 +40,7 @@ import numpy as np
 from posbias.patching.curves import CURVE_KINDS, DEFAULT_GRID, check_grid, curve_factors
 
 __all__ = ["Genome", "GAConfig", "GeneticAlgorithm", "genome_points", "genome_factors", "repair_x",
-           "random_genome", "identity_genome", "mutate", "crossover"]
+           "random_genome", "identity_genome", "mutate", "crossover", "split_genome", "join_genomes"]
 
 
 @dataclass(frozen=True, order=True)
@@ -68,9 +74,11 @@ class GAConfig:
     max_x_step: int = 2
     init_y_spread: int = 3
     include_identity: bool = True
+    extra_grids: tuple[tuple[float, ...], ...] = ()  # a joint search: one more curve per grid
 
     def __post_init__(self) -> None:
         self.grid = check_grid(self.grid)
+        self.extra_grids = tuple(check_grid(g) for g in self.extra_grids)
         if self.curve not in CURVE_KINDS:
             raise ValueError(f"unknown curve {self.curve!r}; choose one of {', '.join(CURVE_KINDS)}")
         if self.n_control < 2:
@@ -91,20 +99,53 @@ class GAConfig:
         """Grid index of the factor closest to 1.0."""
         return int(np.abs(np.asarray(self.grid) - 1.0).argmin())
 
+    @property
+    def n_curves(self) -> int:
+        """Curves in one genome (1, or more for a joint search)."""
+        return 1 + len(self.extra_grids)
+
+    def curve_config(self, k: int) -> "GAConfig":
+        """The one-curve settings of curve ``k`` (its own grid, every other setting shared)."""
+        return replace(self, grid=(self.grid, *self.extra_grids)[k], extra_grids=())
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["grid"] = list(self.grid)
+        if self.extra_grids:
+            d["extra_grids"] = [list(g) for g in self.extra_grids]
+        else:  # a one-curve search records what it always recorded (older run folders resume)
+            del d["extra_grids"]
         return d
 
 
-def genome_points(g: Genome, cfg: GAConfig) -> list[list[float]]:
-    """Control points ``[[x, y], ...]`` of a genome."""
+def split_genome(g: Genome, cfg: GAConfig) -> list[Genome]:
+    """The one-curve genomes of a (joint) genome, in curve order."""
+    nx, ny = cfg.n_control - 2, cfg.n_control
+    return [Genome(g.x[k * nx:(k + 1) * nx], g.y[k * ny:(k + 1) * ny]) for k in range(cfg.n_curves)]
+
+
+def join_genomes(parts: Sequence[Genome]) -> Genome:
+    """One genome of several one-curve genomes (the inverse of :func:`split_genome`)."""
+    return Genome(tuple(i for p in parts for i in p.x), tuple(j for p in parts for j in p.y))
+
+
+def _per_curve(fn, g: Genome, cfg: GAConfig) -> list:
+    return [fn(p, cfg.curve_config(k)) for k, p in enumerate(split_genome(g, cfg))]
+
+
+def genome_points(g: Genome, cfg: GAConfig) -> list:
+    """Control points ``[[x, y], ...]`` of a genome; of a joint genome, one such list per curve."""
+    if cfg.n_curves > 1:
+        return _per_curve(genome_points, g, cfg)
     xs = [0.0] + [i / cfg.x_resolution for i in g.x] + [1.0]
     return [[x, cfg.grid[j]] for x, j in zip(xs, g.y)]
 
 
 def genome_factors(g: Genome, cfg: GAConfig, num_layers: int) -> np.ndarray:
-    """Per-layer factors of a genome for a model with ``num_layers`` layers."""
+    """Per-layer factors of a genome for a model with ``num_layers`` layers; of a joint genome, each
+    curve's ``num_layers`` values one after the other (``n_curves * num_layers``)."""
+    if cfg.n_curves > 1:
+        return np.concatenate(_per_curve(lambda p, c: genome_factors(p, c, num_layers), g, cfg))
     return curve_factors(cfg.curve, genome_points(g, cfg), num_layers,
                          round_to_grid=cfg.grid if cfg.round_to_grid else None)
 
@@ -126,12 +167,16 @@ def _clip_y(ys: Sequence[int], cfg: GAConfig) -> tuple[int, ...]:
 
 
 def identity_genome(cfg: GAConfig) -> Genome:
+    if cfg.n_curves > 1:
+        return join_genomes([identity_genome(cfg.curve_config(k)) for k in range(cfg.n_curves)])
     n_in = cfg.n_control - 2
     xs = repair_x([round((k + 1) * cfg.x_resolution / (cfg.n_control - 1)) for k in range(n_in)], cfg.x_resolution)
     return Genome(xs, (cfg.one_index,) * cfg.n_control)
 
 
 def random_genome(rng: np.random.Generator, cfg: GAConfig) -> Genome:
+    if cfg.n_curves > 1:
+        return join_genomes([random_genome(rng, cfg.curve_config(k)) for k in range(cfg.n_curves)])
     n_in = cfg.n_control - 2
     xs = tuple(sorted(int(i) + 1 for i in rng.choice(cfg.x_resolution - 1, size=n_in, replace=False)))
     ys = cfg.one_index + rng.integers(-cfg.init_y_spread, cfg.init_y_spread + 1, size=cfg.n_control)
@@ -144,6 +189,8 @@ def _step(rng: np.random.Generator, max_step: int) -> int:
 
 def mutate(g: Genome, rng: np.random.Generator, cfg: GAConfig, *, force: bool = False) -> Genome:
     """Move genes by bounded steps (see module docstring); ``force`` changes at least one gene."""
+    if cfg.n_curves > 1:
+        return _mutate_joint(g, rng, cfg, force)
     for _ in range(50):
         ys = list(g.y)
         xs = list(g.x)
@@ -162,8 +209,19 @@ def mutate(g: Genome, rng: np.random.Generator, cfg: GAConfig, *, force: bool = 
     return child
 
 
+def _mutate_joint(g: Genome, rng: np.random.Generator, cfg: GAConfig, force: bool) -> Genome:
+    parts = [mutate(p, rng, cfg.curve_config(k)) for k, p in enumerate(split_genome(g, cfg))]
+    if force and join_genomes(parts) == g:  # nothing moved: force a move in one curve
+        k = int(rng.integers(cfg.n_curves))
+        parts[k] = mutate(parts[k], rng, cfg.curve_config(k), force=True)
+    return join_genomes(parts)
+
+
 def crossover(a: Genome, b: Genome, rng: np.random.Generator, cfg: GAConfig) -> Genome:
     """Uniform crossover per control point (x and y of a point come from the same parent)."""
+    if cfg.n_curves > 1:
+        pairs = zip(split_genome(a, cfg), split_genome(b, cfg))
+        return join_genomes([crossover(pa, pb, rng, cfg.curve_config(k)) for k, (pa, pb) in enumerate(pairs)])
     take_b = rng.random(cfg.n_control) < 0.5
     ys = [b.y[k] if take_b[k] else a.y[k] for k in range(cfg.n_control)]
     xs = [b.x[k] if take_b[k + 1] else a.x[k] for k in range(cfg.n_control - 2)]
@@ -230,7 +288,7 @@ class GeneticAlgorithm:
 
     @classmethod
     def from_state(cls, state: dict, cfg: GAConfig | None = None) -> "GeneticAlgorithm":
-        cfg = cfg or GAConfig(**{**state["config"], "grid": tuple(state["config"]["grid"])})
+        cfg = cfg or GAConfig(**state["config"])
         rng = np.random.default_rng()
         rng.bit_generator.state = state["rng"]
         pop = [Genome.from_list(v) for v in state["population"]]

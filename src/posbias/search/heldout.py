@@ -14,7 +14,8 @@ HELDOUT_BATCH_SIZE = 4
 def heldout_config(search: SearchConfig, factors_path: str | Path, out: str | Path,
                    n: int | None = None) -> CompareConfig:
     """The comparison of ``none`` and ``lpes`` (the factors file; ``temperature`` and its values file
-    for a temperature search, ``search.target == "temperature"``) on the held-out split: the search's
+    for a temperature search, ``search.target == "temperature"``; a joint search's file holds both and
+    goes to ``lpes``) on the held-out split: the search's
     model, task, task options, seed and chat setting, ``n`` instances per depth (default
     ``search.heldout_n``) at :data:`HELDOUT_DEPTHS`."""
     method, option = ("temperature", "values_file") if search.target == "temperature" else ("lpes", "factors")

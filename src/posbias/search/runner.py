@@ -7,7 +7,9 @@ teacher-forced fitness, runs the GA loop (:mod:`posbias.search.loop`) with an ev
 * ``best_factors.json`` (a factors file, see :mod:`posbias.patching.rope_scaling`), rewritten after
   every generation with ``"interim": true`` until the last generation is done (its ``complete``
   says whether the best genome was scored on every instance, not whether the search finished),
-  ``factors.png`` and ``fitness.png``.
+  ``factors.png`` and ``fitness.png``. A joint search (``target="rope+temperature"``) writes its
+  temperatures into the same file (``temperatures``, ``temperature_curve``; ``lpes`` applies both)
+  and plots them in ``temperatures.png``.
 
 Everything that can be checked without the model (preset, GA settings, task and data file, the
 run folder) is checked before it loads; ``config.json`` is written with the first checkpoint.
@@ -27,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from posbias.evaluation.runner import check_fits
 from posbias.evaluation.session import build_instances
-from posbias.methods.temperature import TEMPERATURE_GRID
+from posbias.methods.temperature import JOINT_TARGET, TEMPERATURE_GRID
 from posbias.models import load_model, model_identity
 from posbias.models.adapter import refuse_adapter
 from posbias.models.options import LoadOptions, load_settings, options_for
@@ -86,6 +88,7 @@ class SearchResult:
     generations: int
     history: list[dict]
     objective: str = "accuracy"  # what chose the winner (FitnessResult.key: accuracy, or weighted log-prob)
+    temperatures: list[float] | None = None  # a joint search's per-layer temperatures (factors: its RoPE half)
 
 
 def build_fitness(cfg: SearchConfig, *, n_per_depth: int, batch_size: int = 4,
@@ -134,7 +137,8 @@ def run_search(cfg: SearchConfig, *, resume: bool = False, log: Callable[[dict],
     meta = {"model": cfg.model, "task": cfg.task, "seed": cfg.seed, "preset": cfg.preset,
             "task_options": cfg.task_options, "n_per_depth": settings["n_per_depth"],
             "generations_planned": settings["generations"], "curve": cfg.curve,
-            "round_to_grid": list(ga.grid) if cfg.round_to_grid else None, "target": cfg.target}
+            "round_to_grid": [list(g) for g in (ga.grid, *ga.extra_grids)] if cfg.round_to_grid else None,
+            "target": cfg.target}
     write_outputs = functools.partial(_write_factors, out / BEST, meta=meta)
     try:
         res = run_ga(evaluator, ga, num_layers=num_layers, generations=settings["generations"], seed=cfg.seed,
@@ -146,27 +150,42 @@ def run_search(cfg: SearchConfig, *, resume: bool = False, log: Callable[[dict],
             evaluator.fitness.close()
     folder.commit()
     write_outputs(res)
-    what = "LPES factors" if cfg.target == "rope" else "attention temperatures"
-    _plot_search(out, res, title=f"{what} ({cfg.model}, {cfg.task})")
-    return _search_result(out, res, ga, cfg.curve)
+    _plot_search(out, res, cfg)
+    return _search_result(out, res, ga, cfg)
 
 
-def _plot_search(out: Path, res, title: str) -> None:
-    """factors.png and fitness.png; plots are a convenience, never lose a finished search over them."""
+def curves_of(res: GAResult, target: str) -> list[tuple[str, list[float], list]]:
+    """``(name, per-layer values, control points)`` of each curve of the best genome: ``factors`` (LPES)
+    or ``temperatures``, or both for a joint search."""
+    if target != JOINT_TARGET:
+        return [("factors" if target == "rope" else "temperatures", res.best_factors, res.best_points)]
+    n = len(res.best_factors) // 2
+    return [("factors", res.best_factors[:n], res.best_points[0]),
+            ("temperatures", res.best_factors[n:], res.best_points[1])]
+
+
+def _plot_search(out: Path, res, cfg: SearchConfig) -> None:
+    """factors.png (temperatures.png) and fitness.png; plots are a convenience, never lose a finished
+    search over them."""
+    what = {"factors": "LPES factors", "temperatures": "attention temperatures"}
     try:
-        plot_factors(out / "factors.png", res.best_factors, res.best_points, title=title)
+        for name, values, points in curves_of(res, cfg.target):
+            plot_factors(out / f"{name}.png", values, points, title=f"{what[name]} ({cfg.model}, {cfg.task})")
         plot_fitness(out / "fitness.png", res.history)
     except Exception as e:
         print(f"warning: plotting failed: {e}")
 
 
-def _search_result(out: Path, res, cfg, curve: str) -> SearchResult:
-    ident = res.memo.get(identity_genome(cfg))
-    return SearchResult(out=out, factors_path=out / BEST, factors=res.best_factors, control_points=res.best_points,
-                        curve=curve, accuracy=res.best_result.accuracy,
+def _search_result(out: Path, res, ga: GAConfig, cfg: SearchConfig) -> SearchResult:
+    ident = res.memo.get(identity_genome(ga))
+    curves = curves_of(res, cfg.target)
+    _, values, points = curves[0]
+    return SearchResult(out=out, factors_path=out / BEST, factors=values, control_points=points,
+                        curve=cfg.curve, accuracy=res.best_result.accuracy,
                         per_depth=res.best_result.per_depth_accuracy(),
                         baseline_accuracy=ident.accuracy if ident is not None and ident.complete else None,
-                        generations=res.generations, history=res.history, objective=res.best_result.objective)
+                        generations=res.generations, history=res.history, objective=res.best_result.objective,
+                        temperatures=curves[1][1] if len(curves) > 1 else None)
 
 
 RUN_KEYS = ("generations", "n_per_depth", "batch_size")  # preset keys that are not GA settings
@@ -195,6 +214,7 @@ def _check_request(cfg: SearchConfig, loaded) -> tuple[dict, GAConfig, SearchCon
         check_int(key, settings[key])
     default = TEMPERATURE_GRID if cfg.target == "temperature" else DEFAULT_GRID
     ga = GAConfig(n_control=cfg.control_points, curve=cfg.curve, grid=tuple(cfg.grid or default),
+                  extra_grids=(TEMPERATURE_GRID,) if cfg.target == JOINT_TARGET else (),
                   round_to_grid=cfg.round_to_grid, **{k: v for k, v in settings.items() if k not in RUN_KEYS})
     task_options = dict(cfg.task_options or {})
     if cfg.objective not in OBJECTIVES:
@@ -232,14 +252,19 @@ def worker_gpus(load: LoadOptions | None, workers: int) -> list[str] | None:
 def _write_factors(path: Path, res: GAResult, *, meta: dict) -> None:
     """The factors file of the best genome so far; ``interim`` until the last generation is done."""
     best = res.best_result
+    grids = meta["round_to_grid"] or [None, None]
+
+    def curve(points, grid):
+        return {"type": meta["curve"], "control_points": points, **({"round_to_grid": grid} if grid else {})}
+
+    (_, factors, points), *more = curves_of(res, meta["target"])
+    joint = {"temperatures": more[0][1], "temperature_curve": curve(more[0][2], grids[1])} if more else {}
     save_factors_file(
-        path, factors=res.best_factors,
-        curve={"type": meta["curve"], "control_points": res.best_points,
-               **({"round_to_grid": meta["round_to_grid"]} if meta["round_to_grid"] else {})},
+        path, factors=factors, curve=curve(points, grids[0]),
         model=meta["model"], task=meta["task"], score=best.accuracy, objective=best.objective, value=best.value,
         mean_logprob=best.mean_logprob, per_depth=best.per_depth_accuracy(), complete=best.complete,
         generations=res.generations, seed=meta["seed"], preset=meta["preset"], task_options=meta["task_options"],
         search_split="search", n_per_depth=meta["n_per_depth"],
         interim=res.generations < meta["generations_planned"], generations_planned=meta["generations_planned"],
-        **({"target": meta["target"]} if meta["target"] != "rope" else {}),
+        **({"target": meta["target"]} if meta["target"] != "rope" else {}), **joint,
     )
