@@ -196,3 +196,10 @@ def test_search_target_rope_plus_temperature_cli(tmp_path, tiny_tokenizer):
     assert "| lpes |" in (out / "heldout" / "comparison.md").read_text()
     run = json.loads((out / "heldout" / "lpes" / "config.json").read_text())["config"]
     assert run["method_options"] == {"factors": str(out / "best_factors.json")}  # both halves, through lpes
+    joint = str(out / "best_factors.json")
+    r = CliRunner().invoke(app, ["analyze", "--model", str(src), "--factors", joint, "--task", "kv", "--num-keys",
+                                 "4", "--n", "1", "--out", str(tmp_path / "an")])
+    assert r.exit_code == 2 and "holds rope+temperature values" in r.output and not (tmp_path / "an").exists()
+    r = CliRunner().invoke(app, ["apply", "--model", str(src), "--factors", joint, "--merge",
+                                 "--out", str(tmp_path / "merged")])
+    assert r.exit_code == 2 and "joint search" in r.output and not (tmp_path / "merged").exists()

@@ -231,7 +231,9 @@ def analyze_factors(settings: dict, load) -> dict:
     refuse_adapter(s["model"], "analyze", "per-layer factors")
     recorded = {k: s[k] for k in ANALYZE_SETTINGS if k != "out"}
     folder = open_run(s["out"], "analyze", {**recorded, "out": str(s["out"]), **load_settings(s["model"], load)})
-    load_factors_file(s["factors"])  # checked before the model loads
+    target = load_factors_file(s["factors"]).get("target", "rope")  # checked before the model loads
+    if target != "rope":
+        raise ValueError(f"analyze takes RoPE factors (an LPES search's file); {s['factors']} holds {target} values")
     insts = precheck_instances(s["task"], n=s["n"], depths=depths, seed=s["seed"], split="eval", **s["task_options"])
     m, tok = load_model(s["model"], load)
     doc = load_factors_file(s["factors"], num_layers=len(get_decoder_layers(m)))
