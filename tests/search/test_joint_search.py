@@ -169,7 +169,7 @@ def test_apply_merge_refuses_a_joint_file(tmp_path):
         check_apply_request("lpes", {"factors": str(f)}, merge=True)
 
 
-def test_search_target_rope_plus_temperature_cli(tmp_path, tiny_tokenizer):
+def test_search_target_rope_plus_temperature_cli(tmp_path, tiny_tokenizer, saved_figures):
     import typer
     from typer.testing import CliRunner
 
@@ -193,6 +193,9 @@ def test_search_target_rope_plus_temperature_cli(tmp_path, tiny_tokenizer):
     assert doc["target"] == "rope+temperature" and len(doc["factors"]) == 4 and len(doc["temperatures"]) == 4
     assert len(doc["curve"]["control_points"]) == 4 and len(doc["temperature_curve"]["control_points"]) == 4
     assert (out / "factors.png").exists() and (out / "temperatures.png").exists()
+    drawn = saved_figures["temperatures.png"].axes[0]
+    assert list(drawn.lines[0].get_ydata()) == pytest.approx(doc["temperatures"])
+    assert drawn.get_ylabel() == "attention temperature t_l"
     assert "| lpes |" in (out / "heldout" / "comparison.md").read_text()
     run = json.loads((out / "heldout" / "lpes" / "config.json").read_text())["config"]
     assert run["method_options"] == {"factors": str(out / "best_factors.json")}  # both halves, through lpes

@@ -11,16 +11,18 @@ __all__ = ["plot_factors", "plot_fitness"]
 
 
 def plot_factors(path: str | Path, factors: Sequence[float], points: Sequence[Sequence[float]] | None = None,
-                 title: str = "LPES factors") -> None:
+                 title: str = "LPES factors", ylabel: str = "RoPE interpolation factor s_l",
+                 per_layer: str = "factor per layer") -> None:
+    """Per-layer values (RoPE factors, or temperatures with their own ``ylabel`` / ``per_layer`` label)."""
     n = len(factors)
     fig, ax = pyplot().subplots(figsize=(6, 3.5))
-    ax.plot(range(n), factors, "o-", ms=3, label="factor per layer")
+    ax.plot(range(n), factors, "o-", ms=3, label=per_layer)
     if points:
         ax.plot([p[0] * (n - 1) for p in points], [p[1] for p in points], "s--", color="tab:red", alpha=0.6,
                 label="control points")
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("decoder layer")
-    ax.set_ylabel("RoPE interpolation factor s_l")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()

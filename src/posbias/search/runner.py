@@ -7,9 +7,9 @@ teacher-forced fitness, runs the GA loop (:mod:`posbias.search.loop`) with an ev
 * ``best_factors.json`` (a factors file, see :mod:`posbias.patching.rope_scaling`), rewritten after
   every generation with ``"interim": true`` until the last generation is done (its ``complete``
   says whether the best genome was scored on every instance, not whether the search finished),
-  ``factors.png`` and ``fitness.png``. A joint search (``target="rope+temperature"``) writes its
-  temperatures into the same file (``temperatures``, ``temperature_curve``; ``lpes`` applies both)
-  and plots them in ``temperatures.png``.
+  ``factors.png`` (``temperatures.png`` for a temperature search) and ``fitness.png``. A joint search
+  (``target="rope+temperature"``) writes its temperatures into the same file (``temperatures``,
+  ``temperature_curve``; ``lpes`` applies both) and draws both plots.
 
 Everything that can be checked without the model (preset, GA settings, task and data file, the
 run folder) is checked before it loads; ``config.json`` is written with the first checkpoint.
@@ -167,10 +167,12 @@ def curves_of(res: GAResult, target: str) -> list[tuple[str, list[float], list]]
 def _plot_search(out: Path, res, cfg: SearchConfig) -> None:
     """factors.png (temperatures.png) and fitness.png; plots are a convenience, never lose a finished
     search over them."""
+    labels = {"temperatures": {"ylabel": "attention temperature t_l", "per_layer": "temperature per layer"}}
     what = {"factors": "LPES factors", "temperatures": "attention temperatures"}
     try:
         for name, values, points in curves_of(res, cfg.target):
-            plot_factors(out / f"{name}.png", values, points, title=f"{what[name]} ({cfg.model}, {cfg.task})")
+            plot_factors(out / f"{name}.png", values, points, title=f"{what[name]} ({cfg.model}, {cfg.task})",
+                         **labels.get(name, {}))
         plot_fitness(out / "fitness.png", res.history)
     except Exception as e:
         print(f"warning: plotting failed: {e}")
