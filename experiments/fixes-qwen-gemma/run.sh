@@ -63,3 +63,21 @@ cp "$OUT/compare-gemma/comparison.md" "$DOCS/gemma_kv30_table.md"; cp "$OUT/comp
 posbias ability --model "$GEMMA" --methods none,temperature@t=1.1 --tasks arc_easy --limit 0 \
   --out "$OUT/ability-gemma-arc-easy"
 cp "$OUT/ability-gemma-arc-easy/ability.md" "$DOCS/gemma_arc_easy.md"
+
+# 7. MMLU (18 per subject = 1,026) of Gemma's temperature 1.1                           # ~14 min per method
+posbias ability --model "$GEMMA" --methods none,temperature@t=1.1 --tasks mmlu --limit 18 \
+  --out "$OUT/ability-gemma-mmlu1026"
+cp "$OUT/ability-gemma-mmlu1026/ability.md" "$DOCS/gemma_mmlu.md"
+
+# 8. A per-layer temperature curve on Qwen (the LPES search's preset and split), then held out  # ~100 + 36 min
+posbias search --model "$QWEN" --target temperature --preset standard --objective logprob --seed 0 \
+  --heldout-n 0 --out "$OUT/search-qwen-temperature"
+posbias compare --model "$QWEN" --task kv --num-keys 100 --n 30 --seed 0 --batch-size 4 \
+  --methods "temperature@values_file=$OUT/search-qwen-temperature/best_factors.json" \
+  --out "$OUT/compare-qwen-temperature-curve"
+cp "$OUT/search-qwen-temperature/best_factors.json" "$DOCS/qwen2.5-coder-0.5b_kv100_temperature_curve.json"
+
+# 9. LPES factors and temperatures searched together on Gemma (two curves, one genome)   # ~25 + 10 min
+posbias search --model "$GEMMA" --task kv --num-keys 30 --target rope+temperature --preset standard --seed 0 \
+  --heldout-n 30 --out "$OUT/search-gemma-joint"
+cp "$OUT/search-gemma-joint/best_factors.json" "$DOCS/gemma-3-270m_kv30_joint_factors.json"
