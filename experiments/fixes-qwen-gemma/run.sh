@@ -81,3 +81,25 @@ cp "$OUT/search-qwen-temperature/best_factors.json" "$DOCS/qwen2.5-coder-0.5b_kv
 posbias search --model "$GEMMA" --task kv --num-keys 30 --target rope+temperature --preset standard --seed 0 \
   --heldout-n 30 --out "$OUT/search-gemma-joint"
 cp "$OUT/search-gemma-joint/best_factors.json" "$DOCS/gemma-3-270m_kv30_joint_factors.json"
+#    the single-curve methods re-scored on the same held-out instances, one paired table      # ~15 min
+CURVE=docs/results/fixes-qwen-gemma/gemma-3-270m_kv30_temperature_curve.json
+posbias compare --model "$GEMMA" --task kv --num-keys 30 --n 30 --seed 0 --batch-size 4 \
+  --methods "lpes,pi@factor=0.9,temperature@t=1.1,temperature@values_file=$CURVE" --factors "$GEMMA_FACTORS" \
+  --out "$OUT/compare-gemma-joint"
+C="$OUT/compare-gemma-joint"
+script experiments/fixes-qwen-gemma/joint_table.py --out "$OUT/table-gemma-joint" --title "Gemma 3 270M / kv 30" \
+  none="$OUT/search-gemma-joint/heldout/none" joint="$OUT/search-gemma-joint/heldout/lpes" lpes="$C/lpes" \
+  pi="$C/pi@factor=0.9" temperature="$C/temperature@t=1.1" \
+  temperature-curve="$C/temperature@values_file=${CURVE//\//_}"
+script experiments/fixes-qwen-gemma/joint_table.py --out "$OUT/table-gemma-joint-vs-lpes" \
+  lpes="$C/lpes" joint="$OUT/search-gemma-joint/heldout/lpes"
+cp "$OUT/table-gemma-joint/table.md" "$DOCS/gemma_kv30_joint_table.md"
+cp "$OUT/table-gemma-joint/table.png" "$DOCS/gemma_kv30_joint_table.png"
+#    the joint winner's ARC-Easy (all 570) and latency (1K / 4K, 3 rotated repetitions)      # ~11 + 5 min
+posbias ability --model "$GEMMA" --methods none,lpes --factors "$DOCS/gemma-3-270m_kv30_joint_factors.json" \
+  --tasks arc_easy --limit 0 --out "$OUT/ability-gemma-arc-easy-joint"
+cp "$OUT/ability-gemma-arc-easy-joint/ability.md" "$DOCS/gemma_arc_easy_joint.md"
+script benchmarks/latency.py --model "$GEMMA" --lengths 1024,4096 --methods none,lpes \
+  --lpes-factors "$DOCS/gemma-3-270m_kv30_joint_factors.json" --reps 3 --decode 16 --threads 1 --order rotate \
+  --out "$OUT/latency-gemma-joint"
+cp "$OUT/latency-gemma-joint" "$DOCS/gemma_joint_latency.json"
