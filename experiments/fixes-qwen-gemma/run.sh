@@ -76,6 +76,11 @@ posbias compare --model "$QWEN" --task kv --num-keys 100 --n 30 --seed 0 --batch
   --methods "temperature@values_file=$OUT/search-qwen-temperature/best_factors.json" \
   --out "$OUT/compare-qwen-temperature-curve"
 cp "$OUT/search-qwen-temperature/best_factors.json" "$DOCS/qwen2.5-coder-0.5b_kv100_temperature_curve.json"
+script experiments/fixes-qwen-gemma/joint_table.py --out "$OUT/table-qwen-curve" --title "Qwen2.5-Coder-0.5B / kv 100" \
+  none="$H/none" temperature-curve="$OUT/compare-qwen-temperature-curve/temperature@values_file=${OUT//\//_}_search-qwen-temperature_best_factors.json" \
+  lpes="$H/lpes" pi="$H/pi"
+cp "$OUT/table-qwen-curve/table.md" "$DOCS/qwen_kv100_temperature_curve_table.md"
+cp "$OUT/table-qwen-curve/table.png" "$DOCS/qwen_kv100_temperature_curve_table.png"
 
 # 9. LPES factors and temperatures searched together on Gemma (two curves, one genome)   # ~25 + 10 min
 posbias search --model "$GEMMA" --task kv --num-keys 30 --target rope+temperature --preset standard --seed 0 \
@@ -99,6 +104,9 @@ cp "$OUT/table-gemma-joint/table.png" "$DOCS/gemma_kv30_joint_table.png"
 posbias ability --model "$GEMMA" --methods none,lpes --factors "$DOCS/gemma-3-270m_kv30_joint_factors.json" \
   --tasks arc_easy --limit 0 --out "$OUT/ability-gemma-arc-easy-joint"
 cp "$OUT/ability-gemma-arc-easy-joint/ability.md" "$DOCS/gemma_arc_easy_joint.md"
+posbias ability --model "$GEMMA" --methods none,lpes --factors "$DOCS/gemma-3-270m_kv30_joint_factors.json" \
+  --tasks mmlu --limit 18 --out "$OUT/ability-gemma-mmlu1026"                 # none resumes from step 7
+cp "$OUT/ability-gemma-mmlu1026/ability.md" "$DOCS/gemma_mmlu_joint.md"
 script benchmarks/latency.py --model "$GEMMA" --lengths 1024,4096 --methods none,lpes \
   --lpes-factors "$DOCS/gemma-3-270m_kv30_joint_factors.json" --reps 3 --decode 16 --threads 1 --order rotate \
   --out "$OUT/latency-gemma-joint"
