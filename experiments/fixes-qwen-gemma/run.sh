@@ -52,11 +52,7 @@ for pair in none:none lpes:lpes@factors=docs_results_qwen2.5-coder-0.5b_kv100_se
   label=${pair%%:*}; folder=${pair#*:}; mkdir -p "$H/$label"
   for f in results.jsonl summary.json config.json; do git show "f11d47a:$S/$folder/$f" > "$H/$label/$f"; done
 done
-script experiments/fixes-qwen-gemma/joint_table.py --out "$OUT/table-qwen" --title "Qwen2.5-Coder-0.5B / kv 100" \
-  none="$H/none" lpes="$H/lpes" pi="$H/pi" ms-poe-published="$H/ms-poe-published" ms-poe="$H/ms-poe" \
-  attention-buckets="$H/attention-buckets" moice="$H/moice" \
-  temperature="$OUT/compare-qwen-temperature/temperature" positional-hidden="$OUT/compare-qwen-hidden/positional-hidden"
-cp "$OUT/table-qwen/table.md" "$DOCS/qwen_kv100_table.md"; cp "$OUT/table-qwen/table.png" "$DOCS/qwen_kv100_table.png"
+# (the joint Qwen table of every method is built in step 8, with the temperature curve)
 cp "$OUT/compare-gemma/comparison.md" "$DOCS/gemma_kv30_table.md"; cp "$OUT/compare-gemma/comparison.png" "$DOCS/gemma_kv30_table.png"
 
 # 6. General ability of Gemma's temperature (ARC-Easy, all 570 questions)                  # ~6 min per method
@@ -76,11 +72,12 @@ posbias compare --model "$QWEN" --task kv --num-keys 100 --n 30 --seed 0 --batch
   --methods "temperature@values_file=$OUT/search-qwen-temperature/best_factors.json" \
   --out "$OUT/compare-qwen-temperature-curve"
 cp "$OUT/search-qwen-temperature/best_factors.json" "$DOCS/qwen2.5-coder-0.5b_kv100_temperature_curve.json"
-script experiments/fixes-qwen-gemma/joint_table.py --out "$OUT/table-qwen-curve" --title "Qwen2.5-Coder-0.5B / kv 100" \
-  none="$H/none" temperature-curve="$OUT/compare-qwen-temperature-curve/temperature@values_file=${OUT//\//_}_search-qwen-temperature_best_factors.json" \
-  lpes="$H/lpes" pi="$H/pi"
-cp "$OUT/table-qwen-curve/table.md" "$DOCS/qwen_kv100_temperature_curve_table.md"
-cp "$OUT/table-qwen-curve/table.png" "$DOCS/qwen_kv100_temperature_curve_table.png"
+script experiments/fixes-qwen-gemma/joint_table.py --out "$OUT/table-qwen" --title "Qwen2.5-Coder-0.5B / kv 100" \
+  none="$H/none" lpes="$H/lpes" pi="$H/pi" ms-poe-published="$H/ms-poe-published" ms-poe="$H/ms-poe" \
+  attention-buckets="$H/attention-buckets" moice="$H/moice" \
+  temperature="$OUT/compare-qwen-temperature/temperature" positional-hidden="$OUT/compare-qwen-hidden/positional-hidden" \
+  temperature-curve="$OUT/compare-qwen-temperature-curve/temperature@values_file=${OUT//\//_}_search-qwen-temperature_best_factors.json"
+cp "$OUT/table-qwen/table.md" "$DOCS/qwen_kv100_table.md"; cp "$OUT/table-qwen/table.png" "$DOCS/qwen_kv100_table.png"
 
 # 9. LPES factors and temperatures searched together on Gemma (two curves, one genome)   # ~25 + 10 min
 posbias search --model "$GEMMA" --task kv --num-keys 30 --target rope+temperature --preset standard --seed 0 \
