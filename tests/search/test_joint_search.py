@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny_model, make_variant_model
+from conftest import make_tiny_model, make_variant_model, save_tiny_folder
 
 from posbias.methods import apply_method
 from posbias.methods.temperature import TEMPERATURE_GRID, TemperatureHooks
@@ -169,15 +169,13 @@ def test_apply_merge_refuses_a_joint_file(tmp_path):
         check_apply_request("lpes", {"factors": str(f)}, merge=True)
 
 
-def test_search_target_rope_plus_temperature_cli(tmp_path, tiny_tokenizer, saved_figures):
+def test_search_target_rope_plus_temperature_cli(tmp_path, saved_figures):
     import typer
     from typer.testing import CliRunner
 
     from posbias.cli import lpes_cmd
 
-    src = tmp_path / "tiny"
-    make_tiny_model("qwen2", layers=4).save_pretrained(src)
-    tiny_tokenizer.save_pretrained(src)
+    src = save_tiny_folder(tmp_path / "tiny", "qwen2", layers=4)
     app = typer.Typer()
     lpes_cmd.register(app)
     out = tmp_path / "search"

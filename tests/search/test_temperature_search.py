@@ -5,7 +5,7 @@ import json
 import math
 
 import pytest
-from conftest import make_tiny_model
+from conftest import make_tiny_model, save_tiny_folder
 
 from posbias.search.fitness import TeacherForcedFitness
 from posbias.tasks.kv import make_kv
@@ -35,16 +35,14 @@ def test_fitness_applies_temperatures_not_rope_factors(tiny_tokenizer):
         TeacherForcedFitness(model, tiny_tokenizer, insts, target="alibi")
 
 
-def test_search_target_temperature_cli(tmp_path, tiny_tokenizer):
+def test_search_target_temperature_cli(tmp_path):
     import typer
     from typer.testing import CliRunner
 
     from posbias.cli import lpes_cmd
     from posbias.methods.temperature import TEMPERATURE_GRID
 
-    src = tmp_path / "tiny"
-    make_tiny_model("qwen2", layers=4).save_pretrained(src)
-    tiny_tokenizer.save_pretrained(src)
+    src = save_tiny_folder(tmp_path / "tiny", "qwen2", layers=4)
     app = typer.Typer()
     lpes_cmd.register(app)
     out = tmp_path / "search"
