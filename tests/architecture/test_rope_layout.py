@@ -165,3 +165,21 @@ def test_float_mask_keeps_causality_with_a_2d_padding_mask():
     assert torch.equal(allowed[0, 0], causal & pad[0].bool()[None])
     step = float_mask(pad, 1, 4, torch.float32, "cpu")  # one decoding query sees every real key
     assert step.shape == (2, 1, 1, 4) and torch.equal(step[:, 0, 0] == 0, pad.bool())
+
+
+def test_an_image_text_wrapper_is_refused_with_its_text_decoder_named():
+    import torch
+
+    from posbias.architecture.layers import ModelLoadError, get_decoder_layers
+
+    class Wrapper(torch.nn.Module):  # Gemma3ForConditionalGeneration's nesting: model.language_model.layers
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.model.language_model = torch.nn.Module()
+            self.model.language_model.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+
+    with pytest.raises(ModelLoadError, match="image-text model whose text decoder sits at model.model.language_model"):
+        get_decoder_layers(Wrapper())
+    with pytest.raises(ModelLoadError, match="no decoder layers at model.model.layers"):
+        get_decoder_layers(torch.nn.Linear(2, 2))

@@ -13,6 +13,12 @@ def get_decoder_layers(model):
     """The decoder layers (``model.model.layers`` for Llama-family models), a ``torch.nn.ModuleList``."""
     base = getattr(model, "model", model)
     layers = getattr(base, "layers", None)
+    if layers is None and getattr(getattr(base, "language_model", None), "layers", None) is not None:
+        raise ModelLoadError(
+            f"{type(model).__name__} is an image-text model whose text decoder sits at "
+            "model.model.language_model; posbias patches text-only causal LMs (for Gemma 3: gemma-3-270m / "
+            f"gemma-3-1b, model type gemma3_text; supported: {SUPPORTED_HINT})"
+        )
     if layers is None:
         raise ModelLoadError(
             f"unsupported architecture {type(model).__name__}: no decoder layers at model.model.layers "

@@ -396,4 +396,5 @@ def check_rope_model(model) -> None:
     try:
         rope_layout(model)
     except RopeLayoutError as e:
-        raise ModelLoadError(f"{e} ({SUPPORTED_HINT})") from None
+        message = str(e)  # get_decoder_layers' messages name what is supported already
+        raise ModelLoadError(message if SUPPORTED_HINT in message else f"{message} ({SUPPORTED_HINT})") from None
