@@ -45,3 +45,15 @@ def test_no_command_has_hidden_options():
     hidden = [f"{name} {p.opts[0]}" for name, cmd in group.commands.items() for p in cmd.params
               if getattr(p, "hidden", False)]
     assert hidden == []
+
+
+def test_posbias_warnings_are_one_line_others_as_python_writes_them():
+    import warnings
+
+    from posbias.cli import main
+    from posbias.patching import rope_scaling
+
+    ours = main.one_line_warning(UserWarning("factors below 1"), UserWarning, rope_scaling.__file__, 12, "x = 1")
+    assert ours == "warning: factors below 1\n"
+    theirs = main.one_line_warning(UserWarning("deprecated"), UserWarning, warnings.__file__, 7, "y")
+    assert "UserWarning: deprecated" in theirs and str(7) in theirs

@@ -365,3 +365,26 @@ def test_resampling_for_another_layer_count_is_announced_and_recorded(tmp_path, 
     saved = json.loads((out / "posbias_factors.json").read_text())
     assert saved["model"] == "three-layer-model" and saved["num_layers"] == 3
     assert saved["resampled_from"] == {"model": "five-layer-model", "num_layers": 5}
+
+
+def test_factors_below_one_on_sliding_window_layers_warn():
+    """Gemma 3's sliding layers were trained on distances below the window: stretching them warns."""
+    import warnings
+
+    from conftest import make_variant_model
+
+    from posbias.architecture.rope_layout import rope_layout
+    from posbias.patching.rope_scaling import window_overreach
+
+    model = make_variant_model("gemma3")  # layers: sliding, full, sliding, full; window 4
+    layout = rope_layout(model)
+    message = window_overreach(model, [0.8, 1.0, 1.0, 1.0], layout)
+    assert message and "window 4 tokens" in message and "beyond the 3" in message
+    assert window_overreach(model, [1.0, 0.5, 1.0, 0.5], layout) is None  # full-attention layers only
+    assert window_overreach(model, [1.2, 1.0, 2.0, 1.0], layout) is None  # compression stays inside
+    assert window_overreach(make_tiny_model("llama"), [0.5] * 3, rope_layout(make_tiny_model("llama"))) is None
+    with pytest.warns(UserWarning, match="sliding-window layers"):
+        apply_layer_scaling(model, [0.8, 1.0, 1.0, 1.0]).remove()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        apply_layer_scaling(model, [1.0, 0.5, 1.0, 0.5]).remove()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
+from pathlib import Path
 
 import typer
 from typer.core import TyperGroup
@@ -15,6 +17,7 @@ class OneLineErrors(TyperGroup):
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         line_buffered_stdout()
+        warnings.formatwarning = one_line_warning
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
@@ -40,6 +43,18 @@ def line_buffered_stdout() -> None:
     reconfigure = getattr(sys.stdout, "reconfigure", None)
     if reconfigure is not None:
         reconfigure(line_buffering=True)
+
+
+PACKAGE = Path(__file__).resolve().parents[1]
+_python_warning_format = warnings.formatwarning
+
+
+def one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """posbias's own warnings as one ``warning: ...`` line (no file, line number or source line);
+    those of other libraries as Python writes them."""
+    if Path(filename).resolve().is_relative_to(PACKAGE) or "posbias" in Path(filename).parts:
+        return f"warning: {message}\n"
+    return _python_warning_format(message, category, filename, lineno, line)
 
 
 app = typer.Typer(

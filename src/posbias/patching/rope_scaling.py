@@ -37,6 +37,7 @@ import numbers
 import os
 import shutil
 import sys
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Sequence
@@ -58,7 +59,7 @@ FACTOR_MIN, FACTOR_MAX = 1e-3, 1e3
 __all__ = [
     "ScalingHandle", "active_scaling", "apply_layer_scaling", "remove_layer_scaling", "validate_factors",
     "save_factors_file", "load_factors_file", "factors_for_model", "apply_factors_file",
-    "FactorsFileError", "SAVED_FACTORS_NAME",
+    "FactorsFileError", "SAVED_FACTORS_NAME", "window_overreach",
 ]
 
 
@@ -273,9 +274,34 @@ def apply_layer_scaling(model, factors: Sequence[float]) -> ScalingHandle:
     layers = get_decoder_layers(model)
     facs = validate_factors(factors, len(layers))
     remove_layer_scaling(model)
+    overreach = window_overreach(model, facs, layout)
+    if overreach:
+        warnings.warn(overreach, stacklevel=2)
     handle = ScalingHandle(model, facs, layout)
     handle._install()
     return handle
+
+
+def window_overreach(model, factors: Sequence[float], layout) -> str | None:
+    """Why ``factors`` take sliding-window layers past their window, or None when they do not.
+
+    A ``sliding_attention`` layer with window ``W`` attends to keys at distances ``0 .. W - 1`` only, the
+    distances it was trained on; a factor ``s < 1`` rotates them as distances up to ``(W - 1) / s``. On
+    Gemma 3 270M (W = 512) factors of 0.9-0.7 found on 400-token prompts collapse a 2K-token needle
+    search (docs/results/fixes-qwen-gemma); the same factors on its full-attention layers only do not.
+    The message is the same for any such factors, so Python shows it once per process (a search
+    applying many candidates warns once).
+    """
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    if not window:
+        return None
+    hit = [i for i, (f, lr) in enumerate(zip(factors, layout.layers))
+           if f < 1.0 and lr.layer_type == "sliding_attention"]
+    if not hit:
+        return None
+    return (f"factors below 1 on sliding-window layers (window {window} tokens): on prompts longer than the "
+            f"window these layers see relative positions beyond the {window - 1} they were trained on, "
+            "which can collapse the model (Gemma 3 270M at 2K tokens); factors of 1 on those layers avoid it")
 
 
 def active_scaling(model) -> ScalingHandle | None:
