@@ -108,3 +108,25 @@ script benchmarks/latency.py --model "$GEMMA" --lengths 1024,4096 --methods none
   --lpes-factors "$DOCS/gemma-3-270m_kv30_joint_factors.json" --reps 3 --decode 16 --threads 1 --order rotate \
   --out "$OUT/latency-gemma-joint"
 cp "$OUT/latency-gemma-joint" "$DOCS/gemma_joint_latency.json"
+
+# 10. Another task for the winner: single-needle NIAH in essay filler at 2,048 tokens, n = 30 per depth   # ~60 + 30 + 30 min
+#     (Gemma answers 0% of 4-needle NIAH at 1K-4K and of the real lost-in-the-middle KV file at 10-75 keys:
+#     nothing to move). The needle task's prompts are 4x Gemma's 512-token sliding window, the kv 30 ones inside it.
+NIAH="--model $GEMMA --task niah --num-needles 1 --length 2048 --haystack essay --n 30 --seed 0 --batch-size 3"
+posbias compare $NIAH --mode both --methods none --out "$OUT/niah-gemma-none"
+posbias compare $NIAH --methods lpes --factors "$DOCS/gemma-3-270m_kv30_joint_factors.json" --out "$OUT/niah-gemma-joint"
+posbias compare $NIAH --methods lpes --factors "$GEMMA_FACTORS" --out "$OUT/niah-gemma-lpes"
+script experiments/fixes-qwen-gemma/joint_table.py --out "$OUT/table-gemma-niah" --title "Gemma 3 270M / NIAH 2K" \
+  none="$OUT/niah-gemma-none/none" joint="$OUT/niah-gemma-joint/lpes" lpes="$OUT/niah-gemma-lpes/lpes"
+cp "$OUT/table-gemma-niah/table.md" "$DOCS/gemma_niah2k_table.md"; cp "$OUT/table-gemma-niah/table.png" "$DOCS/gemma_niah2k_table.png"
+#    RULER's own metric (greedy generation, string match) for both, the first 10 instances per depth       # 2 x 12 min
+for m in joint:"$DOCS/gemma-3-270m_kv30_joint_factors.json" lpes:"$GEMMA_FACTORS"; do
+  posbias compare ${NIAH/--n 30/--n 10} --batch-size 2 --mode generate --methods lpes --factors "${m#*:}" \
+    --out "$OUT/niah-gemma-${m%%:*}-generate"
+done
+#    why: the factors on Gemma's sliding-window layers only / full-attention layers only, by prompt length   # ~15 min
+script experiments/fixes-qwen-gemma/sliding_window.py --model "$GEMMA" --factors lpes="$GEMMA_FACTORS" \
+  --factors joint="$DOCS/gemma-3-270m_kv30_joint_factors.json" --lengths 400,600,1024,2048 --n 2 \
+  --out "$OUT/sliding-window"
+cp "$OUT/sliding-window/sliding_window.md" "$DOCS/gemma_sliding_window.md"
+cp "$OUT/sliding-window/sliding_window.json" "$DOCS/gemma_sliding_window.json"
