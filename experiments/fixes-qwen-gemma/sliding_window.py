@@ -10,6 +10,9 @@ A sliding-window layer (Gemma 3: window 512) attends to distances ``0 .. W - 1``
 ``s < 1`` rotates them as distances up to ``(W - 1) / s``, which the layer never saw in training. Below
 the window's length a prompt cannot show it, so factors searched on short prompts look harmless there.
 
+``--write-factors`` also writes those per-kind factors as files (``<label>_full_layers.json``, ...) for
+``posbias compare --methods lpes --factors ...``; ``--lengths ""`` writes only them.
+
 Rows: ``none``; per factors file ``label`` (the file applied as the ``lpes`` method, temperatures
 included for a ``rope+temperature`` file), ``label, sliding layers`` and ``label, full layers`` (its RoPE
 factors on those layers, 1 elsewhere). Instances: single-needle NIAH in essay filler (the task's own
@@ -24,7 +27,12 @@ from pathlib import Path
 
 from posbias.evaluation.teacher_forced import score_teacher_forced
 from posbias.methods import apply_method
-from posbias.patching.rope_scaling import apply_layer_scaling, factors_for_model, load_factors_file
+from posbias.patching.rope_scaling import (
+    apply_layer_scaling,
+    factors_for_model,
+    load_factors_file,
+    save_factors_file,
+)
 from posbias.tasks.niah import make_niah
 from posbias.utils.io import atomic_write_json, atomic_write_text
 from posbias.utils.run_folder import git_commit
@@ -32,17 +40,37 @@ from posbias.utils.run_folder import git_commit
 DEPTHS = (0.0, 0.5, 1.0)
 
 
+KINDS = {"sliding": "sliding_attention", "full": "full_attention"}
+
+
+def masked_factors(model, path: str, kind: str) -> list[float]:
+    """The RoPE factors of ``path`` for ``model`` on the layers of ``kind`` (``sliding`` / ``full``), 1 elsewhere."""
+    types = list(model.config.get_text_config().layer_types)
+    factors = factors_for_model(load_factors_file(path), len(types), path=path)
+    return [f if t == KINDS[kind] else 1.0 for f, t in zip(factors, types)]
+
+
 def variants(model, files: dict[str, str]) -> dict[str, callable]:
     """``{row label: apply(model) -> handle}``: each file whole, on sliding layers only, on full layers only."""
-    types = list(model.config.get_text_config().layer_types)
     rows = {"none": None}
     for label, path in files.items():
-        factors = factors_for_model(load_factors_file(path), len(types), path=path)
         rows[label] = lambda m, p=path: apply_method(m, "lpes", factors=p)
-        for kind, keep in (("sliding", "sliding_attention"), ("full", "full_attention")):
-            masked = [f if t == keep else 1.0 for f, t in zip(factors, types)]
-            rows[f"{label}, {kind} layers"] = lambda m, fs=masked: apply_layer_scaling(m, fs)
+        for kind in KINDS:
+            rows[f"{label}, {kind} layers"] = lambda m, fs=masked_factors(model, path, kind): apply_layer_scaling(m, fs)
     return rows
+
+
+def write_masked_files(model, files: dict[str, str], folder: Path) -> list[Path]:
+    """``<label>_<kind>_layers.json`` per file and layer kind: factors files ``lpes`` applies (no curve)."""
+    written = []
+    for label, path in files.items():
+        for kind in KINDS:
+            target = folder / f"{label}_{kind}_layers.json"
+            save_factors_file(target, factors=masked_factors(model, path, kind),
+                              model=load_factors_file(path).get("model"), source=str(path),
+                              layers=f"{kind}-attention layers only, 1 elsewhere")
+            written.append(target)
+    return written
 
 
 def measure(model, tokenizer, files: dict[str, str], lengths: list[int], n: int) -> list[dict]:
@@ -90,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", default="400,600,1024,2048", help="NIAH prompt lengths in tokens")
     ap.add_argument("--n", type=int, default=2, help="instances per depth (depths 0, 0.5, 1)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--write-factors", action="store_true",
+                    help="also write each file's factors on one layer kind only, as factors files in --out")
     args = ap.parse_args(argv)
     files = dict(item.split("=", 1) for item in args.factors)
     from posbias.models.loader import load_model  # noqa: PLC0415 (argument errors answer before torch loads)
@@ -98,9 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     if "sliding_attention" not in (getattr(model.config.get_text_config(), "layer_types", None) or []):
         print(f"error: {args.model} has no sliding-window layers", file=sys.stderr)
         return 2
-    records = measure(model, tokenizer, files, [int(x) for x in args.lengths.split(",")], args.n)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.write_factors:
+        for path in write_masked_files(model, files, out):
+            print(f"factors file: {path}")
+    lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    if not lengths:
+        return 0
+    records = measure(model, tokenizer, files, lengths, args.n)
     atomic_write_json(out / "sliding_window.json", {"command": " ".join(sys.argv), "commit": git_commit(),
                                                     "model": args.model, "records": records})
     atomic_write_text(out / "sliding_window.md", table(records))

@@ -22,3 +22,25 @@ def test_rows_split_the_factors_by_layer_kind(tmp_path):
     assert logprobs("lpes") != logprobs("none")
     table = exp.table(records)
     assert table.count("/3) |") == 4 and "| lpes, sliding layers |" in table
+
+
+def test_masked_factors_files_apply_as_the_rows_do(tmp_path):
+    import torch
+
+    from posbias.methods import apply_method
+    from posbias.patching.rope_scaling import load_factors_file
+
+    exp = load_experiment("fixes-qwen-gemma", "sliding_window")
+    model = make_variant_model("gemma3")
+    path = tmp_path / "f.json"
+    save_factors_file(path, factors=[0.5, 0.8, 0.7, 1.2])
+    written = exp.write_masked_files(model, {"lpes": str(path)}, tmp_path)
+    assert [p.name for p in written] == ["lpes_sliding_layers.json", "lpes_full_layers.json"]
+    assert load_factors_file(written[0])["factors"] == [0.5, 1.0, 0.7, 1.0]
+    assert load_factors_file(written[1])["factors"] == [1.0, 0.8, 1.0, 1.2]
+    ids = torch.arange(3, 40)[None]
+    row = exp.variants(model, {"lpes": str(path)})["lpes, full layers"]
+    with torch.no_grad(), row(model):
+        expected = model(input_ids=ids).logits
+    with torch.no_grad(), apply_method(model, "lpes", factors=str(written[1])):
+        assert torch.equal(model(input_ids=ids).logits, expected)
