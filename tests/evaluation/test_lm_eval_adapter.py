@@ -137,10 +137,11 @@ def test_loglikelihood_shows_progress_over_every_request(tiny_tokenizer, monkeyp
     assert sum(u for u in seen if isinstance(u, int)) == 4 and 2 in seen  # the two choices in one step
 
 
-def _tiny_task(folder):
-    """A two-question multiple-choice lm-eval task over a local jsonl file, in ``folder``."""
-    docs = [{"question": "The sky is", "choices": ["blue", "green"], "label": 0},
-            {"question": "The grass is", "choices": ["blue", "green"], "label": 1}]
+def _tiny_task(folder, lead: str = ""):
+    """A two-question multiple-choice lm-eval task over a local jsonl file, in ``folder``; ``lead`` goes before
+    each question (a longer context, where RoPE scaling moves the scores more)."""
+    docs = [{"question": lead + "The sky is", "choices": ["blue", "green"], "label": 0},
+            {"question": lead + "The grass is", "choices": ["blue", "green"], "label": 1}]
     (folder / "tiny.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
     (folder / "tiny.yaml").write_text(
         "task: posbias_cli_tiny\ndataset_path: json\ndataset_kwargs:\n"
@@ -149,14 +150,37 @@ def _tiny_task(folder):
         "doc_to_choice: \"{{choices}}\"\ndoc_to_target: label\nmetric_list:\n  - metric: acc\n")
 
 
-def test_lm_eval_command_line_with_model_posbias(tmp_path):
-    """``posbias-lm-eval --model posbias --model_args pretrained=...,method=lpes,factors=...`` through lm-eval's
-    own CLI entry in a subprocess: it loads the model, applies the method and writes results."""
+def _lm_eval(tmp_path, module: str, model_args: str, out: str) -> tuple[dict, list[list[float]]]:
+    """Run lm-eval's command line (``python -m <module>``: ``lm_eval`` with its ``hf`` model, or
+    ``posbias.evaluation.lm_eval_cli`` with ``posbias``) on the tiny local task in a subprocess, offline; returns
+    its results file and each question's choice log-likelihoods."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
+    tasks = tmp_path / "tasks"
+    if not tasks.exists():
+        tasks.mkdir()
+        _tiny_task(tasks)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", module, "--model", "hf" if module == "lm_eval" else "posbias",
+            "--model_args", model_args, "--tasks", "posbias_cli_tiny", "--include_path", str(tasks),
+            "--batch_size", "2", "--log_samples", "--output_path", str(tmp_path / out)]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = list((tmp_path / out).rglob("results*.json"))
+    samples = list((tmp_path / out).rglob("samples_posbias_cli_tiny*.jsonl"))
+    assert len(results) == 1 and len(samples) == 1
+    rows = sorted((json.loads(line) for line in samples[0].read_text().splitlines()), key=lambda r: r["doc_id"])
+    return json.loads(results[0].read_text()), [[float(r[0][0]) for r in row["resps"]] for row in rows]
+
+
+def test_lm_eval_command_line_with_model_posbias(tmp_path):
+    """``posbias-lm-eval --model posbias --model_args pretrained=...,method=lpes,factors=...`` through lm-eval's
+    own CLI entry in a subprocess: it loads the model, applies the method and writes results."""
     from conftest import save_tiny_folder
 
     from posbias.patching.rope_scaling import save_factors_file
@@ -164,22 +188,38 @@ def test_lm_eval_command_line_with_model_posbias(tmp_path):
     model = save_tiny_folder(tmp_path / "model")
     factors = tmp_path / "factors.json"
     save_factors_file(factors, factors=[1.0, 2.0, 4.0])
-    (tmp_path / "tasks").mkdir()
-    _tiny_task(tmp_path / "tasks")
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env = {**os.environ, "PYTHONPATH": src, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-m", "posbias.evaluation.lm_eval_cli", "--model", "posbias", "--model_args",
-            f"pretrained={model},method=lpes,factors={factors},device=cpu,dtype=float32", "--tasks",
-            "posbias_cli_tiny", "--include_path", str(tmp_path / "tasks"), "--batch_size", "2",
-            "--output_path", str(tmp_path / "out")]
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = list((tmp_path / "out").rglob("results*.json"))
-    assert len(found) == 1
-    res = json.loads(found[0].read_text())
+    res, logliks = _lm_eval(tmp_path, "posbias.evaluation.lm_eval_cli",
+                            f"pretrained={model},method=lpes,factors={factors},device=cpu,dtype=float32", "out")
     assert res["results"]["posbias_cli_tiny"]["acc,none"] in (0.0, 0.5, 1.0)
     assert res["config"]["model_args"]["method"] == "lpes"
+    assert len(logliks) == 2 and all(len(choices) == 2 for choices in logliks)
+
+
+def test_plain_lm_eval_runs_a_merged_folder_with_its_scaling(tmp_path):
+    """Plain ``lm_eval --model hf --model_args pretrained=<apply --merge folder>,trust_remote_code=True``: lm-eval's
+    own model class loads the folder's modeling file and scores what ``posbias-lm-eval`` scores with lpes."""
+    from conftest import save_tiny_folder
+    from typer.testing import CliRunner
+
+    from posbias.cli.main import app
+    from posbias.patching.rope_scaling import save_factors_file
+
+    model = save_tiny_folder(tmp_path / "model")
+    factors = tmp_path / "factors.json"
+    save_factors_file(factors, factors=[1.0, 2.0, 4.0])
+    merged = tmp_path / "merged"
+    res = CliRunner().invoke(app, ["apply", "--model", model, "--factors", str(factors), "--out", str(merged),
+                                   "--merge"])
+    assert res.exit_code == 0, res.output
+    (tmp_path / "tasks").mkdir()
+    _tiny_task(tmp_path / "tasks", lead="A long road of stones and rivers and hills and trees. " * 12)
+    _, plain = _lm_eval(tmp_path, "lm_eval", f"pretrained={merged},trust_remote_code=True,dtype=float32", "hf")
+    _, ours = _lm_eval(tmp_path, "posbias.evaluation.lm_eval_cli",
+                       f"pretrained={model},method=lpes,factors={factors},dtype=float32", "posbias")
+    _, unscaled = _lm_eval(tmp_path, "posbias.evaluation.lm_eval_cli", f"pretrained={model},dtype=float32", "none")
+    plain, ours, unscaled = map(torch.tensor, (plain, ours, unscaled))
+    assert (plain - ours).abs().max() <= 1e-6  # equal on CPU fp32; the scaling moves them 3e-4 on this model
+    assert (plain - unscaled).abs().max() > 1e-4
 
 
 def test_model_args_build_the_method(tmp_path):
@@ -194,6 +234,21 @@ def test_model_args_build_the_method(tmp_path):
     lm.close()
     with pytest.raises(ValueError, match="is not a dtype"):
         PosbiasLM.create_from_arg_string(f"pretrained={model},dtype=int8")
+
+
+def test_harness_default_device_means_auto(tmp_path):
+    """lm-eval passes ``device=cuda:0`` when its ``--device`` is not given: that loads where ``auto`` would (the
+    CPU here); ``device=cuda:0`` written in ``--model_args`` stays strict."""
+    from conftest import save_tiny_folder
+
+    model = save_tiny_folder(tmp_path / "model")
+    lm = PosbiasLM.create_from_arg_string(f"pretrained={model}", {"device": "cuda:0", "batch_size": None})
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert lm.device.type == expected
+    lm.close()
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cuda:0"):
+            PosbiasLM.create_from_arg_string(f"pretrained={model},device=cuda:0")
 
 
 def test_posbias_lm_eval_script_is_declared():

@@ -94,7 +94,7 @@ class PosbiasLM(TemplateLM):
         there is one (else the CPU), ``dtype`` to bfloat16 on CUDA and float32 on the CPU; lm_eval's own
         ``--device`` / ``--batch_size`` apply where ``--model_args`` does not set them."""
 
-        args = {**{k: v for k, v in (additional_config or {}).items() if v is not None}, **args}
+        args = {**_harness_settings(additional_config), **args}
         if "pretrained" not in args:
             raise ValueError("lm_eval --model posbias needs --model_args pretrained=MODEL (a folder, alias or "
                              ".gguf file)")
@@ -242,6 +242,19 @@ class PosbiasLM(TemplateLM):
                     text = text.split(u)[0]
             texts.append(text)
         return texts
+
+
+HARNESS_DEFAULT_DEVICE = "cuda:0"  # lm-eval's EvaluatorConfig.device when its --device is not given
+
+
+def _harness_settings(additional_config: dict | None) -> dict:
+    """lm-eval's own settings (``--device``, ``--batch_size``, ...) without the unset ones. lm-eval fills
+    ``device`` with ``cuda:0`` when ``--device`` is not given, so that value counts as ``auto`` (the CPU where
+    there is no CUDA), as lm-eval's ``hf`` model treats it; ``device=`` in ``--model_args`` is always strict."""
+    settings = {k: v for k, v in (additional_config or {}).items() if v is not None}
+    if settings.get("device") == HARNESS_DEFAULT_DEVICE:
+        settings["device"] = "auto"
+    return settings
 
 
 def _batch_size(value) -> int:
