@@ -130,3 +130,23 @@ script experiments/fixes-qwen-gemma/sliding_window.py --model "$GEMMA" --factors
   --out "$OUT/sliding-window"
 cp "$OUT/sliding-window/sliding_window.md" "$DOCS/gemma_sliding_window.md"
 cp "$OUT/sliding-window/sliding_window.json" "$DOCS/gemma_sliding_window.json"
+
+# 11. Where the kv-30 gain lives: each factors file cut to the sliding-window / full-attention layers
+#     (RoPE factors only), re-scored on the held-out kv 30 instances                          # 2 x ~15 min
+M="$OUT/masked-factors"
+script experiments/fixes-qwen-gemma/sliding_window.py --model "$GEMMA" --factors lpes="$GEMMA_FACTORS" \
+  --factors joint="$DOCS/gemma-3-270m_kv30_joint_factors.json" --lengths "" --write-factors --out "$M"
+KV30="--model $GEMMA --task kv --num-keys 30 --n 30 --seed 0 --batch-size 4"
+posbias compare $KV30 --methods "none,lpes,lpes@factors=$M/lpes_full_layers.json,lpes@factors=$M/lpes_sliding_layers.json" \
+  --factors "$GEMMA_FACTORS" --out "$OUT/compare-gemma-masked-a"
+posbias compare $KV30 --methods "lpes,lpes@factors=$M/joint_full_layers.json,lpes@factors=$M/joint_sliding_layers.json" \
+  --factors "$DOCS/gemma-3-270m_kv30_joint_factors.json" --out "$OUT/compare-gemma-masked-b"
+A="$OUT/compare-gemma-masked-a"; B="$OUT/compare-gemma-masked-b"; CUT="runs_fixes-qwen-gemma_masked-factors"
+script experiments/fixes-qwen-gemma/joint_table.py --out "$OUT/table-gemma-layer-kinds" \
+  --title "Gemma 3 270M / kv 30: factors by layer kind" none="$A/none" lpes="$A/lpes" \
+  lpes-full-layers="$A/lpes@factors=${CUT}_lpes_full_layers.json" \
+  lpes-sliding-layers="$A/lpes@factors=${CUT}_lpes_sliding_layers.json" joint="$B/lpes" \
+  joint-full-layers="$B/lpes@factors=${CUT}_joint_full_layers.json" \
+  joint-sliding-layers="$B/lpes@factors=${CUT}_joint_sliding_layers.json"
+cp "$OUT/table-gemma-layer-kinds/table.md" "$DOCS/gemma_kv30_layer_kinds_table.md"
+cp "$OUT/table-gemma-layer-kinds/table.png" "$DOCS/gemma_kv30_layer_kinds_table.png"
