@@ -287,8 +287,9 @@ def window_overreach(model, factors: Sequence[float], layout) -> str | None:
 
     A ``sliding_attention`` layer with window ``W`` attends to keys at distances ``0 .. W - 1`` only, the
     distances it was trained on; a factor ``s < 1`` rotates them as distances up to ``(W - 1) / s``. On
-    Gemma 3 270M (W = 512) factors of 0.9-0.7 found on 400-token prompts collapse a 2K-token needle
-    search (docs/results/fixes-qwen-gemma); the same factors on its full-attention layers only do not.
+    Gemma 3 270M (W = 512) factors of 0.9-0.7 found on 400-token prompts make it fail a 2K-token needle
+    it otherwise finds at every depth (docs/results/fixes-qwen-gemma); the same factors on its
+    full-attention layers only do not (nor do they keep the gain on the short prompts).
     The message is the same for any such factors, so Python shows it once per process (a search
     applying many candidates warns once).
     """
