@@ -178,26 +178,11 @@ def _lm_eval(tmp_path, module: str, model_args: str, out: str) -> tuple[dict, li
     return json.loads(results[0].read_text()), [[float(r[0][0]) for r in row["resps"]] for row in rows]
 
 
-def test_lm_eval_command_line_with_model_posbias(tmp_path):
-    """``posbias-lm-eval --model posbias --model_args pretrained=...,method=lpes,factors=...`` through lm-eval's
-    own CLI entry in a subprocess: it loads the model, applies the method and writes results."""
-    from conftest import save_tiny_folder
-
-    from posbias.patching.rope_scaling import save_factors_file
-
-    model = save_tiny_folder(tmp_path / "model")
-    factors = tmp_path / "factors.json"
-    save_factors_file(factors, factors=[1.0, 2.0, 4.0])
-    res, logliks = _lm_eval(tmp_path, "posbias.evaluation.lm_eval_cli",
-                            f"pretrained={model},method=lpes,factors={factors},device=cpu,dtype=float32", "out")
-    assert res["results"]["posbias_cli_tiny"]["acc,none"] in (0.0, 0.5, 1.0)
-    assert res["config"]["model_args"]["method"] == "lpes"
-    assert len(logliks) == 2 and all(len(choices) == 2 for choices in logliks)
-
-
-def test_plain_lm_eval_runs_a_merged_folder_with_its_scaling(tmp_path):
-    """Plain ``lm_eval --model hf --model_args pretrained=<apply --merge folder>,trust_remote_code=True``: lm-eval's
-    own model class loads the folder's modeling file and scores what ``posbias-lm-eval`` scores with lpes."""
+def test_lm_eval_command_lines_score_lpes(tmp_path):
+    """Through lm-eval's own command line, in subprocesses: ``posbias-lm-eval --model posbias --model_args
+    pretrained=...,method=lpes,factors=...`` loads the model, applies the method and writes results; plain
+    ``lm_eval --model hf --model_args pretrained=<apply --merge folder>,trust_remote_code=True`` loads the folder's
+    modeling file and scores the same log-likelihoods; the model without the method scores others."""
     from conftest import save_tiny_folder
     from typer.testing import CliRunner
 
@@ -207,16 +192,20 @@ def test_plain_lm_eval_runs_a_merged_folder_with_its_scaling(tmp_path):
     model = save_tiny_folder(tmp_path / "model")
     factors = tmp_path / "factors.json"
     save_factors_file(factors, factors=[1.0, 2.0, 4.0])
-    merged = tmp_path / "merged"
-    res = CliRunner().invoke(app, ["apply", "--model", model, "--factors", str(factors), "--out", str(merged),
-                                   "--merge"])
-    assert res.exit_code == 0, res.output
     (tmp_path / "tasks").mkdir()
     _tiny_task(tmp_path / "tasks", lead="A long road of stones and rivers and hills and trees. " * 12)
+    res, ours = _lm_eval(tmp_path, "posbias.evaluation.lm_eval_cli",
+                         f"pretrained={model},method=lpes,factors={factors},device=cpu,dtype=float32", "posbias")
+    assert res["results"]["posbias_cli_tiny"]["acc,none"] in (0.0, 0.5, 1.0)
+    assert res["config"]["model_args"]["method"] == "lpes"
+    assert len(ours) == 2 and all(len(choices) == 2 for choices in ours)
+
+    merged = tmp_path / "merged"
+    applied = CliRunner().invoke(app, ["apply", "--model", model, "--factors", str(factors), "--out", str(merged),
+                                       "--merge"])
+    assert applied.exit_code == 0, applied.output
     _, plain = _lm_eval(tmp_path, "lm_eval", f"pretrained={merged},trust_remote_code=True,dtype=float32", "hf")
-    _, ours = _lm_eval(tmp_path, "posbias.evaluation.lm_eval_cli",
-                       f"pretrained={model},method=lpes,factors={factors},dtype=float32", "posbias")
-    _, unscaled = _lm_eval(tmp_path, "posbias.evaluation.lm_eval_cli", f"pretrained={model},dtype=float32", "none")
+    _, unscaled = _lm_eval(tmp_path, "lm_eval", f"pretrained={model},dtype=float32", "none")
     plain, ours, unscaled = map(torch.tensor, (plain, ours, unscaled))
     assert (plain - ours).abs().max() <= 1e-6  # equal on CPU fp32; the scaling moves them 3e-4 on this model
     assert (plain - unscaled).abs().max() > 1e-4
