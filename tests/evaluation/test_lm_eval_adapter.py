@@ -152,17 +152,14 @@ def _tiny_task(folder, lead: str = ""):
 
 def _lm_eval(tmp_path, module: str, model_args: str, out: str) -> tuple[dict, list[list[float]]]:
     """Run lm-eval's command line (``python -m <module>``: ``lm_eval`` with its ``hf`` model, or
-    ``posbias.evaluation.lm_eval_cli`` with ``posbias``) on the tiny local task in a subprocess, offline; returns
-    its results file and each question's choice log-likelihoods."""
+    ``posbias.evaluation.lm_eval_cli`` with ``posbias``) on the local task in ``tmp_path / "tasks"`` in a
+    subprocess, offline; returns its results file and each question's choice log-likelihoods."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     tasks = tmp_path / "tasks"
-    if not tasks.exists():
-        tasks.mkdir()
-        _tiny_task(tasks)
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": src, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "OMP_NUM_THREADS": "1"}

@@ -52,7 +52,7 @@ _python_warning_format = warnings.formatwarning
 def one_line_warning(message, category, filename, lineno, line=None) -> str:
     """posbias's own warnings as one ``warning: ...`` line (no file, line number or source line);
     those of other libraries as Python writes them."""
-    if Path(filename).resolve().is_relative_to(PACKAGE) or "posbias" in Path(filename).parts:
+    if Path(filename).resolve().is_relative_to(PACKAGE):
         return f"warning: {message}\n"
     return _python_warning_format(message, category, filename, lineno, line)
 

@@ -296,9 +296,7 @@ def window_overreach(model, factors: Sequence[float], layout) -> str | None:
     window = getattr(model.config.get_text_config(), "sliding_window", None)
     if not window:
         return None
-    hit = [i for i, (f, lr) in enumerate(zip(factors, layout.layers))
-           if f < 1.0 and lr.layer_type == "sliding_attention"]
-    if not hit:
+    if not any(f < 1.0 and lr.layer_type == "sliding_attention" for f, lr in zip(factors, layout.layers)):
         return None
     return (f"factors below 1 on sliding-window layers (window {window} tokens): on prompts longer than the "
             f"window these layers see relative positions beyond the {window - 1} they were trained on, "
