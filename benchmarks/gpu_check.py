@@ -20,8 +20,10 @@ on the GPU in bfloat16 by ``benchmarks/latency.py``'s ``random_model``; nothing 
 4. BAM: ``benchmarks/gpu_check_bam.py`` (FlexAttention against the exact chunked path, and training
    throughput per scheme).
 
-The peak GPU memory of each step is recorded. ``--out`` receives ``gpu_check.json`` (everything),
-``gpu_check.md`` (the tables), ``latency.json`` and ``gpu_check_bam.json``.
+The wall time and peak GPU memory of each step are recorded. A step that fails (out of memory, say) is
+recorded with its traceback and the next steps still run (exit status 1 at the end). ``--out`` receives
+``gpu_check.json`` (everything) and ``gpu_check.md`` (the tables), both rewritten after every step, so a
+run stopped by a time limit keeps what it measured, and ``latency.json`` and ``gpu_check_bam.json``.
 """
 from __future__ import annotations
 
@@ -30,9 +32,14 @@ import json
 import sys
 import tempfile
 import time
+import tomllib
+import traceback
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
+import transformers
+from packaging.requirements import Requirement
 
 from posbias.methods import apply_method
 from posbias.patching.rope_scaling import save_factors_file
@@ -42,6 +49,7 @@ from posbias.training.tokenizer import synthetic_task_texts, train_bpe_tokenizer
 from posbias.utils.devices import dtype_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # latency.py, gpu_check_bam.py beside this file
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 IDENTITY = {
     "pi": {"factor": 1.0},
@@ -56,6 +64,25 @@ FULL = {"config": "qwen2.5-7b", "device": "cuda", "identity_tokens": 1024, "leng
         "decode": 16, "search_keys": 30, "search_overrides": {}}
 DRY = {"config": "tiny", "device": "cpu", "identity_tokens": 24, "lengths": "32,64", "reps": 1, "decode": 2,
        "search_keys": 4, "search_overrides": {"population": 3, "generations": 1, "n_per_depth": 1, "batch_size": 3}}
+
+
+def unmet_requirements(pyproject: Path = PYPROJECT, installed=None) -> list[str]:
+    """``"transformers 5.17.0 (needs <6,>=5.24)"`` / ``"gguf: not installed"`` for each dependency of
+    ``pyproject`` that this environment does not meet (``installed(name) -> version``; default: the
+    installed distributions). The script runs from a checkout (``PYTHONPATH=src``), so nothing else
+    checks them before a method fails mid-run."""
+    installed = installed or version
+    problems = []
+    for line in tomllib.loads(pyproject.read_text())["project"]["dependencies"]:
+        req = Requirement(line)
+        try:
+            found = installed(req.name)
+        except PackageNotFoundError:
+            problems.append(f"{req.name}: not installed")
+            continue
+        if not req.specifier.contains(found, prereleases=True):
+            problems.append(f"{req.name} {found} (needs {req.specifier})")
+    return problems
 
 
 def peak_reset(device: torch.device) -> None:
@@ -139,32 +166,78 @@ def bam_check(device: str, out: Path, dry: bool) -> dict:
 
 
 def markdown(report: dict) -> str:
-    """The tables of ``report``: identity, latency ratios, search, BAM equivalence, peak memory."""
-    lines = [f"# GPU check: {report['model']} on {report['device_name']} ({report['dtype']})", "",
-             "| method | identity: logits equal | max abs diff |", "|---|---|---:|"]
-    lines += [f"| {m} | {'yes' if r['equal'] else 'NO'} | {r['max_abs_diff']:.3g} |"
-              for m, r in report["identity"].items()]
-    lat = report["latency"]["summary"]
+    """The tables of ``report``: identity, latency ratios, search, BAM equivalence, peak memory, step
+    times, and the steps that failed (a step missing from ``report`` leaves its table out)."""
+    lines = [f"# GPU check: {report['model']} on {report['device_name']} ({report['dtype']})", ""]
+    if "identity" in report:
+        lines += ["| method | identity: logits equal | max abs diff |", "|---|---|---:|"]
+        lines += [f"| {m} | {'yes' if r['equal'] else 'NO'} | {r['max_abs_diff']:.3g} |"
+                  for m, r in report["identity"].items()]
+    if "latency" in report:
+        lines += ["", *latency_lines(report["latency"])]
+    if "search" in report:
+        s = report["search"]
+        lines += ["", f"Quick-preset search (kv, {s['num_keys']} keys): {s['seconds']} s, "
+                  f"{s['generations']} generations."]
+    if report.get("bam", {}).get("equivalence"):
+        lines += ["", "BAM, largest relative difference to the reference backend (output and gradients):", "",
+                  "| setup | backend | max rel diff |", "|---|---|---:|"]
+        for setup, by_backend in report["bam"]["equivalence"].items():
+            for backend, diffs in by_backend.items():
+                lines.append(f"| {setup} | {backend} | {max(v['rel'] for v in diffs.values()):.3g} |")
+    lines += ["", "Peak GPU memory (GiB): " + ", ".join(
+        f"{k} {v:.1f}" if v is not None else f"{k} n/a" for k, v in report["peak_gib"].items()),
+        "", "Step wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in report["step_seconds"].items())]
+    if report["errors"]:
+        lines += ["", *(f"FAILED {step}: {err['message']}" for step, err in report["errors"].items())]
+    if "seconds" in report:
+        lines += ["", f"Wall time: {report['seconds']:.0f} s"]
+    return "\n".join(lines) + "\n"
+
+
+def latency_lines(latency: dict) -> list[str]:
+    """The latency ratios to ``none`` as a markdown table, one row per method."""
+    lat = latency["summary"]
     lengths = list(next(iter(lat.values())))
-    lines += ["", "Latency, ratio to none (median of per-repetition ratios; "
-              f"{report['latency']['reps_done']} repetitions, rotating order):", "",
-              "| method | " + " | ".join(f"{n} prefill | {n} decode" for n in lengths) + " |",
-              "|---|" + "---:|" * (2 * len(lengths))]
+    lines = ["Latency, ratio to none (median of per-repetition ratios; "
+             f"{latency['reps_done']} repetitions, rotating order):", "",
+             "| method | " + " | ".join(f"{n} prefill | {n} decode" for n in lengths) + " |",
+             "|---|" + "---:|" * (2 * len(lengths))]
     for m, by_len in lat.items():
         cells = [f"{by_len[n]['prefill_ratio_rep_median']:.2f} | {by_len[n]['decode_ratio_rep_median']:.2f}"
                  for n in lengths]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    s = report["search"]
-    lines += ["", f"Quick-preset search (kv, {s['num_keys']} keys): {s['seconds']} s, {s['generations']} generations.",
-              "", "BAM, largest relative difference to the reference backend (output and gradients):", "",
-              "| setup | backend | max rel diff |", "|---|---|---:|"]
-    for setup, by_backend in report["bam"]["equivalence"].items():
-        for backend, diffs in by_backend.items():
-            lines.append(f"| {setup} | {backend} | {max(v['rel'] for v in diffs.values()):.3g} |")
-    lines += ["", "Peak GPU memory (GiB): " + ", ".join(
-        f"{k} {v:.1f}" if v is not None else f"{k} n/a" for k, v in report["peak_gib"].items()),
-        "", f"Wall time: {report['seconds']:.0f} s"]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def write_report(report: dict, out: Path) -> None:
+    """``gpu_check.json`` and ``gpu_check.md`` in ``out``, each replaced atomically."""
+    for name, text in (("gpu_check.json", json.dumps(report, indent=2, default=str)),
+                       ("gpu_check.md", markdown(report))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / name)
+
+
+def run_step(report: dict, name: str, step, device: torch.device, out: Path) -> None:
+    """``report[name] = step()``, with its wall time and peak GPU memory. A failure (an out-of-memory
+    error, say) is recorded under ``report["errors"]`` with the end of its traceback and the next steps
+    still run; the report files are rewritten after every step, so a run stopped by a time limit keeps
+    what it measured."""
+    peak_reset(device)
+    start = time.perf_counter()
+    try:
+        report[name] = step()
+    except Exception as e:  # recorded in the report; the other steps still run
+        report["errors"][name] = {"message": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                                  "traceback": traceback.format_exc(limit=-8)}
+        print(f"step {name} FAILED: {report['errors'][name]['message']}", flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    report["step_seconds"][name] = round(time.perf_counter() - start, 1)
+    report["peak_gib"][name] = peak_gib(device)
+    print(f"step {name}: {report['step_seconds'][name]} s", flush=True)
+    write_report(report, out)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -174,10 +247,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--skip-bam", action="store_true", help="leave out benchmarks/gpu_check_bam.py")
     a = ap.parse_args(argv)
     plan = DRY if a.dry_run else FULL
+    if problems := unmet_requirements():
+        raise SystemExit(f"error: this environment does not meet pyproject.toml: {'; '.join(problems)} "
+                         "(a GPU node without network: see docs/guide/gpu.md)")
     if not a.dry_run and not torch.cuda.is_available():
         raise SystemExit("error: no CUDA device here; run with --dry-run to check the script on the CPU")
     import latency  # noqa: PLC0415 (script: benchmarks/ is put on sys.path above)
-
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -186,34 +261,35 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     report: dict = {"model": plan["config"], "device": str(device), "dtype": dtype_name(dtype),
                     "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
-                    "torch": torch.__version__, "plan": plan, "peak_gib": {}}
-    peak_reset(device)
-    model = latency.random_model(plan["config"], str(device), dtype)
-    report["peak_gib"]["weights"] = peak_gib(device)
+                    "torch": torch.__version__, "transformers": transformers.__version__, "plan": plan,
+                    "peak_gib": {}, "step_seconds": {}, "errors": {}}
+    holder: dict = {}
+
+    def build_model() -> dict:
+        holder["model"] = latency.random_model(plan["config"], str(device), dtype)
+        return {"parameters": sum(p.numel() for p in holder["model"].parameters())}
+
+    run_step(report, "weights", build_model, device, out)
     with tempfile.TemporaryDirectory() as tmp:
-        report["identity"] = identity_checks(model, plan["identity_tokens"], Path(tmp))
-        report["peak_gib"]["identity"] = peak_gib(device)
-        peak_reset(device)
-        report["search"] = search_check(model, plan["config"], Path(tmp), plan["search_keys"],
-                                        plan["search_overrides"])
-        report["peak_gib"]["search"] = peak_gib(device)
-    del model
+        if "model" in holder:
+            run_step(report, "identity", lambda: identity_checks(holder["model"], plan["identity_tokens"],
+                                                                 Path(tmp)), device, out)
+            run_step(report, "search", lambda: search_check(holder["model"], plan["config"], Path(tmp),
+                                                            plan["search_keys"], plan["search_overrides"]),
+                     device, out)
+    holder.clear()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    peak_reset(device)
-    report["latency"] = latency_check(plan["config"], str(device), plan["lengths"], plan["reps"], plan["decode"],
-                                      out / "latency.json")
-    report["peak_gib"]["latency"] = peak_gib(device)
+    run_step(report, "latency", lambda: latency_check(plan["config"], str(device), plan["lengths"], plan["reps"],
+                                                      plan["decode"], out / "latency.json"), device, out)
     if not a.skip_bam:
-        peak_reset(device)
-        report["bam"] = bam_check(str(device), out / "gpu_check_bam.json", a.dry_run)
-        report["peak_gib"]["bam"] = peak_gib(device)
-    else:
-        report["bam"] = {"equivalence": {}}
+        run_step(report, "bam", lambda: bam_check(str(device), out / "gpu_check_bam.json", a.dry_run), device, out)
     report["seconds"] = time.perf_counter() - start
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
-    (out / "gpu_check.md").write_text(markdown(report))
+    write_report(report, out)
     print(markdown(report))
+    if report["errors"]:
+        raise SystemExit(f"error: {len(report['errors'])} step(s) failed: {', '.join(report['errors'])} "
+                         f"(tracebacks in {out / 'gpu_check.json'})")
     return report
 
 

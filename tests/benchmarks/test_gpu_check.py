@@ -22,10 +22,49 @@ def test_dry_run_checks_every_method_and_writes_its_tables(tmp_path):
                                               "kerple-power", "fire"}
     worst = {s: max(v["rel"] for v in d["chunked"].values()) for s, d in doc["bam"]["equivalence"].items()}
     assert max(worst.values()) < 1e-4, worst  # eager = chunked for every prior, gradients included
-    assert set(doc["peak_gib"]) == {"weights", "identity", "search", "latency", "bam"}
+    steps = {"weights", "identity", "search", "latency", "bam"}
+    assert set(doc["peak_gib"]) == set(doc["step_seconds"]) == steps and doc["errors"] == {}
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| moice | yes | 0 |" in table and "| attention-buckets |" in table and report["seconds"] > 0
     assert (tmp_path / "latency.json").exists() and (tmp_path / "gpu_check_bam.json").exists()
+
+
+def test_a_failing_step_is_recorded_and_the_next_steps_still_run(tmp_path, monkeypatch):
+    script = load_benchmark("gpu_check")
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(script, "search_check", out_of_memory)
+    with pytest.raises(SystemExit, match=r"1 step\(s\) failed: search"):
+        script.main(["--dry-run", "--skip-bam", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert "search" not in doc and set(doc["latency"]["summary"]) == METHODS and len(doc["identity"]) == 7
+    assert doc["errors"]["search"]["message"].startswith("OutOfMemoryError: CUDA out of memory")
+    assert "out_of_memory" in doc["errors"]["search"]["traceback"] and "search" in doc["step_seconds"]
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert "FAILED search: OutOfMemoryError" in table and "Quick-preset search" not in table
+    assert "| lpes | yes | 0 |" in table and "Wall time" in table
+
+
+def test_an_unmet_requirement_stops_the_run_before_anything_is_written(tmp_path, monkeypatch):
+    from importlib.metadata import PackageNotFoundError, version
+
+    script = load_benchmark("gpu_check")
+    assert script.unmet_requirements() == []  # this environment was installed from pyproject.toml
+
+    def image_of_a_gpu_node(name: str) -> str:
+        if name == "gguf":
+            raise PackageNotFoundError(name)
+        return "5.17.0" if name == "transformers" else version(name)
+
+    assert script.unmet_requirements(installed=image_of_a_gpu_node) == [
+        "transformers 5.17.0 (needs <6,>=5.24)", "gguf: not installed"]
+    monkeypatch.setattr(script, "version", image_of_a_gpu_node)
+    with pytest.raises(SystemExit, match=r"does not meet pyproject.toml: transformers 5.17.0 \(needs <6,>=5.24\); "
+                                         r"gguf: not installed \(a GPU node without network: see docs/guide/gpu.md"):
+        script.main(["--dry-run", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
