@@ -8,27 +8,33 @@ on the GPU in bfloat16 by ``benchmarks/latency.py``'s ``random_model``; nothing 
 
 1. identity: every method at its identity setting (pi factor 1, LPES factors all 1, Ms-PoE ratios 1,
    Attention Buckets one base, MoICE one expert at the model's base, temperature 1, positional-hidden
-   factor 1) against the unpatched model on a
-   left-padded batch, prefill and one cached decoding step: ``torch.equal`` and the largest |difference|
-   of the logits;
+   factor 1) against the unpatched model on a left-padded batch, prefill and one cached decoding step:
+   ``torch.equal`` and the largest |difference| of the logits;
 2. search: one ``quick``-preset LPES search end to end (``posbias.search.runner.run_search``) on the
    kv task, with a byte-level BPE tokenizer trained here on the tasks' own text (the model's weights
    are random: the search checks the GPU path and its time, not an accuracy);
-3. latency: ``benchmarks/latency.py`` for none / pi / lpes / ms-poe / attention-buckets / moice /
-   temperature / positional-hidden at 4K
-   and 16K tokens, prefill and decode as ratios to ``none``, interleaved with the order rotating;
-4. BAM: ``benchmarks/gpu_check_bam.py`` (FlexAttention against the exact chunked path, and training
-   throughput per scheme).
+3. save: the model and that tokenizer written as a Hugging Face folder (15 GB of bfloat16 safetensors
+   for the 7B shape, in a temporary folder);
+4. latency: ``benchmarks/latency.py`` for none / pi / lpes / ms-poe / attention-buckets / moice /
+   temperature / positional-hidden at 4K and 16K tokens, prefill and decode as ratios to ``none``,
+   interleaved with the order rotating;
+5. BAM: ``benchmarks/gpu_check_bam.py`` (FlexAttention against the exact chunked path, and training
+   throughput per scheme);
+6. load and eval: ``benchmarks/load_and_eval.py`` on the saved folder in a fresh process: the loader's
+   time and GPU memory (the weights read straight into bfloat16 on the GPU) and one ``posbias eval``
+   through the command line (kv, 256 keys: ~4K tokens, 30 instances), its time and peak GPU memory.
 
 The wall time and peak GPU memory of each step are recorded. A step that fails (out of memory, say) is
 recorded with its traceback and the next steps still run (exit status 1 at the end). ``--out`` receives
 ``gpu_check.json`` (everything) and ``gpu_check.md`` (the tables), both rewritten after every step, so a
-run stopped by a time limit keeps what it measured, and ``latency.json`` and ``gpu_check_bam.json``.
+run stopped by a time limit keeps what it measured, and ``latency.json``, ``gpu_check_bam.json`` and
+``load_and_eval.json``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +53,7 @@ from posbias.search.config import SearchConfig
 from posbias.search.runner import run_search
 from posbias.training.tokenizer import synthetic_task_texts, train_bpe_tokenizer
 from posbias.utils.devices import dtype_name
+from posbias.utils.io import atomic_write_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # latency.py, gpu_check_bam.py beside this file
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -61,9 +68,12 @@ IDENTITY = {
     "positional-hidden": {"dims": [0, 1], "factor": 1.0},
 }
 FULL = {"config": "qwen2.5-7b", "device": "cuda", "identity_tokens": 1024, "lengths": "4096,16384", "reps": 2,
-        "decode": 16, "search_keys": 30, "search_overrides": {}}
+        "decode": 16, "search_keys": 30, "search_overrides": {},
+        "eval_args": ["--task", "kv", "--num-keys", "256", "--n", "10", "--depths", "0,0.5,1", "--batch-size", "8"]}
 DRY = {"config": "tiny", "device": "cpu", "identity_tokens": 24, "lengths": "32,64", "reps": 1, "decode": 2,
-       "search_keys": 4, "search_overrides": {"population": 3, "generations": 1, "n_per_depth": 1, "batch_size": 3}}
+       "search_keys": 4, "search_overrides": {"population": 3, "generations": 1, "n_per_depth": 1, "batch_size": 3},
+       "eval_args": ["--task", "kv", "--num-keys", "4", "--n", "1", "--depths", "0,1", "--batch-size", "2"]}
+BENCHMARKS = Path(__file__).resolve().parent
 
 
 def unmet_requirements(pyproject: Path = PYPROJECT, installed=None) -> list[str]:
@@ -136,16 +146,37 @@ def identity_checks(model, tokens: int, folder: Path) -> dict:
     return results
 
 
-def search_check(model, config: str, folder: Path, keys: int, overrides: dict) -> dict:
-    """One quick-preset LPES search on ``model`` (kv task, ``keys`` word keys) into ``folder``."""
+def search_check(model, tok, config: str, folder: Path, keys: int, overrides: dict) -> dict:
+    """One quick-preset LPES search on ``model`` with ``tok`` (kv task, ``keys`` word keys) into ``folder``."""
 
-    tok = train_bpe_tokenizer(synthetic_task_texts(), 4096, folder / "tokenizer")
     start = time.perf_counter()
     search = SearchConfig(model=f"random {config}", task="kv", out=str(folder / "search"), preset="quick", seed=0,
                           task_options={"num_keys": keys}, overrides=overrides)
     res = run_search(search, resume=True, loaded=(model, tok))
     return {"seconds": round(time.perf_counter() - start, 1), "generations": res.generations,
             "factors": res.factors, "accuracy": res.accuracy, "num_keys": keys, "overrides": overrides}
+
+
+def save_check(model, tok, folder: Path) -> dict:
+    """``model`` and ``tok`` saved as a Hugging Face folder (safetensors in the model's dtype), timed."""
+    start = time.perf_counter()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    return {"seconds": round(time.perf_counter() - start, 1), "safetensors_gib": round(size / 2**30, 2)}
+
+
+def load_and_eval_check(folder: Path, device: str, dtype: str, eval_args: list[str], out: Path,
+                        eval_out: Path) -> dict:
+    """``benchmarks/load_and_eval.py`` on the saved folder in a fresh process (its own peak memory):
+    ``load_model`` and one ``posbias eval`` as a user types it."""
+    command = [sys.executable, str(BENCHMARKS / "load_and_eval.py"), "--model", str(folder), "--device", device,
+               "--dtype", dtype, "--out", str(out), "--eval-out", str(eval_out), "--", *eval_args]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"load_and_eval.py exited with {done.returncode}: "
+                           + " | ".join(done.stderr.strip().splitlines()[-3:]))
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def latency_check(config: str, device: str, lengths: str, reps: int, decode: int, out: Path) -> dict:
@@ -179,6 +210,8 @@ def markdown(report: dict) -> str:
         s = report["search"]
         lines += ["", f"Quick-preset search (kv, {s['num_keys']} keys): {s['seconds']} s, "
                   f"{s['generations']} generations."]
+    if "load_and_eval" in report:
+        lines += ["", load_and_eval_line(report)]
     if report.get("bam", {}).get("equivalence"):
         lines += ["", "BAM, largest relative difference to the reference backend (output and gradients):", "",
                   "| setup | backend | max rel diff |", "|---|---|---:|"]
@@ -193,6 +226,24 @@ def markdown(report: dict) -> str:
     if "seconds" in report:
         lines += ["", f"Wall time: {report['seconds']:.0f} s"]
     return "\n".join(lines) + "\n"
+
+
+def load_and_eval_line(report: dict) -> str:
+    """The saved folder, its load and one eval, in a sentence."""
+    load, ev = report["load_and_eval"]["load"], report["load_and_eval"]["eval"]
+    save = report["save"]
+
+    def on_gpu(gib) -> str:
+        return "n/a" if gib is None else f"{gib} GiB"
+
+    command = (f"posbias eval --model <folder> --device {report['device']} --dtype {report['dtype']} "
+               + " ".join(report["plan"]["eval_args"]))
+    return (f"Saved as a model folder ({save['safetensors_gib']} GiB of safetensors, {save['seconds']} s), then in "
+            f"a fresh process: `load_model` {load['seconds']} s, {on_gpu(load['gpu_gib'])} on the GPU, "
+            f"{load['dtype']} on {load['device']}, largest resident set {load['max_rss_gib']} GiB (mapped "
+            f"safetensors pages included); `{command}` ({ev['instances']} instances, median "
+            f"{ev['prompt_tokens_median']:.0f} prompt tokens): {ev['seconds']} s, peak {on_gpu(ev['peak_gpu_gib'])} "
+            "on the GPU.")
 
 
 def latency_lines(latency: dict) -> list[str]:
@@ -212,11 +263,8 @@ def latency_lines(latency: dict) -> list[str]:
 
 def write_report(report: dict, out: Path) -> None:
     """``gpu_check.json`` and ``gpu_check.md`` in ``out``, each replaced atomically."""
-    for name, text in (("gpu_check.json", json.dumps(report, indent=2, default=str)),
-                       ("gpu_check.md", markdown(report))):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(out / name)
+    atomic_write_text(out / "gpu_check.json", json.dumps(report, indent=2, default=str))
+    atomic_write_text(out / "gpu_check.md", markdown(report))
 
 
 def run_step(report: dict, name: str, step, device: torch.device, out: Path) -> None:
@@ -269,21 +317,29 @@ def main(argv: list[str] | None = None) -> dict:
         holder["model"] = latency.random_model(plan["config"], str(device), dtype)
         return {"parameters": sum(p.numel() for p in holder["model"].parameters())}
 
-    run_step(report, "weights", build_model, device, out)
     with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        tok = train_bpe_tokenizer(synthetic_task_texts(), 4096, tmp / "tokenizer")
+        run_step(report, "weights", build_model, device, out)
         if "model" in holder:
-            run_step(report, "identity", lambda: identity_checks(holder["model"], plan["identity_tokens"],
-                                                                 Path(tmp)), device, out)
-            run_step(report, "search", lambda: search_check(holder["model"], plan["config"], Path(tmp),
-                                                            plan["search_keys"], plan["search_overrides"]),
-                     device, out)
-    holder.clear()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    run_step(report, "latency", lambda: latency_check(plan["config"], str(device), plan["lengths"], plan["reps"],
-                                                      plan["decode"], out / "latency.json"), device, out)
-    if not a.skip_bam:
-        run_step(report, "bam", lambda: bam_check(str(device), out / "gpu_check_bam.json", a.dry_run), device, out)
+            model = holder["model"]
+            run_step(report, "identity", lambda: identity_checks(model, plan["identity_tokens"], tmp), device, out)
+            run_step(report, "search", lambda: search_check(model, tok, plan["config"], tmp, plan["search_keys"],
+                                                            plan["search_overrides"]), device, out)
+            run_step(report, "save", lambda: save_check(model, tok, tmp / "model"), device, out)
+            del model
+        holder.clear()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        run_step(report, "latency", lambda: latency_check(plan["config"], str(device), plan["lengths"],
+                                                          plan["reps"], plan["decode"], out / "latency.json"),
+                 device, out)
+        if not a.skip_bam:
+            run_step(report, "bam", lambda: bam_check(str(device), out / "gpu_check_bam.json", a.dry_run), device,
+                     out)
+        if "save" in report:
+            run_step(report, "load_and_eval", lambda: load_and_eval_check(
+                tmp / "model", str(device), dtype_name(dtype), plan["eval_args"], out, tmp / "eval"), device, out)
     report["seconds"] = time.perf_counter() - start
     write_report(report, out)
     print(markdown(report))

@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.py: its CPU dry run (tiny config, few tokens) goes through every step and writes
-the JSON and the markdown table; without CUDA the full run stops with one line."""
+the JSON and the markdown table; a failing step is recorded while the others run; unmet requirements
+and, without CUDA, the full run stop with one line."""
 from __future__ import annotations
 
 import json
@@ -22,11 +23,17 @@ def test_dry_run_checks_every_method_and_writes_its_tables(tmp_path):
                                               "kerple-power", "fire"}
     worst = {s: max(v["rel"] for v in d["chunked"].values()) for s, d in doc["bam"]["equivalence"].items()}
     assert max(worst.values()) < 1e-4, worst  # eager = chunked for every prior, gradients included
-    steps = {"weights", "identity", "search", "latency", "bam"}
+    steps = {"weights", "identity", "search", "save", "latency", "bam", "load_and_eval"}
     assert set(doc["peak_gib"]) == set(doc["step_seconds"]) == steps and doc["errors"] == {}
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| moice | yes | 0 |" in table and "| attention-buckets |" in table and report["seconds"] > 0
     assert (tmp_path / "latency.json").exists() and (tmp_path / "gpu_check_bam.json").exists()
+    load, ev = doc["load_and_eval"]["load"], doc["load_and_eval"]["eval"]  # the saved folder, in a fresh process
+    assert load["parameters"] == doc["weights"]["parameters"] and (load["dtype"], load["device"]) == (
+        "torch.float32", "cpu")
+    assert ev["instances"] == 2 and ev["command"].startswith("posbias eval --model ") and ev["seconds"] > 0
+    assert json.loads((tmp_path / "load_and_eval.json").read_text()) == doc["load_and_eval"]
+    assert "`posbias eval --model <folder> --device cpu --dtype float32 --task kv --num-keys 4" in table
 
 
 def test_a_failing_step_is_recorded_and_the_next_steps_still_run(tmp_path, monkeypatch):
