@@ -47,8 +47,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=None, help="instances per depth for every setting (default: per setting)")
     ap.add_argument("--depths", default=None, help="comma-separated depths (default 0,0.25,0.5,0.75,1)")
     ap.add_argument("--only", default=None, help="comma-separated subset of: " + ",".join(SETTINGS))
+    ap.add_argument("--mode", default="teacher-forced", help="teacher-forced | generate | both (posbias eval's "
+                                                             "--mode; both adds a greedy-generation row)")
     args = ap.parse_args()
-
 
     loaded = load_model(args.model)
     names = args.only.split(",") if args.only else list(SETTINGS)
@@ -63,7 +64,7 @@ def main() -> None:
         start = time.time()
         depths = [float(d) for d in args.depths.split(",")] if args.depths else DEPTHS
         run_eval(EvalConfig(model=args.model, task=task, depths=depths, n=n, out=Path(args.out) / name,
-                            batch_size=bs, task_options=opts), loaded=loaded)
+                            batch_size=bs, task_options=opts, mode=args.mode), loaded=loaded)
         seconds = time.time() - start
         timing = Path(args.out) / name / "timing.json"
         if not timing.exists():  # the wall time of the run that scored it (a resume of a finished folder: 0)
@@ -95,17 +96,26 @@ def summary_table(root: Path, names: list[str]) -> str:
         summary = json.loads(path.read_text())
         results = [json.loads(x) for x in (root / name / "results.jsonl").read_text().splitlines() if x.strip()]
         tokens = sum(r.get("prompt_tokens", 0) for r in results) / max(1, len(results))
-        cells = {r["depth"]: r for r in summary["by_depth"]}
-        row = [f"{100 * c['accuracy']:.0f} [{100 * c['ci_low']:.0f}, {100 * c['ci_high']:.0f}]"
-               if (c := cells.get(d)) else "-" for d in DEPTHS]
         n = summary["by_depth"][0]["n"] if summary["by_depth"] else 0
         timing = root / name / "timing.json"
         per = "-"
         if timing.exists():
             t = json.loads(timing.read_text())
             per = f"{t['seconds'] / max(1, t['instances']):.1f}"
-        lines.append(f"| {name} | {tokens:.0f} | {n} | {per} | " + " | ".join(row) + " |")
+        rows = [(name, summary["by_depth"])]  # mode both: the teacher-forced row, then greedy generation's
+        if "by_depth_generate" in summary:
+            rows = [(f"{name} (teacher-forced)", summary["by_depth"]),
+                    (f"{name} (generation)", summary["by_depth_generate"])]
+        for label, by_depth in rows:
+            lines.append(f"| {label} | {tokens:.0f} | {n} | {per} | " + " | ".join(depth_cells(by_depth)) + " |")
     return "\n".join(lines)
+
+
+def depth_cells(by_depth: list[dict]) -> list[str]:
+    """Accuracy % [95% CI] at each of :data:`DEPTHS` ("-" where the run has no such depth)."""
+    cells = {r["depth"]: r for r in by_depth}
+    return [f"{100 * c['accuracy']:.0f} [{100 * c['ci_low']:.0f}, {100 * c['ci_high']:.0f}]"
+            if (c := cells.get(d)) else "-" for d in DEPTHS]
 
 
 if __name__ == "__main__":

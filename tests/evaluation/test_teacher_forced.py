@@ -1,4 +1,5 @@
 """Teacher-forced scoring and greedy generation agree, batched or not, on tiny random models."""
+import pytest
 import torch
 from conftest import make_tiny_model
 
@@ -76,3 +77,56 @@ def test_context_too_long_is_a_clear_error(tiny_tokenizer):
     model = make_tiny_model("llama", max_positions=16)
     with pytest.raises(ContextTooLongError, match="maximum of 16 positions"):
         score_teacher_forced(model, tiny_tokenizer, [_inst(0, PROMPTS[0] * 10, "x")])
+
+
+def _greedy_form(model, tokenizer, inst) -> str:
+    """The model's own greedy continuation of ``inst`` (3, 2 or 1 tokens) as text that tokenises back to
+    the same ids (a random model's tokens often do not)."""
+    from posbias.evaluation.batching import encode
+
+    prompt = encode(tokenizer, inst, False).prompt_ids
+    for tokens in (3, 2, 1):
+        ids = greedy_batch(model, [prompt], 0, set(), tokens)[0]
+        text = tokenizer.decode(ids)
+        if tokenizer(text, add_special_tokens=False)["input_ids"] == ids and "<" not in text:
+            return text
+    pytest.fail(f"no greedy continuation of {inst.prompt!r} tokenises back to itself")
+
+
+def test_an_accepted_form_counts_where_the_target_fails(tiny_tokenizer, monkeypatch):
+    """An instance whose first target is not matched is scored again on its other accepted forms: the
+    model's own continuation counts as exact match (named in em_form), a wrong form does not, the
+    log-prob stays the first target's, and a matched first target scores no alternative."""
+    import posbias.evaluation.teacher_forced as tf
+    from posbias.evaluation.long_context import score_shared_prefill
+
+    model = make_tiny_model("llama", seed=3)
+    base = [_inst(i, p, "zzz") for i, p in enumerate(PROMPTS[:3])]
+    plain = score_teacher_forced(model, tiny_tokenizer, base)
+    assert not any(r["em"] for r in plain)
+    own = _greedy_form(model, tiny_tokenizer, base[2])
+    base[2].meta["tf_alternatives"] = ["qqq", own]  # the second form is the model's own
+    base[1].meta["tf_alternatives"] = ["qqq"]  # a form the model does not write
+    got = score_teacher_forced(model, tiny_tokenizer, base, batch_size=2)
+    assert [r["em"] for r in got] == [False, False, True] and got[2]["em_form"] == own
+    assert "em_form" not in got[1] and [r["logprob"] for r in got] == [r["logprob"] for r in plain]
+    both = score_shared_prefill(model, tiny_tokenizer, base[2], chat=False, max_new_tokens=3)
+    assert both["tf_em"] and both["tf_em_form"] == own and both["prediction"].startswith(own)
+
+    matched = _inst(9, PROMPTS[2], own)
+    matched.meta.update(tf_alternatives=["qqq"], answer_joined=True)
+    monkeypatch.setattr(tf, "alternative_instances", lambda inst: pytest.fail("a matched target was retried"))
+    assert tf.score_teacher_forced(model, tiny_tokenizer, [matched])[0]["em"]
+
+
+def test_shared_context_questions_accept_the_forms_too(tiny_tokenizer):
+    from posbias.evaluation.teacher_forced import score_instances
+
+    model = make_tiny_model("llama", seed=3)
+    context = "The grass is green. "
+    questions = [_inst(i, context + q, "zzz") for i, q in enumerate(["The sky is", "Extract the value"])]
+    for q in questions:
+        q.meta.update(context_id="c0", context_chars=len(context))
+    questions[1].meta["tf_alternatives"] = [_greedy_form(model, tiny_tokenizer, questions[1])]
+    got = score_instances(model, tiny_tokenizer, questions)
+    assert [r["em"] for r in got] == [False, True] and got[1]["em_form"] == questions[1].meta["tf_alternatives"][0]

@@ -61,6 +61,7 @@ def test_niah_single(tiny_tokenizer, haystack):
         key = x.meta["keys"][0]
         ctx = x.prompt.split("\n")[1]
         assert f"for {key} is: {x.answers[0]}." in ctx
+        assert x.meta["tf_alternatives"] == [f": {x.answers[0]}"]  # the needle's own form, also accepted
         assert x.metric == "string_match_all"
         assert x.answer_prefix == f"The special magic number for {key} mentioned in the provided text is"
         assert x.prompt.endswith(f"What is the special magic number for {key} mentioned in the provided text?")
@@ -100,6 +101,7 @@ def test_niah_many_needles(tiny_tokenizer):
         # needles are spread: the first at the start of the haystack, the last at its end
         ctx = x.prompt.split("\n")[1]
         assert ctx.startswith("One of the special") and ctx.endswith(f"is: {found[-1][1]}.")
+        assert x.meta["tf_alternatives"] == [f": {x.answers[0]}"]
     for i in range(2):  # only the asked needle moves
         per = [xs[d * 2 + i] for d in range(len(DEPTHS))]
         rest = [[f for f in needles_of(x.prompt) if f[0] != x.meta["keys"][0]] for x in per]

@@ -250,7 +250,8 @@ def score_group(model, tokenizer, group: Sequence, cfg: MapConfig, *, shared: bo
                         "correct": float(s["em"]), "tf_logprob": float(s["logprob"]), "n_tokens": int(s["n_tokens"]),
                         "prompt_tokens": int(s["prompt_tokens"]), "gold_index": inst.gold_index,
                         "num_items": inst.num_items,
-                        "distance_tokens": gold_distance(tokenizer, inst, int(s["prompt_tokens"]))})
+                        "distance_tokens": gold_distance(tokenizer, inst, int(s["prompt_tokens"])),
+                        **({"em_form": s["em_form"]} if "em_form" in s else {})})
     if cfg.mode == "both":
         classify_group(model, tokenizer, group, records, cfg)
     return records

@@ -38,7 +38,7 @@ from posbias.evaluation.generation import greedy_continue, greedy_generate
 from posbias.evaluation.metrics import score
 from posbias.evaluation.modes import GENERATE, TEACHER_FORCED, canonical_mode
 from posbias.evaluation.scoring import Continuation, model_device, prefill, score_continuations
-from posbias.evaluation.teacher_forced import score_teacher_forced
+from posbias.evaluation.teacher_forced import accept_alternatives, score_teacher_forced
 from posbias.tasks import make_instances
 from posbias.tasks.base import depth_seed
 from posbias.utils.io import append_jsonl, read_jsonl
@@ -258,6 +258,8 @@ def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_s
         for o, r in zip(out, score_teacher_forced(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
             o.update(tf_em=bool(r["em"]), tf_logprob=float(r["logprob"]), n_tokens=int(r["n_tokens"]),
                      tf_hits=r["hits"])
+            if "em_form" in r:
+                o["tf_em_form"] = r["em_form"]
             if "prompt_tokens" in r:
                 o["prompt_tokens"] = int(r["prompt_tokens"])
     if "generate" in modes:
@@ -280,7 +282,9 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
     token, as in :func:`posbias.evaluation.teacher_forced.score_batch`); the cache is cropped
     back to the prompt and greedy decoding continues from the prefill's logits (stopping at EOS,
     as :func:`posbias.evaluation.generation.greedy_batch`). Same tokenisation (``encode``) as the
-    lead scorers. Returns ``None`` when the model's cache cannot be cropped (the caller then
+    lead scorers; an unmatched target is retried on the task's other accepted forms
+    (:func:`~posbias.evaluation.teacher_forced.accept_alternatives`, one more prefill each).
+    Returns ``None`` when the model's cache cannot be cropped (the caller then
     falls back to the two-pass scorers).
     """
 
@@ -296,8 +300,10 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
     if extra > 0:
         cache.crop(-extra)  # negative: drop the last `extra` positions (all transformers versions)
     generated = greedy_continue(model, cache, mask, next_pos, last, eos_ids_of(tokenizer), max_new_tokens)[0]
+    tf = accept_alternatives(model, tokenizer, [inst], [tf], batch_size=1, chat=chat)[0]
     return {"tf_em": tf["em"], "tf_logprob": tf["logprob"], "tf_hits": tf["hits"], "n_tokens": len(A),
-            "prompt_tokens": len(P), "prediction": tokenizer.decode(generated, skip_special_tokens=True)}
+            "prompt_tokens": len(P), "prediction": tokenizer.decode(generated, skip_special_tokens=True),
+            **({"tf_em_form": tf["em_form"]} if "em_form" in tf else {})}
 
 
 def summarize_grid(records: Iterable[dict]) -> list[dict]:

@@ -55,6 +55,8 @@ def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch
         for rec, r in zip(records, score_teacher_forced(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
             rec.update(tf_em=r["em"], tf_logprob=r["logprob"], n_tokens=r["n_tokens"],
                        prompt_tokens=r["prompt_tokens"], tf_hits=r["hits"])
+            if "em_form" in r:
+                rec["tf_em_form"] = r["em_form"]  # matched in another form the task accepts
     if mode in (GENERATE, "both"):
         preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                 chat=chat)

@@ -8,10 +8,18 @@ A model marked :func:`prompt_dependent` (a method whose behaviour depends on whe
 e.g. Ms-PoE's head order from the prompt's last token) is scored by prefilling the prompt alone and
 feeding the answer through the cache (:func:`posbias.evaluation.scoring.score_via_cache`), so the
 answer never reaches its prefill and teacher forcing sees what generation sees.
+
+A task may accept other surface forms of its answer (``meta["tf_alternatives"]``: continuations of the
+prompt taken verbatim, e.g. RULER's needles read "... is: 3183136." and a model may answer the prefix
+"... mentioned in the provided text is" with ": 3183136" instead of " 3183136"). An instance whose
+target is not matched is scored again on each alternative (:func:`accept_alternatives`); ``em`` counts
+a matched alternative (named in ``em_form``), while ``logprob``, ``hits`` and ``n_tokens`` stay those
+of the first target, so log-prob objectives and tables do not change with the form.
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import Sequence
 
 from posbias.evaluation.batching import encode, length_sorted_batches, model_max_positions, pad_id_of
@@ -52,7 +60,31 @@ def score_teacher_forced(model, tokenizer, instances: Sequence[Instance], *, bat
             by_id[r["id"]] = r
         bar.update(len(batch))
     bar.close()
-    return [by_id[inst.id] for inst in instances]
+    return accept_alternatives(model, tokenizer, instances, [by_id[inst.id] for inst in instances],
+                               batch_size=batch_size, chat=chat)
+
+
+def alternative_instances(inst: Instance) -> list[Instance]:
+    """``inst`` once per accepted other form of its answer (``meta["tf_alternatives"]``), each the
+    teacher-forced target taken verbatim after the prompt (ids ``<id>#alt<k>``)."""
+    meta = {k: v for k, v in inst.meta.items() if k != "tf_alternatives"}
+    return [replace(inst, id=f"{inst.id}#alt{k}", meta={**meta, "tf_target": text, "answer_joined": True})
+            for k, text in enumerate(inst.meta.get("tf_alternatives", ()))]
+
+
+def accept_alternatives(model, tokenizer, instances: Sequence[Instance], records: list[dict], *, batch_size: int,
+                        chat: bool) -> list[dict]:
+    """``records`` (one per instance, as the scorers return them) with ``em`` set where the first target
+    failed and one of the instance's alternative forms is matched (``em_form``: that form's text)."""
+    retry = [alt for inst, r in zip(instances, records) if not r["em"] for alt in alternative_instances(inst)]
+    if not retry:
+        return records
+    matched = {}
+    for alt, r in zip(retry, score_teacher_forced(model, tokenizer, retry, batch_size=batch_size, chat=chat)):
+        if r["em"]:
+            matched.setdefault(alt.id.rsplit("#alt", 1)[0], alt.meta["tf_target"])
+    return [{**r, "em": True, "em_form": matched[inst.id]} if inst.id in matched else r
+            for inst, r in zip(instances, records)]
 
 
 def score_instances(model, tokenizer, instances, *, batch_size: int = 8, chat: bool = False, shared: bool = True,
@@ -78,6 +110,7 @@ def score_instances(model, tokenizer, instances, *, batch_size: int = 8, chat: b
         items = [Continuation(e.inst.id, e.prompt_ids[len(context):] + e.answer_ids, len(e.answer_ids),
                               len(e.prompt_ids)) for e in encoded]
         # questions are short: up to 16 of them share one batch whatever the prompt batch size
-        for r in score_shared_context(model, context, items, pad_id, batch_size=max(batch_size, 16)):
+        scored = score_shared_context(model, context, items, pad_id, batch_size=max(batch_size, 16))
+        for r in accept_alternatives(model, tokenizer, members, scored, batch_size=batch_size, chat=False):
             by_id[r["id"]] = r
     return [by_id[inst.id] for inst in instances]

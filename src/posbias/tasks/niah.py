@@ -16,6 +16,11 @@ Haystacks: ``noise`` (the grass-is-green filler), ``essay`` (Paul Graham sentenc
 sentence boundaries), ``needle`` (distractor needles with other keys), or the path of a text corpus
 (its sentences, as ``essay``). The unit count is found by
 binary search with the tokenizer so ``apply_chat(prompt, answer_prefix)`` fits ``length`` tokens.
+
+Teacher forcing: the target is the first answer after the prefix ("... mentioned in the provided text is
+3183136"); the needle's own form, ``": 3183136"`` (the needle reads "... is: 3183136."), is accepted too
+(``meta["tf_alternatives"]``, see :mod:`posbias.evaluation.teacher_forced`): RULER scores generations by
+string match, which finds the value either way, and some models (Gemma 3) answer with the colon.
 """
 from __future__ import annotations
 
@@ -28,6 +33,11 @@ from posbias.tasks.kv import WORDS, random_numbers
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
 NIAH_INTRO = ("Some special magic numbers are hidden within the following text. Make sure to "
               "memorize it. I will quiz you about the numbers afterwards.")
+
+
+def needle_form(value: str) -> list[str]:
+    """The answer as the needle writes it after "is" (``": 3183136"``): the teacher-forced alternative."""
+    return [f": {value}"]
 
 
 def join_keys(keys: list[str]) -> str:
@@ -123,6 +133,7 @@ def make_niah(*, tokenizer=None, n, depths, seed, split, haystack="noise", num_n
                 gold_index=gi, num_items=ni, depth=float(depth), metric="string_match_all",
                 answer_prefix=s["prefix"],
                 meta={"keys": s["keys"], "haystack": haystack, "haystack_units": s["units"],
+                      "tf_alternatives": needle_form(answers[0]),
                       "num_needles": K, "num_values": V, "num_queries": Q, "length": length,
                       "prompt_tokens": prompt_tokens(tokenizer, apply_chat(tokenizer, prompt, s["prefix"])),
                       "realised_depth": realised_depth(gi, ni)},
@@ -210,7 +221,7 @@ def _make_niah_shared(*, tokenizer, n, depths, seed, split, haystack, num_needle
             out.append(Instance(
                 id=instance_id("niah-shared", split, seed, depth, i), task=task, prompt=prompt, answers=answers,
                 gold_index=k, num_items=K, depth=float(depth), metric="string_match_all", answer_prefix=prefix,
-                meta={"keys": [keys[k]], "haystack": haystack,
+                meta={"keys": [keys[k]], "haystack": haystack, "tf_alternatives": needle_form(answers[0]),
                       "haystack_units": u, "num_needles": K, "num_values": V, "num_queries": 1, "length": length,
                       "realised_depth": realised_depth(k, K),
                       "context_id": f"niah-shared_{split}_s{int(seed)}_c{i}", "context_chars": len(context)},
