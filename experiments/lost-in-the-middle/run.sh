@@ -17,3 +17,5 @@ for model in "$QWEN" "$GEMMA" "$SMOLLM2"; do
     script "$LIM" --model "$model" --out "$OUT/$model" --n 20 --depths 0,0.5,1 --only kv25file --kv-path "$KV_FILE"
   fi
 done
+# Gemma's multi-key NIAH with greedy generation beside teacher forcing (the table below Gemma's on the page)
+script "$LIM" --model "$GEMMA" --out "$OUT/$GEMMA-both" --n 20 --only niah24 --mode both
