@@ -119,7 +119,9 @@ def test_an_accepted_form_counts_where_the_target_fails(tiny_tokenizer, monkeypa
     assert tf.score_teacher_forced(model, tiny_tokenizer, [matched])[0]["em"]
 
 
-def test_shared_context_questions_accept_the_forms_too(tiny_tokenizer):
+def test_shared_context_questions_accept_the_forms_too(tiny_tokenizer, monkeypatch):
+    """The alternatives of a shared context's questions are scored against that context's prefill too."""
+    import posbias.evaluation.teacher_forced as tf
     from posbias.evaluation.teacher_forced import score_instances
 
     model = make_tiny_model("llama", seed=3)
@@ -128,5 +130,6 @@ def test_shared_context_questions_accept_the_forms_too(tiny_tokenizer):
     for q in questions:
         q.meta.update(context_id="c0", context_chars=len(context))
     questions[1].meta["tf_alternatives"] = [_greedy_form(model, tiny_tokenizer, questions[1])]
+    monkeypatch.setattr(tf, "score_teacher_forced", lambda *a, **k: pytest.fail("scored one prompt per question"))
     got = score_instances(model, tiny_tokenizer, questions)
     assert [r["em"] for r in got] == [False, True] and got[1]["em_form"] == questions[1].meta["tf_alternatives"][0]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import replace
+from functools import partial
 from typing import Sequence
 
 from posbias.evaluation.batching import encode, length_sorted_batches, model_max_positions, pad_id_of
@@ -73,14 +74,16 @@ def alternative_instances(inst: Instance) -> list[Instance]:
 
 
 def accept_alternatives(model, tokenizer, instances: Sequence[Instance], records: list[dict], *, batch_size: int,
-                        chat: bool) -> list[dict]:
+                        chat: bool, scorer=None) -> list[dict]:
     """``records`` (one per instance, as the scorers return them) with ``em`` set where the first target
-    failed and one of the instance's alternative forms is matched (``em_form``: that form's text)."""
+    failed and one of the instance's alternative forms is matched (``em_form``: that form's text).
+    ``scorer(instances) -> records`` scores the alternatives (default: :func:`score_teacher_forced`)."""
     retry = [alt for inst, r in zip(instances, records) if not r["em"] for alt in alternative_instances(inst)]
     if not retry:
         return records
+    scorer = scorer or partial(score_teacher_forced, model, tokenizer, batch_size=batch_size, chat=chat)
     matched = {}
-    for alt, r in zip(retry, score_teacher_forced(model, tokenizer, retry, batch_size=batch_size, chat=chat)):
+    for alt, r in zip(retry, scorer(retry)):
         if r["em"]:
             matched.setdefault(alt.id.rsplit("#alt", 1)[0], alt.meta["tf_target"])
     return [{**r, "em": True, "em_form": matched[inst.id]} if inst.id in matched else r
@@ -101,16 +104,22 @@ def score_instances(model, tokenizer, instances, *, batch_size: int = 8, chat: b
         (groups[cid] if cid is not None else singles).append(inst)
     by_id = {r["id"]: r for r in score_teacher_forced(model, tokenizer, singles, batch_size=batch_size, chat=chat)} \
         if singles else {}
-    limit, pad_id = (model_max_positions(model), pad_id_of(tokenizer)) if groups else (0, 0)
     for cid, members in groups.items():
-        encoded = [encode(tokenizer, inst, False, limit) for inst in members]
-        context = encoded[0].prompt_ids[:encoded[0].context_len]
-        if any(e.prompt_ids[:e.context_len] != context for e in encoded):
-            raise ValueError(f"instances of shared context {cid!r} do not start with the same context tokens")
-        items = [Continuation(e.inst.id, e.prompt_ids[len(context):] + e.answer_ids, len(e.answer_ids),
-                              len(e.prompt_ids)) for e in encoded]
-        # questions are short: up to 16 of them share one batch whatever the prompt batch size
-        scored = score_shared_context(model, context, items, pad_id, batch_size=max(batch_size, 16))
-        for r in accept_alternatives(model, tokenizer, members, scored, batch_size=batch_size, chat=False):
+        one_prefill = partial(score_context_questions, model, tokenizer, cid, batch_size=batch_size)
+        for r in accept_alternatives(model, tokenizer, members, one_prefill(members), batch_size=batch_size,
+                                     chat=False, scorer=one_prefill):
             by_id[r["id"]] = r
     return [by_id[inst.id] for inst in instances]
+
+
+def score_context_questions(model, tokenizer, cid: str, questions: Sequence[Instance], batch_size: int) -> list[dict]:
+    """Teacher-forced scores of the questions of shared context ``cid``, in their order, from one prefill
+    of the context (:func:`posbias.evaluation.scoring.score_shared_context`)."""
+    encoded = [encode(tokenizer, inst, False, model_max_positions(model)) for inst in questions]
+    context = encoded[0].prompt_ids[:encoded[0].context_len]
+    if any(e.prompt_ids[:e.context_len] != context for e in encoded):
+        raise ValueError(f"instances of shared context {cid!r} do not start with the same context tokens")
+    items = [Continuation(e.inst.id, e.prompt_ids[len(context):] + e.answer_ids, len(e.answer_ids),
+                          len(e.prompt_ids)) for e in encoded]
+    # questions are short: up to 16 of them share one batch whatever the prompt batch size
+    return score_shared_context(model, context, items, pad_id_of(tokenizer), batch_size=max(batch_size, 16))
