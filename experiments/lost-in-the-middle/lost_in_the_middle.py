@@ -6,8 +6,9 @@
 
 Each setting is one resumable ``posbias eval`` run folder under ``--out``; the combined table
 (accuracy by depth, n, 95% Wilson intervals, mean prompt tokens, seconds per instance) is printed
-and written to ``--out/table.md``, the curves to ``--out/lim.png``. Settings whose folder is already
-complete are only summarised.
+and written to ``--out/table.md``, the curves to ``--out/lim.png``, for every finished setting in
+``--out`` (also those of earlier invocations, e.g. one with another ``--mode``). Settings whose folder
+is already complete are only summarised.
 """
 from __future__ import annotations
 
@@ -70,10 +71,11 @@ def main() -> None:
         if not timing.exists():  # the wall time of the run that scored it (a resume of a finished folder: 0)
             timing.write_text(json.dumps({"seconds": seconds, "instances": n * len(depths)}))
         print(f"{name}: {seconds:.0f} s", flush=True)
-    table = summary_table(Path(args.out), names)
+    finished = [name for name in SETTINGS if (Path(args.out) / name / "summary.json").exists()]
+    table = summary_table(Path(args.out), finished)  # every finished setting in --out, this run's or earlier
     (Path(args.out) / "table.md").write_text(table + "\n")
     print(table)
-    plot_settings(Path(args.out), names, args.model)
+    plot_settings(Path(args.out), finished, args.model)
 
 
 def plot_settings(root: Path, names: list[str], model: str) -> None:
