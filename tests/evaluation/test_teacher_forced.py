@@ -133,3 +133,25 @@ def test_shared_context_questions_accept_the_forms_too(tiny_tokenizer, monkeypat
     monkeypatch.setattr(tf, "score_teacher_forced", lambda *a, **k: pytest.fail("scored one prompt per question"))
     got = score_instances(model, tiny_tokenizer, questions)
     assert [r["em"] for r in got] == [False, True] and got[1]["em_form"] == questions[1].meta["tf_alternatives"][0]
+
+
+def test_a_form_the_model_does_not_start_is_not_scored(tiny_tokenizer):
+    """Only forms whose first token is the model's own first answer token get a second pass."""
+    from posbias.evaluation.teacher_forced import accept_alternatives, first_token_of
+
+    model = make_tiny_model("llama", seed=3)
+    inst = _inst(0, PROMPTS[2], "zzz")
+    own = _greedy_form(model, tiny_tokenizer, inst)
+    other = next(w for w in ("qqq", "The", "green") if first_token_of(tiny_tokenizer, w) != first_token_of(
+        tiny_tokenizer, own))
+    inst.meta["tf_alternatives"] = [other, own]
+    record = score_teacher_forced(model, tiny_tokenizer, [_inst(0, PROMPTS[2], "zzz")])[0]
+    assert record["first_token"] == first_token_of(tiny_tokenizer, own)
+    scored = []
+
+    def scorer(alts):
+        scored.extend(a.meta["tf_target"] for a in alts)
+        return score_teacher_forced(model, tiny_tokenizer, alts)
+
+    got = accept_alternatives(model, tiny_tokenizer, [inst], [record], batch_size=4, chat=False, scorer=scorer)
+    assert scored == [own] and got[0]["em"] and got[0]["em_form"] == own

@@ -21,7 +21,8 @@ predict the first suffix token (needed when the suffix *is* the answer).
 
 Result records (one schema for every scorer): ``id``, ``em`` (argmax equals the gold token at every
 answer position), ``logprob`` (sum of gold-token log-probabilities), ``n_tokens`` (answer length),
-``prompt_tokens``, ``hits`` (1 / 0 per answer token: its argmax is the gold token). Teacher forcing
+``prompt_tokens``, ``hits`` (1 / 0 per answer token: its argmax is the gold token), ``first_token``
+(the argmax at the first answer position: the model's own first answer token). Teacher forcing
 puts the gold tokens in context, so ``all(hits[g:])`` is the exact match with the first ``g`` answer
 tokens given in the prompt (same tokens, same positions): one pass scores both.
 """
@@ -101,9 +102,11 @@ def answer_record(id_: str, logits: torch.Tensor, gold_ids: Sequence[int], promp
     ``gold_ids[a]``)."""
     logp = torch.log_softmax(logits.float(), dim=-1)  # (A, V)
     gold = torch.tensor(list(gold_ids), device=logp.device)
-    hits = logp.argmax(-1) == gold
+    predicted = logp.argmax(-1)
+    hits = predicted == gold
     return {"id": id_, "em": bool(hits.all()), "logprob": float(logp.gather(-1, gold[:, None]).sum()),
-            "n_tokens": len(gold_ids), "prompt_tokens": prompt_tokens, "hits": [int(h) for h in hits.tolist()]}
+            "n_tokens": len(gold_ids), "prompt_tokens": prompt_tokens, "hits": [int(h) for h in hits.tolist()],
+            "first_token": int(predicted[0]) if len(gold_ids) else None}
 
 
 @torch.no_grad()

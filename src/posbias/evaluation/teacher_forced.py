@@ -12,7 +12,8 @@ answer never reaches its prefill and teacher forcing sees what generation sees.
 A task may accept other surface forms of its answer (``meta["tf_alternatives"]``: continuations of the
 prompt taken verbatim, e.g. RULER's needles read "... is: 3183136." and a model may answer the prefix
 "... mentioned in the provided text is" with ": 3183136" instead of " 3183136"). An instance whose
-target is not matched is scored again on each alternative (:func:`accept_alternatives`); ``em`` counts
+target is not matched is scored again on each alternative that starts with the model's own first answer
+token (:func:`accept_alternatives`); ``em`` counts
 a matched alternative (named in ``em_form``), while ``logprob``, ``hits`` and ``n_tokens`` stay those
 of the first target, so log-prob objectives and tables do not change with the form.
 """
@@ -73,12 +74,23 @@ def alternative_instances(inst: Instance) -> list[Instance]:
             for k, text in enumerate(inst.meta.get("tf_alternatives", ()))]
 
 
+def first_token_of(tokenizer, text: str) -> int | None:
+    """The first token of an answer taken verbatim (as :func:`~posbias.evaluation.batching.encode`
+    tokenises a joined answer: alone, without special tokens)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids[0] if ids else None
+
+
 def accept_alternatives(model, tokenizer, instances: Sequence[Instance], records: list[dict], *, batch_size: int,
                         chat: bool, scorer=None) -> list[dict]:
     """``records`` (one per instance, as the scorers return them) with ``em`` set where the first target
     failed and one of the instance's alternative forms is matched (``em_form``: that form's text).
-    ``scorer(instances) -> records`` scores the alternatives (default: :func:`score_teacher_forced`)."""
-    retry = [alt for inst, r in zip(instances, records) if not r["em"] for alt in alternative_instances(inst)]
+    ``scorer(instances) -> records`` scores the alternatives (default: :func:`score_teacher_forced`).
+    A form is scored only when its first token is the model's own first answer token (``first_token``
+    of the record; the prompt is the same, so any other form cannot be matched): a model that fails
+    the task costs no second pass."""
+    retry = [alt for inst, r in zip(instances, records) if not r["em"] for alt in alternative_instances(inst)
+             if first_token_of(tokenizer, alt.meta["tf_target"]) == r.get("first_token")]
     if not retry:
         return records
     scorer = scorer or partial(score_teacher_forced, model, tokenizer, batch_size=batch_size, chat=chat)
