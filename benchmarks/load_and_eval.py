@@ -19,6 +19,7 @@ line printed is the same JSON.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import resource
 import statistics
@@ -64,6 +65,7 @@ def measure_load(model: str, options: LoadOptions) -> dict:
 def measure_eval(model: str, options: LoadOptions, eval_args: list[str], out: Path) -> dict:
     """``posbias eval`` through the command line's entry, timed, with its peak GPU memory."""
     device = options.placement().device
+    gc.collect()  # the loaded model of measure_load, before the peak is reset
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -86,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--out", required=True, help="folder for load_and_eval.json")
-    ap.add_argument("--eval-out", default=None, help="the eval's run folder (default: <out>/eval)")
+    ap.add_argument("--eval-out", default=None, help="the eval's run folder (default: <out>/eval); give a new one "
+                                                     "each time, since an existing run folder is resumed")
     a = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     options = LoadOptions(a.device, a.dtype)
     try:
