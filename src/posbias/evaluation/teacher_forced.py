@@ -13,9 +13,9 @@ A task may accept other surface forms of its answer (``meta["tf_alternatives"]``
 prompt taken verbatim, e.g. RULER's needles read "... is: 3183136." and a model may answer the prefix
 "... mentioned in the provided text is" with ": 3183136" instead of " 3183136"). An instance whose
 target is not matched is scored again on each alternative that starts with the model's own first answer
-token (:func:`accept_alternatives`); ``em`` counts
-a matched alternative (named in ``em_form``), while ``logprob``, ``hits`` and ``n_tokens`` stay those
-of the first target, so log-prob objectives and tables do not change with the form.
+token (:func:`accept_alternatives`); ``em`` counts a matched alternative (named in ``em_form``), while
+``logprob``, ``hits`` and ``n_tokens`` stay those of the first target, so log-prob objectives and
+tables do not change with the form.
 """
 from __future__ import annotations
 
@@ -89,15 +89,16 @@ def accept_alternatives(model, tokenizer, instances: Sequence[Instance], records
     A form is scored only when its first token is the model's own first answer token (``first_token``
     of the record; the prompt is the same, so any other form cannot be matched): a model that fails
     the task costs no second pass."""
-    retry = [alt for inst, r in zip(instances, records) if not r["em"] for alt in alternative_instances(inst)
+    retry = [(inst.id, alt) for inst, r in zip(instances, records) if not r["em"]
+             for alt in alternative_instances(inst)
              if first_token_of(tokenizer, alt.meta["tf_target"]) == r.get("first_token")]
     if not retry:
         return records
     scorer = scorer or partial(score_teacher_forced, model, tokenizer, batch_size=batch_size, chat=chat)
     matched = {}
-    for alt, r in zip(retry, scorer(retry)):
+    for (inst_id, alt), r in zip(retry, scorer([alt for _, alt in retry])):
         if r["em"]:
-            matched.setdefault(alt.id.rsplit("#alt", 1)[0], alt.meta["tf_target"])
+            matched.setdefault(inst_id, alt.meta["tf_target"])
     return [{**r, "em": True, "em_form": matched[inst.id]} if inst.id in matched else r
             for inst, r in zip(instances, records)]
 
