@@ -11,9 +11,9 @@ In one fresh process (run it as a script, so that the process-wide figures are i
    after ``--`` and ``--out`` ``--eval-out`` (default ``<out>/eval``), through the command line's own
    entry: seconds, peak GPU memory, the median prompt length of its instances.
 
-The process's largest resident set (``ru_maxrss``) is read after each step; it counts the pages of the
-memory-mapped safetensors files the loader touched, so it is an upper bound of the CPU memory a load
-needs, not a measure of a float32 copy. ``<out>/load_and_eval.json`` receives the figures, and the last
+The process's largest resident set (``VmHWM``, :func:`posbias.utils.memory.peak_rss_mb`) is read after
+each step; it counts the pages of the memory-mapped safetensors files the loader touched, so it is an
+upper bound of the CPU memory a load needs, not a measure of a float32 copy. ``<out>/load_and_eval.json`` receives the figures, and the last
 line printed is the same JSON.
 """
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import resource
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ from posbias.cli.main import app
 from posbias.models.loader import load_model
 from posbias.models.options import LoadOptions
 from posbias.utils.io import atomic_write_json, read_jsonl
+from posbias.utils.memory import peak_rss_mb
 
 
 def gib(n_bytes: float) -> float:
@@ -40,8 +40,8 @@ def gib(n_bytes: float) -> float:
 
 
 def max_rss_gib() -> float:
-    """The process's largest resident set so far (Linux reports KiB)."""
-    return gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    """The process's largest resident set so far (:func:`posbias.utils.memory.peak_rss_mb`)."""
+    return gib(peak_rss_mb() * 2**20)
 
 
 def gpu_gib(device: torch.device, peak: bool = False) -> float | None:
