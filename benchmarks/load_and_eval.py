@@ -13,8 +13,8 @@ In one fresh process (run it as a script, so that the process-wide figures are i
 
 The process's largest resident set (``VmHWM``, :func:`posbias.utils.memory.peak_rss_mb`) is read after
 each step; it counts the pages of the memory-mapped safetensors files the loader touched, so it is an
-upper bound of the CPU memory a load needs, not a measure of a float32 copy. ``<out>/load_and_eval.json`` receives the figures, and the last
-line printed is the same JSON.
+upper bound of the CPU memory a load needs, not a measure of a float32 copy. ``<out>/load_and_eval.json``
+receives the figures, and the last line printed is the same JSON.
 """
 from __future__ import annotations
 
