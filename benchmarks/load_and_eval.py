@@ -45,9 +45,12 @@ def max_rss_gib() -> float:
 
 
 def gpu_gib(device: torch.device, peak: bool = False) -> float | None:
+    """GPU memory this process holds, summed over the visible GPUs (one for a model on one device, all
+    of them for ``--device shard``); ``peak``: the sum of each GPU's peak. None off CUDA."""
     if device.type != "cuda":
         return None
-    return gib(torch.cuda.max_memory_allocated(device) if peak else torch.cuda.memory_allocated(device))
+    read = torch.cuda.max_memory_allocated if peak else torch.cuda.memory_allocated
+    return gib(sum(read(i) for i in range(torch.cuda.device_count())))
 
 
 def measure_load(model: str, options: LoadOptions) -> dict:
@@ -68,7 +71,8 @@ def measure_eval(model: str, options: LoadOptions, eval_args: list[str], out: Pa
     gc.collect()  # the loaded model of measure_load, before the peak is reset
     if device.type == "cuda":
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(i)
     command = ["eval", "--model", model, "--device", options.device, "--dtype", options.dtype, *eval_args,
                "--out", str(out)]
     start = time.perf_counter()

@@ -50,6 +50,24 @@ def test_cuda_on_a_machine_without_it_is_refused_before_any_folder(command, tiny
     assert not out.exists()
 
 
+@NO_CUDA
+@pytest.mark.parametrize("command", ["eval", "search", "apply"])
+def test_shard_on_a_machine_without_gpus_is_refused_before_any_folder(command, tiny, factors, tmp_path):
+    out = tmp_path / "out"
+    res = invoke(command, *commands(tiny, factors)[command], "--out", out, "--device", "shard")
+    one_line_refusal(res, "--device shard: ")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["train", "study"])
+def test_training_refuses_shard_before_any_folder(command, tmp_path):
+    out = tmp_path / "out"
+    extra = ["--steps", "1"] if command == "train" else ["--schemes", "rope"]
+    res = invoke(command, "--out", out, "--device", "shard", *extra)
+    one_line_refusal(res, "training and this use run on one device")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("command", ["eval", "search", "apply", "train-moice"])
 def test_an_unknown_dtype_is_refused_before_any_folder(command, tiny, factors, tmp_path):
     out = tmp_path / "out"

@@ -252,3 +252,50 @@ def test_a_conversion_that_finds_another_process_finished_first_keeps_its_copy(t
     assert (target / ".complete").exists() and (target / "model.safetensors").stat().st_mtime_ns == first
     assert sorted(p.name for p in target.parent.iterdir()) == ["m-abc", other.name]
     load_model(str(target))
+
+
+def test_weights_load_on_one_device_or_sharded(monkeypatch):
+    from posbias.models.loader import weight_placement
+    from posbias.utils.devices import Placement
+
+    cpu = weight_placement(Placement("cpu", "bfloat16").resolve())
+    assert cpu == {"dtype": torch.bfloat16, "device_map": {"": "cpu"}, "low_cpu_mem_usage": True}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert weight_placement(Placement("shard", "auto").resolve())["device_map"] == "auto"
+
+
+def test_offloaded_layers_are_named_in_one_warning():
+    from types import SimpleNamespace
+
+    from posbias.models.loader import warn_offloaded
+
+    with pytest.warns(UserWarning, match="1 of 3 parts of the model did not fit on the GPUs") as rec:
+        warn_offloaded(SimpleNamespace(hf_device_map={"model.embed_tokens": 0, "model.layers.0": 1,
+                                                      "model.layers.1": "cpu"}))
+    assert "\n" not in str(rec[0].message)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_offloaded(SimpleNamespace(hf_device_map={"model": 0, "lm_head": 1}))
+        warn_offloaded(SimpleNamespace(hf_device_map={"": "cpu"}))
+        warn_offloaded(SimpleNamespace())
+
+
+def test_a_sharded_load_goes_through_transformers_device_map(tmp_path):
+    """``device_map="auto"`` as ``--device shard`` asks for it; on a machine without GPUs transformers
+    places every part on the CPU, and the model equals the one loaded on one device."""
+    from posbias.models.loader import load_hf_folder
+    from posbias.utils.devices import Placement, ResolvedPlacement
+
+    make_tiny_model("llama").save_pretrained(tmp_path)
+    make_tiny_tokenizer().save_pretrained(tmp_path)
+    sharded, _ = load_hf_folder(tmp_path, ResolvedPlacement(Placement("shard", "float32"), torch.device("cpu"),
+                                                            torch.float32))
+    plain, _ = load_hf_folder(tmp_path)
+    assert {p.device.type for p in sharded.parameters()} == {"cpu"}
+    ids = torch.tensor([[1, 5, 9, 20]])
+    with torch.no_grad():
+        assert torch.equal(sharded(ids).logits, plain(ids).logits)

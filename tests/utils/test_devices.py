@@ -47,3 +47,30 @@ def test_cuda_without_a_gpu_is_one_line(name):
 def test_unknown_dtype_is_one_line():
     with pytest.raises(ValueError, match="--dtype 'int8' is not a dtype: give auto | float32"):
         resolve_dtype("int8")
+
+
+def _fake_gpus(monkeypatch, count: int):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+
+
+def test_shard_puts_inputs_on_the_first_gpu_and_the_layers_over_all(monkeypatch):
+    _fake_gpus(monkeypatch, 4)
+    placed = Placement("shard", "auto").resolve()
+    assert (placed.device, placed.dtype, placed.device_map()) == (torch.device("cuda:0"), torch.bfloat16, "auto")
+    assert placed.record()["resolved_device"] == "shard over 4 GPUs"
+    assert Placement("cuda:1", "auto").resolve().device_map() == {"": "cuda:1"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_shard_without_a_gpu_is_one_line():
+    with pytest.raises(ValueError, match="--device shard: .*use --device cpu") as e:
+        Placement("shard", "auto").resolve()
+    assert "\n" not in str(e.value)
+
+
+def test_shard_is_for_loading_only():
+    """Training resolves one device: ``shard`` is refused there in one line."""
+    with pytest.raises(ValueError, match="--device shard splits a pretrained model"):
+        resolve_device("shard")

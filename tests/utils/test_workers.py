@@ -28,6 +28,17 @@ def test_gpu_slots_go_round_the_visible_gpus(monkeypatch):
     assert gpu_slots(2) == ["4", "6"]
 
 
+def test_shard_gives_each_worker_a_run_of_gpus(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _fake_gpus(monkeypatch, 8)
+    assert gpu_slots(2, shard=True) == ["0,1,2,3", "4,5,6,7"]
+    assert gpu_slots(3, shard=True) == ["0,1", "2,3", "4,5"]
+    assert gpu_slots(1, shard=True) == ["0,1,2,3,4,5,6,7"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    _fake_gpus(monkeypatch, 2)
+    assert gpu_slots(3, shard=True) == ["4", "6", "4"]
+
+
 def test_no_gpu_slots_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpu_slots(4) is None
@@ -83,3 +94,14 @@ def test_tune_with_two_workers_equals_one(tmp_path):
         best = tune_methods(cfg, log=lambda _: None)
         runs[workers] = (best, [_untimed(r) for r in read_jsonl(tmp_path / f"w{workers}" / "results.jsonl")])
     assert runs[1] == runs[2] and len(runs[1][1]) == 3
+
+
+def test_search_workers_follow_the_device(monkeypatch):
+    from posbias.models.options import LoadOptions
+    from posbias.search.runner import worker_gpus
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _fake_gpus(monkeypatch, 4)
+    assert worker_gpus(LoadOptions("auto"), 2) == ["0", "1"]
+    assert worker_gpus(LoadOptions("shard"), 2) == ["0,1", "2,3"]
+    assert worker_gpus(LoadOptions("cuda:1"), 2) is None

@@ -88,8 +88,9 @@ def ModelOption(default: str = DEFAULT_MODEL):
 
 
 # How every command that loads a model places it (posbias.utils.devices; train and study take --device).
-Device = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N | mps (auto: the first CUDA GPU, "
-                                               "else the CPU)")
+Device = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N | mps | shard (auto: the first CUDA "
+                                               "GPU, else the CPU; shard: the model's layers split over every "
+                                               "visible GPU, for a model one GPU cannot hold)")
 Dtype = typer.Option("auto", "--dtype", help="weights and compute: auto | float32 | bfloat16 | float16 "
                                              "(auto: bfloat16 on a GPU, float32 on the CPU)")
 Revision = typer.Option(None, "--revision", help="branch, tag or commit of a Hugging Face Hub id given as --model")

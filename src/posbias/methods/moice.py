@@ -69,6 +69,13 @@ class MoICERouters(nn.Module):
         self.multipliers = [float(m) for m in multipliers]
         self.routers = nn.ModuleDict({str(i): Router(head_dim, hidden, len(self.multipliers)) for i in self.layers})
 
+    def place_with(self, decoder_layers) -> MoICERouters:
+        """Each router on the device of the decoder layer it routes (a model split over several GPUs
+        by ``--device shard`` keeps its layers, and so their routers, on different devices)."""
+        for i, router in self.routers.items():
+            router.to(next(decoder_layers[int(i)].parameters()).device)
+        return self
+
     def config(self) -> dict:
         return {"format": "posbias-moice-routers", "version": 1, "layers": self.layers, "head_dim": self.head_dim,
                 "hidden": self.hidden, "top_k": self.top_k, "multipliers": self.multipliers}
@@ -155,7 +162,8 @@ class MoICE:
 
         att_scale = self.layout.layers[module.layer_idx].attention_scaling
         expert_weights = weights.transpose(1, 2)  # (B, q, H, E), the layout of the attention output
-        used = (weights.reshape(-1, n_exp) > 0).any(0).tolist()
+        # dense routing uses every expert: no host sync to find out
+        used = [True] * n_exp if k == n_exp else (weights.reshape(-1, n_exp) > 0).any(0).tolist()
         out = None
         for e in range(n_exp):
             if not used[e]:
@@ -185,7 +193,8 @@ class MoICE:
         """Mean Switch load-balancing loss over the layers of the last forward (then cleared)."""
         if not self.aux:
             return torch.zeros(())
-        loss = torch.stack(self.aux).mean()
+        last = self.aux[-1].device  # the layers' terms are on their own devices under --device shard
+        loss = torch.stack([a.to(last) for a in self.aux]).mean()
         self.aux = []
         return loss
 
@@ -252,11 +261,7 @@ def apply_moice(model, routers: str | None = None, top_k: int | None = None, mul
         torch.manual_seed(int(seed))
         mods = MoICERouters(layers, head_dim, int(hidden or len(mult)), mult, min(top_k, len(mult)))
         torch.random.set_rng_state(gen_state)
-    try:
-        dev = next(model.parameters()).device
-    except StopIteration:  # pragma: no cover
-        dev = torch.device("cpu")
-    mods.to(dev).eval()
+    mods.place_with(get_decoder_layers(model)).eval()
     state = MoICE(model, mods, rotated_cache)
     patch = A.RopeAttentionPatch(model, mods.layers, state.attention)
     opts = {"routers": None if routers is None else str(routers), "top_k": mods.top_k,

@@ -126,7 +126,8 @@ def mean_hidden_states(model, token_rows: Sequence[Sequence[int]], batch_size: i
     for start in range(0, len(token_rows), batch_size):
         ids = torch.tensor([list(r) for r in token_rows[start:start + batch_size]], device=device)
         out = model(input_ids=ids, output_hidden_states=True, use_cache=False, logits_to_keep=1)
-        stacked = torch.stack(out.hidden_states[1:]).float().sum(1)  # (L, T, D) summed over the batch
+        # (L, T, D) summed over the batch, on the inputs' device (a --device shard model's layers are not)
+        stacked = torch.stack([h.float().sum(0).to(device) for h in out.hidden_states[1:]])
         total = stacked if total is None else total + stacked
     return (total / len(token_rows)).cpu().numpy()
 

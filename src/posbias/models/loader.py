@@ -37,6 +37,7 @@ from posbias.models.adapter import read_adapter
 from posbias.models.hub import looks_like_hub_id, resolve_hub_model
 from posbias.models.options import LoadOptions
 from posbias.models.trained import register_folder_model_type, trained_model_folder
+from posbias.utils.devices import Placement, ResolvedPlacement
 from posbias.utils.io import atomic_write_text, read_json
 
 
@@ -219,7 +220,7 @@ def load_model(spec: str, options: LoadOptions | None = None, *, dtype: torch.dt
     if register_folder_model_type(path):  # a posbias train / study model: its own positional scheme
         require_rope = False
     config = adapter.base_config() if adapter else None
-    model, tok = load_hf_folder(path, placement.dtype, placement.device, config=config)
+    model, tok = load_hf_folder(path, placement, config=config)
     if require_rope:
         check_rope_model(model)
     model.eval()
@@ -231,11 +232,12 @@ def load_model(spec: str, options: LoadOptions | None = None, *, dtype: torch.dt
 JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
-def load_hf_folder(path: Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", config=None):
+def load_hf_folder(path: Path, placement: ResolvedPlacement | None = None, config=None):
     """``(model, tokenizer)`` of a Hugging Face model folder (also the study's trained BAM models), the
-    weights read straight into ``dtype`` on ``device``; a damaged JSON or weights file is a
-    :class:`ModelLoadError` naming it, and weights stored only as a pickle (``pytorch_model.bin``, which
-    can run code when loaded) are refused. ``config``: a config object to load the weights with."""
+    weights read straight into the ``placement``'s dtype on its device (default: the CPU in float32); a
+    damaged JSON or weights file is a :class:`ModelLoadError` naming it, and weights stored only as a
+    pickle (``pytorch_model.bin``, which can run code when loaded) are refused. ``config``: a config
+    object to load the weights with."""
 
 
     path = Path(path)
@@ -259,20 +261,35 @@ def load_hf_folder(path: Path, dtype: torch.dtype = torch.float32, device: torch
         raise ModelLoadError(f"cannot load the tokenizer of {path} (tokenizer files missing or broken: "
                              f"{_first_line(e)})") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, **weight_placement(dtype, device),
+        model = AutoModelForCausalLM.from_pretrained(path, **weight_placement(placement or CPU_FLOAT32),
                                                      **({"config": config} if config else {}))
     except (ValueError, KeyError, OSError, RuntimeError, SafetensorError) as e:
         weights = ", ".join(sorted(p.name for p in path.glob("*.safetensors"))) or "its weights"
         raise ModelLoadError(f"cannot load {path} ({weights} truncated or damaged?): {_first_line(e)}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    warn_offloaded(model)
     return model, tok
 
 
-def weight_placement(dtype: torch.dtype, device: torch.device) -> dict:
-    """``from_pretrained`` arguments that read the weights straight into ``dtype`` on ``device``
-    (``device_map`` places each tensor as it is read; no float32 CPU copy is made first)."""
-    return {"dtype": dtype, "device_map": {"": str(device)}, "low_cpu_mem_usage": True}
+CPU_FLOAT32 = Placement("cpu", "float32").resolve()
+
+
+def weight_placement(placement: ResolvedPlacement) -> dict:
+    """``from_pretrained`` arguments that read the weights straight into the placement's dtype on its
+    device, or split over every visible GPU for ``--device shard`` (``device_map`` places each tensor
+    as it is read; no float32 CPU copy is made first)."""
+    return {"dtype": placement.dtype, "device_map": placement.device_map(), "low_cpu_mem_usage": True}
+
+
+def warn_offloaded(model) -> None:
+    """One line when transformers' ``device_map="auto"`` left some layers on the CPU or disk (the GPUs
+    could not hold the model): those layers run there, at CPU speed."""
+    where = getattr(model, "hf_device_map", None) or {}
+    off = [name for name, dev in where.items() if str(dev) in ("cpu", "disk")]
+    if off and len(set(map(str, where.values()))) > 1:
+        warnings.warn(f"--device shard: {len(off)} of {len(where)} parts of the model did not fit on the GPUs and "
+                      f"were offloaded to the CPU or disk ({off[0]}, ...): they run at CPU speed", stacklevel=2)
 
 
 def _first_line(e: Exception) -> str:

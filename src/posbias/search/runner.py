@@ -51,6 +51,7 @@ from posbias.search.plots import plot_factors, plot_fitness
 from posbias.tasks import precheck_instances
 from posbias.tasks.base import check_int
 from posbias.tasks.registry import supports_shared_context
+from posbias.utils.devices import SHARD
 from posbias.utils.run_folder import open_run
 from posbias.utils.workers import gpu_slots
 
@@ -235,7 +236,8 @@ def _make_evaluator(factory, workers: int, backend: str, ray_address, loaded, lo
     if workers > 1 or backend == "ray":
         gpus = worker_gpus(load, workers)
         if backend == "ray":
-            evaluator = RayEvaluator(factory, workers, ray_address, gpus_per_worker=1.0 if gpus else 0.0)
+            per_worker = float(len(gpus[0].split(","))) if gpus else 0.0
+            evaluator = RayEvaluator(factory, workers, ray_address, gpus_per_worker=per_worker)
         else:
             evaluator = PoolEvaluator(factory, workers, gpus=gpus)
         return evaluator, evaluator.num_layers()
@@ -245,9 +247,12 @@ def _make_evaluator(factory, workers: int, backend: str, ray_address, loaded, lo
 
 def worker_gpus(load: LoadOptions | None, workers: int) -> list[str] | None:
     """One ``CUDA_VISIBLE_DEVICES`` value per worker when the model goes to ``auto`` / ``cuda`` on a
-    CUDA machine (each worker then loads it on its own ``cuda:0``); None otherwise (an explicit
-    ``cuda:N`` keeps every worker on that GPU)."""
+    CUDA machine (each worker then loads it on its own ``cuda:0``), or to ``shard`` (each worker splits
+    its model over its own run of GPUs); None otherwise (an explicit ``cuda:N`` keeps every worker on
+    that GPU)."""
     device = str((load or LoadOptions()).device).strip().lower()
+    if device == SHARD:
+        return gpu_slots(workers, shard=True)
     return gpu_slots(workers) if device in ("auto", "cuda") else None
 
 

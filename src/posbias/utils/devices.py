@@ -1,9 +1,11 @@
 """Where a model runs and in which dtype: the one resolution of ``--device`` and ``--dtype``.
 
-``--device``: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` | ``mps``; ``--dtype``: ``auto`` | ``float32`` |
-``bfloat16`` | ``float16``. ``auto`` is the first CUDA device in bfloat16 when one is present, else the
-CPU in float32 (:func:`resolve_placement`). A device or dtype this machine cannot use is a
-``ValueError`` of one line, raised before any model loads or any run folder is touched.
+``--device``: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` | ``mps`` | ``shard``; ``--dtype``: ``auto`` |
+``float32`` | ``bfloat16`` | ``float16``. ``auto`` is the first CUDA device in bfloat16 when one is present,
+else the CPU in float32 (:func:`resolve_placement`). ``shard`` splits a pretrained model's layers over
+every visible GPU (transformers' ``device_map="auto"``), for a model that one GPU cannot hold; inputs go
+to the first GPU. A device or dtype this machine cannot use is a ``ValueError`` of one line, raised
+before any model loads or any run folder is touched.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 DEVICE_CHOICES = "auto | cpu | cuda | cuda:N | mps"
+SHARD = "shard"  # a pretrained model's layers over every visible GPU (loading only; training runs on one device)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 
@@ -31,6 +34,9 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     text = str(name).strip().lower()
     if text == "auto":
         return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+    if text == SHARD:
+        raise ValueError("--device shard splits a pretrained model over the GPUs as it loads; training and "
+                         "this use run on one device (give cuda or cuda:N)")
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError):
@@ -44,6 +50,16 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
             raise ValueError(f"--device {name}: no Apple MPS device on this machine (use --device cpu)")
         return device
     raise ValueError(f"--device {name!r} is not supported: give {DEVICE_CHOICES}")
+
+
+def resolve_shard() -> torch.device:
+    """``--device shard``: the first visible GPU, where the inputs of a model split over all of them go."""
+    return _cuda_device(SHARD, torch.device("cuda:0"))
+
+
+def visible_gpu_count() -> int:
+    """How many CUDA GPUs this process sees (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _cuda_device(name: str, device: torch.device) -> torch.device:
@@ -84,9 +100,14 @@ class Placement:
     device: str = "auto"
     dtype: str = "auto"
 
+    @property
+    def shards(self) -> bool:
+        """Whether the request splits the model over every visible GPU (``--device shard``)."""
+        return str(self.device).strip().lower() == SHARD
+
     def resolve(self) -> ResolvedPlacement:
         """This machine's device and dtype for the request (``ValueError`` when it has none)."""
-        device = resolve_device(self.device)
+        device = resolve_shard() if self.shards else resolve_device(self.device)
         return ResolvedPlacement(self, device, resolve_dtype(self.dtype, device))
 
 
@@ -95,13 +116,19 @@ class ResolvedPlacement:
     """A :class:`Placement` resolved on this machine."""
 
     requested: Placement
-    device: torch.device
+    device: torch.device  # with ``shard``: the first GPU (the inputs' device)
     dtype: torch.dtype
 
+    def device_map(self) -> str | dict:
+        """transformers' ``device_map``: ``"auto"`` for ``shard`` (layers over every visible GPU, in
+        order, balanced by memory), else every weight on :attr:`device`."""
+        return "auto" if self.requested.shards else {"": str(self.device)}
+
     def record(self) -> dict:
-        """What a run folder records: the request and what it resolved to."""
+        """What a run folder records: the request and what it resolved to (``shard``: over how many GPUs)."""
+        where = f"shard over {visible_gpu_count()} GPUs" if self.requested.shards else str(self.device)
         return {"device": self.requested.device, "dtype": self.requested.dtype,
-                "resolved_device": str(self.device), "resolved_dtype": dtype_name(self.dtype)}
+                "resolved_device": where, "resolved_dtype": dtype_name(self.dtype)}
 
 
 def resolve_placement(device: str = "auto", dtype: str = "auto") -> ResolvedPlacement:

@@ -21,16 +21,19 @@ def threads_per_worker(workers: int) -> int:
     return max(1, thread_budget() // max(1, workers))
 
 
-def gpu_slots(workers: int) -> list[str] | None:
-    """The GPU each of ``workers`` workers sees alone (a ``CUDA_VISIBLE_DEVICES`` value): the visible
-    GPUs in turn (worker ``i`` gets GPU ``i mod count``); None on a machine without CUDA."""
+def gpu_slots(workers: int, shard: bool = False) -> list[str] | None:
+    """The GPUs each of ``workers`` workers sees (a ``CUDA_VISIBLE_DEVICES`` value): one visible GPU
+    each, in turn (worker ``i`` gets GPU ``i mod count``); with ``shard`` (``--device shard``) a run of
+    ``count // workers`` consecutive GPUs each (at least one), for the worker to split its model over.
+    None on a machine without CUDA."""
 
     if not torch.cuda.is_available():
         return None
     count = torch.cuda.device_count()
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     ids = visible[:count] if visible else [str(i) for i in range(count)]
-    return [ids[i % len(ids)] for i in range(workers)]
+    size = max(1, len(ids) // workers) if shard else 1
+    return [",".join(ids[(i * size + j) % len(ids)] for j in range(size)) for i in range(workers)]
 
 
 def _init(threads: int, initializer: Callable | None, initargs: tuple, gpus=None) -> None:
