@@ -58,6 +58,23 @@ def test_resume_with_other_settings_is_refused(tiny_folder, tmp_path):
     assert res.exit_code == 2 and "other settings" in res.output
 
 
+def test_a_teacher_forced_folder_of_an_older_posbias_resumes(tiny_folder, tmp_path):
+    """Older versions recorded generation's limit (16) for teacher-forced runs too; such a folder
+    resumes, and a generating run keeps its recorded limit as a resume setting."""
+    out = tmp_path / "run"
+    assert _eval(tiny_folder, out).exit_code == 0
+    record = json.loads((out / "config.json").read_text())
+    assert record["config"]["max_new_tokens"] is None
+    record["config"]["max_new_tokens"] = 16
+    (out / "config.json").write_text(json.dumps(record))
+    res = _eval(tiny_folder, out)
+    assert res.exit_code == 0 and "resum" in res.output.lower(), res.output
+    gen = tmp_path / "gen"
+    assert _eval(tiny_folder, gen, "--mode", "generate", "--max-new-tokens", "3").exit_code == 0
+    res = _eval(tiny_folder, gen, "--mode", "generate")
+    assert res.exit_code == 2 and "max_new_tokens" in res.output
+
+
 @pytest.mark.parametrize("args, message", [
     (["--task", "bogus"], "unknown task"),
     (["--depths", "0,1.5"], "outside [0, 1]"),

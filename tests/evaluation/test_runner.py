@@ -56,3 +56,23 @@ def test_records_carry_their_batch_time_and_per_token_hits(tmp_path):
     records = read_jsonl(tmp_path / "results.jsonl")
     assert all(r["seconds"] > 0 for r in records)
     assert all(len(r["tf_hits"]) == r["n_tokens"] and r["tf_em"] == all(r["tf_hits"]) for r in records)
+
+
+def test_generation_is_long_enough_for_the_longest_answer_by_default(tmp_path, monkeypatch):
+    """Without ``max_new_tokens`` every instance may generate its longest gold answer + 4 tokens (a
+    UUID answer no longer stops at a fixed 16); an explicit limit is kept, and a resumed run uses the
+    limit of all its instances, not of the ones left."""
+    from posbias.evaluation.generation import ANSWER_SLACK, answer_tokens, generation_budget
+
+    tok = make_tiny_tokenizer()
+    insts = make_instances("kv-uuid", n=2, depths=[0.0, 1.0], seed=0, num_keys=4)
+    longest = max(answer_tokens(tok, i) for i in insts)
+    assert longest > 16 and generation_budget(tok, insts) == longest + ANSWER_SLACK
+    assert generation_budget(tok, insts, 5) == 5
+    seen = []
+    monkeypatch.setattr(runner, "greedy_generate", lambda m, t, chunk, **kw: seen.append(kw["max_new_tokens"])
+                        or ["x"] * len(chunk))
+    evaluate(make_tiny_model(), tok, insts, tmp_path / "a", mode="generate", batch_size=1, progress=False)
+    evaluate(make_tiny_model(), tok, insts, tmp_path / "b", mode="generate", batch_size=1, max_new_tokens=7,
+             progress=False)
+    assert seen == [longest + ANSWER_SLACK] * 4 + [7] * 4

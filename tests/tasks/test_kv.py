@@ -152,13 +152,17 @@ def test_compound_keys_are_distinct_words_and_single_word_keys_unchanged():
 
 
 def test_kv_uuid_teacher_forced_target_opens_the_json_string(tiny_tokenizer):
-    """The JSON format makes a model answer '"<uuid>'; the teacher-forced gold follows it (the
+    """The JSON format makes most models answer '"<uuid>'; the teacher-forced gold follows it, and the
+    bare value after a space (Gemma 3 and SmolLM2 drop the quote) is the accepted other form (the
     generation metric, value in prediction, is unchanged)."""
     from posbias.evaluation.batching import encode
+    from posbias.evaluation.teacher_forced import alternative_instances
 
     inst = make_instances("kv-uuid", n=1, depths=[0.5], seed=0, split="eval", num_keys=5)[0]
     assert inst.meta["tf_target"] == '"' + inst.answers[0]
     enc = encode(tiny_tokenizer, inst, chat=False)
     assert tiny_tokenizer.decode(enc.answer_ids) == ' "' + inst.answers[0]
+    (bare,) = alternative_instances(inst)
+    assert tiny_tokenizer.decode(encode(tiny_tokenizer, bare, chat=False).answer_ids) == " " + inst.answers[0]
     word = make_instances("kv", n=1, depths=[0.5], seed=0, split="eval", num_keys=5)[0]
     assert "tf_target" not in word.meta

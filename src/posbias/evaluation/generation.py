@@ -11,6 +11,22 @@ from posbias.evaluation.scoring import cache_of, prefill
 from posbias.tasks.base import Instance
 from posbias.utils.progress import progress_bar
 
+ANSWER_SLACK = 4  # tokens generated beyond the longest gold answer (a quote, punctuation, a space)
+
+
+def answer_tokens(tokenizer, inst: Instance) -> int:
+    """Tokens of the instance's gold answers written as one string after a space (`` a, b``)."""
+    text = ", ".join(str(a) for a in inst.answers)
+    return len(tokenizer(" " + text, add_special_tokens=False)["input_ids"])
+
+
+def generation_budget(tokenizer, instances: Sequence[Instance], max_new_tokens: int | None = None) -> int:
+    """``max_new_tokens``, or when it is None enough to write every gold answer in full: the longest
+    answer's tokens + :data:`ANSWER_SLACK` (a 36-character UUID is ~33 tokens in Gemma's vocabulary)."""
+    if max_new_tokens is not None:
+        return int(max_new_tokens)
+    return max((answer_tokens(tokenizer, inst) for inst in instances), default=0) + ANSWER_SLACK
+
 
 @torch.no_grad()
 def greedy_batch(model, prompts: list[list[int]], pad_id: int, eos_ids: set[int], max_new_tokens: int,
@@ -51,9 +67,11 @@ def greedy_continue(model, cache, mask: torch.Tensor, next_pos: torch.Tensor, la
     return generated
 
 
-def greedy_generate(model, tokenizer, instances: Sequence[Instance], *, max_new_tokens: int = 16,
+def greedy_generate(model, tokenizer, instances: Sequence[Instance], *, max_new_tokens: int | None = None,
                     batch_size: int = 8, chat: bool = False, progress: bool = False) -> list[str]:
-    """Greedy completions (decoded text) in the order of ``instances``."""
+    """Greedy completions (decoded text) in the order of ``instances``, each at most ``max_new_tokens``
+    tokens (None: :func:`generation_budget` of the instances)."""
+    max_new_tokens = generation_budget(tokenizer, instances, max_new_tokens)
     limit = model_max_positions(model)
     encoded = [encode(tokenizer, inst, chat, limit) for inst in instances]
     if limit:

@@ -34,11 +34,11 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions, pad_id_of
-from posbias.evaluation.generation import greedy_continue, greedy_generate
+from posbias.evaluation.generation import generation_budget, greedy_continue, greedy_generate
 from posbias.evaluation.metrics import score
 from posbias.evaluation.modes import GENERATE, TEACHER_FORCED, canonical_mode
 from posbias.evaluation.scoring import Continuation, model_device, prefill, score_continuations
-from posbias.evaluation.teacher_forced import accept_alternatives, score_teacher_forced
+from posbias.evaluation.teacher_forced import accept_alternatives, score_teacher_forced, teacher_forced_fields
 from posbias.tasks import make_instances
 from posbias.tasks.base import depth_seed
 from posbias.utils.io import append_jsonl, read_jsonl
@@ -113,11 +113,6 @@ def grid_instances(tokenizer, *, task: str, length: int, depths: Sequence[float]
 def check_needle_draw(needle_draw: str) -> None:
     if needle_draw not in NEEDLE_DRAWS:
         raise ValueError(f"needle draw {needle_draw!r} is not one of {', '.join(NEEDLE_DRAWS)}")
-
-
-def _answer_tokens(tokenizer, inst) -> int:
-    text = ", ".join(str(a) for a in inst.answers)
-    return len(tokenizer(" " + text, add_special_tokens=False)["input_ids"])
 
 
 def record_key(rec: dict) -> tuple:
@@ -247,7 +242,7 @@ def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_s
 
     if shared_prefill and len(chunk) == 1 and set(modes) == set(MODES):
         inst = chunk[0]
-        budget = max_new_tokens or (_answer_tokens(tokenizer, inst) + 4)
+        budget = generation_budget(tokenizer, [inst], max_new_tokens or None)
         res = score_shared_prefill(model, tokenizer, inst, chat=chat, max_new_tokens=budget)
         if res is not None:
             return [{"id": inst.id, "answers": list(inst.answers), "metric": inst.metric, **res,
@@ -256,15 +251,10 @@ def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_s
     if TEACHER_FORCED in modes:
 
         for o, r in zip(out, score_teacher_forced(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
-            o.update(tf_em=bool(r["em"]), tf_logprob=float(r["logprob"]), n_tokens=int(r["n_tokens"]),
-                     tf_hits=r["hits"])
-            if "em_form" in r:
-                o["tf_em_form"] = r["em_form"]
-            if "prompt_tokens" in r:
-                o["prompt_tokens"] = int(r["prompt_tokens"])
+            o.update(teacher_forced_fields(r))
     if "generate" in modes:
 
-        budget = max_new_tokens or (max(_answer_tokens(tokenizer, i) for i in chunk) + 4)
+        budget = generation_budget(tokenizer, chunk, max_new_tokens or None)
         preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=budget, batch_size=batch_size,
                                 chat=chat)
         for o, inst, p in zip(out, chunk, preds):
@@ -301,9 +291,8 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
         cache.crop(-extra)  # negative: drop the last `extra` positions (all transformers versions)
     generated = greedy_continue(model, cache, mask, next_pos, last, eos_ids_of(tokenizer), max_new_tokens)[0]
     tf = accept_alternatives(model, tokenizer, [inst], [tf], batch_size=1, chat=chat)[0]
-    return {"tf_em": tf["em"], "tf_logprob": tf["logprob"], "tf_hits": tf["hits"], "n_tokens": len(A),
-            "prompt_tokens": len(P), "prediction": tokenizer.decode(generated, skip_special_tokens=True),
-            **({"tf_em_form": tf["em_form"]} if "em_form" in tf else {})}
+    return {**teacher_forced_fields({**tf, "n_tokens": len(A), "prompt_tokens": len(P)}),
+            "prediction": tokenizer.decode(generated, skip_special_tokens=True)}
 
 
 def summarize_grid(records: Iterable[dict]) -> list[dict]:

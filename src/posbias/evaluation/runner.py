@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from posbias.evaluation.batching import encode, model_max_positions
-from posbias.evaluation.generation import greedy_generate
+from posbias.evaluation.generation import generation_budget, greedy_generate
 from posbias.evaluation.metrics import score
 from posbias.evaluation.modes import GENERATE, TEACHER_FORCED
 from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.stats import accuracy_by_depth, format_table
-from posbias.evaluation.teacher_forced import score_teacher_forced
+from posbias.evaluation.teacher_forced import score_teacher_forced, teacher_forced_fields
 from posbias.tasks.base import Instance, check_int
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl
 from posbias.utils.progress import progress_bar
@@ -53,10 +53,7 @@ def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch
                 "answers": i.answers} for i in chunk]
     if mode in (TEACHER_FORCED, "both"):
         for rec, r in zip(records, score_teacher_forced(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
-            rec.update(tf_em=r["em"], tf_logprob=r["logprob"], n_tokens=r["n_tokens"],
-                       prompt_tokens=r["prompt_tokens"], tf_hits=r["hits"])
-            if "em_form" in r:
-                rec["tf_em_form"] = r["em_form"]  # matched in another form the task accepts
+            rec.update(teacher_forced_fields(r))
     if mode in (GENERATE, "both"):
         preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                 chat=chat)
@@ -86,19 +83,22 @@ def check_mode(mode: str) -> None:
 
 
 def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *, mode: str = "teacher-forced",
-             batch_size: int = 8, chat: bool = False, max_new_tokens: int = 16, label: str = "",
+             batch_size: int = 8, chat: bool = False, max_new_tokens: int | None = None, label: str = "",
              progress: bool = True, before_write: Callable[[], Any] | None = None) -> dict:
     """Evaluate ``instances`` into the run folder ``out`` (resuming), return the summary dict.
 
     ``before_write`` is called before the first file is written (and may be called again): a
     :meth:`posbias.utils.run_folder.RunFolder.commit`, so the folder's config appears together with
     its first result, after every check (including the first batch's scoring) has passed.
+    ``max_new_tokens`` None: enough for the longest gold answer of ``instances`` (all of them, so a
+    resumed run generates under the same limit; :func:`~posbias.evaluation.generation.generation_budget`).
     """
     check_mode(mode)
     batch_size = check_int("batch_size", batch_size)
     if not instances:
         raise ValueError("no instances to evaluate")
     commit = before_write or (lambda: None)
+    max_new_tokens = generation_budget(tokenizer, instances, max_new_tokens) if mode != TEACHER_FORCED else 0
     out = Path(out)
     results_path = out / "results.jsonl"
     repair_jsonl(results_path)
@@ -108,7 +108,7 @@ def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *
 
         announce_resume(len(instances) - len(todo), len(instances), "instances", out)
     if todo:
-        check_fits(model, tokenizer, todo, chat, max_new_tokens if mode != "teacher-forced" else 0)
+        check_fits(model, tokenizer, todo, chat, max_new_tokens)
     start = time.time()
     bar = progress_bar(len(instances), initial=len(instances) - len(todo), desc=label or "eval", unit="inst",
                        enabled=progress)

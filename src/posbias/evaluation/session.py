@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from posbias.evaluation.batching import model_max_positions
-from posbias.evaluation.modes import canonical_mode
+from posbias.evaluation.modes import TEACHER_FORCED, canonical_mode
 from posbias.evaluation.runner import check_mode, evaluate
 from posbias.methods import apply_method
 from posbias.methods.registry import check_option_names
@@ -46,7 +46,9 @@ class EvalConfig:
         task / task_options / depths / n / seed / split: the instances (``n`` per gold depth in [0, 1]
             of ``split``, ``eval`` or ``search``; instance ``i`` is the same for every ``n``).
         out: the run folder (re-running resumes).
-        mode: ``teacher-forced`` | ``generate`` | ``both``; ``max_new_tokens``: greedy generation's limit.
+        mode: ``teacher-forced`` | ``generate`` | ``both``; ``max_new_tokens``: greedy generation's limit
+            (None: the longest gold answer's tokens + 4, see
+            :func:`~posbias.evaluation.generation.generation_budget`).
         batch_size: instances per forward pass; ``chat``: wrap prompts in the tokenizer's chat template.
         method / method_options: the inference method applied while scoring (``none``: the model as it is).
     """
@@ -61,7 +63,7 @@ class EvalConfig:
     mode: str = "teacher-forced"
     batch_size: int = 8
     chat: bool = False
-    max_new_tokens: int = 16
+    max_new_tokens: int | None = None
     method: str = "none"
     method_options: dict = field(default_factory=dict)
     task_options: dict = field(default_factory=dict)
@@ -88,7 +90,8 @@ def plan_eval(cfg: EvalConfig, *, parent: RunFolder | None = None, instances: li
     method_options = dict(cfg.method_options or {})
     task_options = dict(cfg.task_options or {})
     check_int("batch_size", cfg.batch_size)
-    check_int("max_new_tokens", cfg.max_new_tokens)
+    if cfg.max_new_tokens is not None:
+        check_int("max_new_tokens", cfg.max_new_tokens)
     mode = canonical_mode(cfg.mode)
     check_mode(mode)
     depths = check_request(cfg.task, n=cfg.n, depths=cfg.depths, seed=cfg.seed, split=cfg.split, **task_options)
@@ -104,14 +107,21 @@ def plan_eval(cfg: EvalConfig, *, parent: RunFolder | None = None, instances: li
 
     config = {"model": cfg.model, "model_path": model_identity(cfg.model), "task": cfg.task, "depths": depths,
               "n": cfg.n, "seed": cfg.seed, "split": cfg.split, "mode": mode,
-              "batch_size": cfg.batch_size, "chat": cfg.chat, "max_new_tokens": cfg.max_new_tokens, "method": method,
+              "batch_size": cfg.batch_size, "chat": cfg.chat,
+              "max_new_tokens": None if mode == TEACHER_FORCED else cfg.max_new_tokens, "method": method,
               "method_options": method_options, "task_options": task_options,
               "out": str(cfg.out),  # not compared on resume; makes config.json usable as --config
               **load_settings(cfg.model, load)}
     if adapter is not None:  # the model loads with the method active: recorded, not applied again
         config["adapter"] = adapter
-    folder = open_run(cfg.out, "eval", config, check_keys=RESUME_KEYS, parent=parent)
+    folder = open_run(cfg.out, "eval", config, check_keys=RESUME_KEYS, parent=parent, upgrade=upgrade_eval_settings)
     return EvalPlan(config, folder, instances, load or LoadOptions())
+
+
+def upgrade_eval_settings(old: dict) -> dict:
+    """An eval folder's settings as this posbias records them: a teacher-forced run generates nothing,
+    so its generation limit is None (older versions recorded their default, 16)."""
+    return {**old, "max_new_tokens": None} if old.get("mode") == TEACHER_FORCED else old
 
 
 def check_method(name: str, options: dict[str, Any]) -> None:

@@ -103,6 +103,19 @@ def accept_alternatives(model, tokenizer, instances: Sequence[Instance], records
             for inst, r in zip(instances, records)]
 
 
+def teacher_forced_fields(record: dict) -> dict:
+    """A scorer's record as the fields of an eval / grid record: ``tf_em``, ``tf_logprob``, ``n_tokens``,
+    ``tf_hits`` (1 / 0 per answer token), ``prompt_tokens`` where known, and ``tf_em_form`` where another
+    form the task accepts was matched (:func:`accept_alternatives`)."""
+    out = {"tf_em": bool(record["em"]), "tf_logprob": float(record["logprob"]), "n_tokens": int(record["n_tokens"]),
+           "tf_hits": record["hits"]}
+    if "prompt_tokens" in record:
+        out["prompt_tokens"] = int(record["prompt_tokens"])
+    if "em_form" in record:
+        out["tf_em_form"] = record["em_form"]
+    return out
+
+
 def score_instances(model, tokenizer, instances, *, batch_size: int = 8, chat: bool = False, shared: bool = True,
                     progress: bool = False) -> list[dict]:
     """Teacher-forced scores of ``instances``, in their order: the questions of each shared context

@@ -104,6 +104,14 @@ def format_json_records(records: list[tuple[str, str]]) -> str:
     return "\n".join(lines) if records else "{}"
 
 
+def quoted_targets(value: str) -> dict:
+    """Teacher-forced targets of a JSON string value: as the format writes it, with its opening quote
+    (``"2d84b170-...``: Qwen2.5 answers so), and the bare value after a space (`` 2d84b170-...``: Gemma 3
+    and SmolLM2 drop the quote) as the accepted other form (``meta["tf_alternatives"]``, see
+    :mod:`posbias.evaluation.teacher_forced`)."""
+    return {"tf_target": json.dumps(value)[:-1], "tf_alternatives": [f" {value}"]}
+
+
 def _kv_instances(task: str, samples: list[dict[str, Any]], *, depths, split, seed, template,
                   fmt, metric="substring", quoted: bool = False) -> list[Instance]:
     """samples: dicts with records (gold at ``gold``), key, value, and meta."""
@@ -120,7 +128,7 @@ def _kv_instances(task: str, samples: list[dict[str, Any]], *, depths, split, se
                 answers=[s["value"]], gold_index=idx, num_items=len(moved), depth=float(depth),
                 metric=metric,
                 meta={"key": s["key"], "realised_depth": realised_depth(idx, len(moved)), **s["meta"],
-                      **({"tf_target": json.dumps(s["value"])[:-1]} if quoted else {})},
+                      **(quoted_targets(s["value"]) if quoted else {})},
             ))
     return out
 
@@ -279,7 +287,8 @@ def make_kv_uuid(*, tokenizer=None, n, depths, seed, split, num_keys=None, path=
                 records, gold = [records[j] for j in keep], keep.index(gold)
             samples.append({"records": records, "gold": gold, "key": d["key"], "value": d["value"],
                             "meta": {"source": f"{path}:{d['line']}", "example": ex}})
-    # values are JSON strings: a model continues "Corresponding value:" with the opening quote, so
-    # the teacher-forced target is '"<value>' (the substring metric of generation is unchanged)
+    # values are JSON strings: most models continue "Corresponding value:" with the opening quote, so
+    # the teacher-forced target is '"<value>', the bare value the accepted other form (quoted_targets;
+    # the substring metric of generation is unchanged)
     return _kv_instances(task, samples, depths=depths, split=split, seed=seed,
                          template=KV_JSON_PROMPT, fmt=format_json_records, quoted=True)
