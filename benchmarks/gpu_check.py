@@ -55,6 +55,7 @@ from posbias.search.runner import run_search
 from posbias.training.tokenizer import synthetic_task_texts, train_bpe_tokenizer
 from posbias.utils.devices import dtype_name
 from posbias.utils.io import atomic_write_text
+from posbias.utils.memory import gpu_memory_gib, reset_gpu_peaks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # latency.py, gpu_check_bam.py beside this file
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -96,21 +97,11 @@ def unmet_requirements(pyproject: Path = PYPROJECT, installed=None) -> list[str]
     return problems
 
 
-def peak_reset(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-
-
 def release_cached_memory(device: torch.device) -> None:
     """Free what this process no longer references and hand the allocator's cached blocks back."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def peak_gib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
 def ones_factors(model, folder: Path) -> str:
@@ -280,7 +271,7 @@ def run_step(report: dict, name: str, step, device: torch.device, out: Path) -> 
     error, say) is recorded under ``report["errors"]`` with the end of its traceback and the next steps
     still run; the report files are rewritten after every step, so a run stopped by a time limit keeps
     what it measured."""
-    peak_reset(device)
+    reset_gpu_peaks()
     start = time.perf_counter()
     try:
         report[name] = step()
@@ -291,7 +282,7 @@ def run_step(report: dict, name: str, step, device: torch.device, out: Path) -> 
         if device.type == "cuda":
             torch.cuda.empty_cache()
     report["step_seconds"][name] = round(time.perf_counter() - start, 1)
-    report["peak_gib"][name] = peak_gib(device)
+    report["peak_gib"][name] = gpu_memory_gib(device, peak=True)
     print(f"step {name}: {report['step_seconds'][name]} s", flush=True)
     write_report(report, out)
 

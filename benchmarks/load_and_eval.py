@@ -32,7 +32,7 @@ from posbias.cli.main import app
 from posbias.models.loader import load_model
 from posbias.models.options import LoadOptions
 from posbias.utils.io import atomic_write_json, read_jsonl
-from posbias.utils.memory import peak_rss_mb
+from posbias.utils.memory import gpu_memory_gib, peak_rss_mb, reset_gpu_peaks
 
 
 def gib(n_bytes: float) -> float:
@@ -45,12 +45,9 @@ def max_rss_gib() -> float:
 
 
 def gpu_gib(device: torch.device, peak: bool = False) -> float | None:
-    """GPU memory this process holds, summed over the visible GPUs (one for a model on one device, all
-    of them for ``--device shard``); ``peak``: the sum of each GPU's peak. None off CUDA."""
-    if device.type != "cuda":
-        return None
-    read = torch.cuda.max_memory_allocated if peak else torch.cuda.memory_allocated
-    return gib(sum(read(i) for i in range(torch.cuda.device_count())))
+    """:func:`posbias.utils.memory.gpu_memory_gib`, rounded."""
+    value = gpu_memory_gib(device, peak=peak)
+    return None if value is None else round(value, 2)
 
 
 def measure_load(model: str, options: LoadOptions) -> dict:
@@ -71,8 +68,7 @@ def measure_eval(model: str, options: LoadOptions, eval_args: list[str], out: Pa
     gc.collect()  # the loaded model of measure_load, before the peak is reset
     if device.type == "cuda":
         torch.cuda.empty_cache()
-        for i in range(torch.cuda.device_count()):
-            torch.cuda.reset_peak_memory_stats(i)
+        reset_gpu_peaks()
     command = ["eval", "--model", model, "--device", options.device, "--dtype", options.dtype, *eval_args,
                "--out", str(out)]
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Allocator settings for long-context work on CPU.
+"""Allocator settings for long-context work on CPU, and the memory a process holds (CPU and GPU).
 
 Exact attention at 16K+ tokens allocates and frees blocks of tens of MB per query chunk. glibc's
 default malloc returns such blocks to the kernel at once (``mmap`` / heap trimming), so every block
@@ -16,6 +16,8 @@ import ctypes
 import ctypes.util
 import os
 import sys
+
+import torch
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc <malloc.h>
 SETTINGS = ((M_MMAP_THRESHOLD, 32 << 20), (M_TOP_PAD, 512 << 20), (M_TRIM_THRESHOLD, (1 << 31) - 1))
@@ -66,4 +68,22 @@ def peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KB elsewhere
 
 
-__all__ = ["keep_freed_memory", "peak_rss_mb", "reset_peak_rss", "SETTINGS"]
+def gpu_memory_gib(device: torch.device, peak: bool = False) -> float | None:
+    """GPU memory this process holds in GiB, summed over the visible GPUs (the one a model is on, or all
+    of them for ``--device shard``); ``peak``: the sum of each GPU's high-water mark since
+    :func:`reset_gpu_peaks`. None when ``device`` (where the work runs) is not a CUDA device."""
+    if device.type != "cuda":
+        return None
+    read = torch.cuda.max_memory_allocated if peak else torch.cuda.memory_allocated
+    return sum(read(i) for i in range(torch.cuda.device_count())) / 2**30
+
+
+def reset_gpu_peaks() -> None:
+    """Restart every visible GPU's high-water mark (after its queued work is done); nothing without CUDA."""
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(i)
+            torch.cuda.reset_peak_memory_stats(i)
+
+
+__all__ = ["gpu_memory_gib", "keep_freed_memory", "peak_rss_mb", "reset_gpu_peaks", "reset_peak_rss", "SETTINGS"]
