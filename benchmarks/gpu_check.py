@@ -22,7 +22,11 @@ on the GPU in bfloat16 by ``benchmarks/latency.py``'s ``random_model``; nothing 
    throughput per scheme);
 6. load and eval: ``benchmarks/load_and_eval.py`` on the saved folder in a fresh process: the loader's
    time and GPU memory (the weights read straight into bfloat16 on the GPU) and one ``posbias eval``
-   through the command line (kv, 256 keys: ~4K tokens, 30 instances), its time and peak GPU memory.
+   through the command line (kv, 256 keys: ~4K tokens, 30 instances), its time and peak GPU memory;
+7. shard: a small random Llama (8 layers) saved and loaded twice, on one device and with
+   ``--device shard`` (split over every visible GPU; one GPU holds it all, and the CPU of a dry run
+   takes transformers' ``device_map="auto"`` path without GPUs): every method at a real setting,
+   prefill and one cached step, logits of the two loads compared.
 
 The wall time and peak GPU memory of each step are recorded. A step that fails (out of memory, say) is
 recorded with its traceback and the next steps still run (exit status 1 at the end). ``--out`` receives
@@ -49,11 +53,13 @@ import transformers
 from packaging.requirements import Requirement
 
 from posbias.methods import apply_method
+from posbias.models.loader import load_hf_folder, load_model
+from posbias.models.options import LoadOptions
 from posbias.patching.rope_scaling import save_factors_file
 from posbias.search.config import SearchConfig
 from posbias.search.runner import run_search
 from posbias.training.tokenizer import synthetic_task_texts, train_bpe_tokenizer
-from posbias.utils.devices import dtype_name
+from posbias.utils.devices import SHARD, Placement, ResolvedPlacement, dtype_name
 from posbias.utils.io import atomic_write_text
 from posbias.utils.memory import gpu_memory_gib, reset_gpu_peaks
 
@@ -76,6 +82,20 @@ DRY = {"config": "tiny", "device": "cpu", "identity_tokens": 24, "lengths": "32,
        "search_keys": 4, "search_overrides": {"population": 3, "generations": 1, "n_per_depth": 1, "batch_size": 3},
        "eval_args": ["--task", "kv", "--num-keys", "4", "--n", "1", "--depths", "0,1", "--batch-size", "2"]}
 BENCHMARKS = Path(__file__).resolve().parent
+# Real settings for the shard step (MoICE's fresh routers are seeded, so both loads get the same ones).
+SHARD_SETTINGS = {
+    "none": {},
+    "pi": {"factor": 4.0},
+    "lpes": {"factors": None},  # a factors file of 1 .. 4 over the layers, written for the model
+    "ms-poe": {"r_min": 1.2, "r_max": 1.8},
+    "attention-buckets": {"multipliers": [0.5, 1.0, 2.0]},
+    "moice": {"multipliers": [0.5, 1.0, 2.0], "top_k": 3},
+    "temperature": {"t": 1.2},
+    "positional-hidden": {"dims": [0, 1], "factor": 0.5},
+}
+SHARD_CONFIG = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=500, rope_theta=1e4,
+                    max_position_embeddings=4096)
 
 
 def unmet_requirements(pyproject: Path = PYPROJECT, installed=None) -> list[str]:
@@ -102,6 +122,41 @@ def release_cached_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def shard_check(tok, device: torch.device, dtype: torch.dtype, folder: Path, tokens: int = 64) -> dict:
+    """``{"devices": [...], "methods": {method: {"equal", "max_abs_diff"}}}``: :data:`SHARD_CONFIG` with
+    random weights saved to ``folder`` and loaded on ``device`` and with ``--device shard`` (on the CPU:
+    ``device_map="auto"`` without GPUs); each method's logits of the two loads compared."""
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**SHARD_CONFIG), dtype=dtype).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    one, _ = load_model(str(folder), LoadOptions(str(device), dtype_name(dtype)))
+    if device.type == "cuda":
+        sharded, _ = load_model(str(folder), LoadOptions(SHARD, dtype_name(dtype)))
+    else:  # shard needs CUDA; the same device_map="auto" load, which places everything on the CPU
+        sharded, _ = load_hf_folder(folder, ResolvedPlacement(Placement(SHARD, dtype_name(dtype)), device, dtype))
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, SHARD_CONFIG["vocab_size"], (2, tokens), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, : tokens // 4] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
+    results = {}
+    for name, options in SHARD_SETTINGS.items():
+        if name == "lpes":
+            save_factors_file(folder / "factors.json", factors=[1.0 + 3.0 * i / 7 for i in range(8)])
+            options = {"factors": str(folder / "factors.json")}
+        logits = []
+        for model in (one, sharded):
+            with apply_method(model, name, **options) as h:
+                logits.append([x.float().cpu() for x in _prefill_and_step(h.model, ids, mask, pos, tokens)])
+        diff = max(float((a - b).abs().max()) for a, b in zip(*logits))
+        results[name] = {"equal": all(torch.equal(a, b) for a, b in zip(*logits)), "max_abs_diff": diff}
+        print(f"shard {name:18s} equal={results[name]['equal']}  max|diff| {diff:.3g}", flush=True)
+    return {"devices": sorted({str(p.device) for p in sharded.parameters()}), "methods": results}
 
 
 def ones_factors(model, folder: Path) -> str:
@@ -211,6 +266,12 @@ def markdown(report: dict) -> str:
                   f"{s['generations']} generations."]
     if "load_and_eval" in report:
         lines += ["", load_and_eval_line(report)]
+    if "shard" in report:
+        lines += ["", f"`--device shard` over {', '.join(report['shard']['devices'])} against one device "
+                  "(8-layer random Llama, each method at a real setting):", "",
+                  "| method | logits equal | max abs diff |", "|---|---|---:|"]
+        lines += [f"| {m} | {'yes' if r['equal'] else 'NO'} | {r['max_abs_diff']:.3g} |"
+                  for m, r in report["shard"]["methods"].items()]
     if report.get("bam", {}).get("equivalence"):
         lines += ["", "BAM, largest relative difference to the reference backend (output and gradients):", "",
                   "| setup | backend | max rel diff |", "|---|---|---:|"]
@@ -339,6 +400,7 @@ def main(argv: list[str] | None = None) -> dict:
             release_cached_memory(device)  # the fresh process needs the GPU memory this one has cached
             run_step(report, "load_and_eval", lambda: load_and_eval_check(
                 tmp / "model", str(device), dtype_name(dtype), plan["eval_args"], out, tmp / "eval"), device, out)
+        run_step(report, "shard", lambda: shard_check(tok, device, dtype, tmp / "shard"), device, out)
     report["seconds"] = time.perf_counter() - start
     write_report(report, out)
     print(markdown(report))

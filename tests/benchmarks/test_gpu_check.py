@@ -23,7 +23,7 @@ def test_dry_run_checks_every_method_and_writes_its_tables(tmp_path):
                                               "kerple-power", "fire"}
     worst = {s: max(v["rel"] for v in d["chunked"].values()) for s, d in doc["bam"]["equivalence"].items()}
     assert max(worst.values()) < 1e-4, worst  # eager = chunked for every prior, gradients included
-    steps = {"weights", "identity", "search", "save", "latency", "bam", "load_and_eval"}
+    steps = {"weights", "identity", "search", "save", "latency", "bam", "load_and_eval", "shard"}
     assert set(doc["peak_gib"]) == set(doc["step_seconds"]) == steps and doc["errors"] == {}
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| moice | yes | 0 |" in table and "| attention-buckets |" in table and report["seconds"] > 0
@@ -34,6 +34,10 @@ def test_dry_run_checks_every_method_and_writes_its_tables(tmp_path):
     assert ev["instances"] == 2 and ev["command"].startswith("posbias eval --model ") and ev["seconds"] > 0
     assert json.loads((tmp_path / "load_and_eval.json").read_text()) == doc["load_and_eval"]
     assert "`posbias eval --model <folder> --device cpu --dtype float32 --task kv --num-keys 4" in table
+    shard = doc["shard"]  # device_map="auto" (no GPU here: all on the CPU) against one device, every method
+    assert shard["devices"] == ["cpu"] and set(shard["methods"]) == METHODS
+    assert all(r["equal"] for r in shard["methods"].values()), shard["methods"]
+    assert "`--device shard` over cpu against one device" in table
 
 
 def test_a_failing_step_is_recorded_and_the_next_steps_still_run(tmp_path, monkeypatch):
