@@ -62,13 +62,16 @@ def test_generation_is_long_enough_for_the_longest_answer_by_default(tmp_path, m
     """Without ``max_new_tokens`` every instance may generate its longest gold answer + 4 tokens (a
     UUID answer no longer stops at a fixed 16); an explicit limit is kept, and a resumed run uses the
     limit of all its instances, not of the ones left."""
-    from posbias.evaluation.generation import ANSWER_SLACK, answer_tokens, generation_budget
+    from posbias.evaluation.generation import ANSWER_SLACK, GENERATION_FLOOR, answer_tokens, generation_budget
 
     tok = make_tiny_tokenizer()
     insts = make_instances("kv-uuid", n=2, depths=[0.0, 1.0], seed=0, num_keys=4)
     longest = max(answer_tokens(tok, i) for i in insts)
     assert longest > 16 and generation_budget(tok, insts) == longest + ANSWER_SLACK
     assert generation_budget(tok, insts, 5) == 5
+    short = _kv(1, [0.0])  # 7-digit values keep the former fixed limit; the study's grid asks for no floor
+    assert generation_budget(tok, short) == GENERATION_FLOOR == 16
+    assert generation_budget(tok, short, floor=0) == answer_tokens(tok, short[0]) + ANSWER_SLACK < 16
     seen = []
     monkeypatch.setattr(runner, "greedy_generate", lambda m, t, chunk, **kw: seen.append(kw["max_new_tokens"])
                         or ["x"] * len(chunk))

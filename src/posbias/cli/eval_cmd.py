@@ -47,7 +47,7 @@ def eval_command(
     batch_size: int = Count(8, help="instances per forward pass"),
     chat: bool = typer.Option(False, "--chat/--no-chat", help="wrap prompts in the tokenizer's chat template"),
     max_new_tokens: Optional[int] = Count(None, help="greedy generation: tokens generated at most (default: the "
-                                                     "longest gold answer's tokens + 4)"),
+                                                     "longest gold answer's tokens + 4, at least 16)"),
     method: str = typer.Option("none", help="none | pi | lpes | ms-poe | attention-buckets | moice | temperature | "
                                             "positional-hidden"),
     method_opt: Optional[list[str]] = typer.Option(None, "--method-opt", help="method option key=value (repeatable)"),

@@ -12,6 +12,7 @@ from posbias.tasks.base import Instance
 from posbias.utils.progress import progress_bar
 
 ANSWER_SLACK = 4  # tokens generated beyond the longest gold answer (a quote, punctuation, a space)
+GENERATION_FLOOR = 16  # posbias eval's fixed limit before it followed the answers: short answers keep it
 
 
 def answer_tokens(tokenizer, inst: Instance) -> int:
@@ -20,12 +21,15 @@ def answer_tokens(tokenizer, inst: Instance) -> int:
     return len(tokenizer(" " + text, add_special_tokens=False)["input_ids"])
 
 
-def generation_budget(tokenizer, instances: Sequence[Instance], max_new_tokens: int | None = None) -> int:
+def generation_budget(tokenizer, instances: Sequence[Instance], max_new_tokens: int | None = None, *,
+                      floor: int = GENERATION_FLOOR) -> int:
     """``max_new_tokens``, or when it is None enough to write every gold answer in full: the longest
-    answer's tokens + :data:`ANSWER_SLACK` (a 36-character UUID is ~33 tokens in Gemma's vocabulary)."""
+    answer's tokens + :data:`ANSWER_SLACK` (a 36-character UUID is ~33 tokens in Gemma's vocabulary),
+    and at least ``floor`` (room for a few words before a short answer)."""
     if max_new_tokens is not None:
         return int(max_new_tokens)
-    return max((answer_tokens(tokenizer, inst) for inst in instances), default=0) + ANSWER_SLACK
+    longest = max((answer_tokens(tokenizer, inst) for inst in instances), default=0)
+    return max(floor, longest + ANSWER_SLACK)
 
 
 @torch.no_grad()

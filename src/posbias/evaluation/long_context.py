@@ -242,7 +242,7 @@ def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_s
 
     if shared_prefill and len(chunk) == 1 and set(modes) == set(MODES):
         inst = chunk[0]
-        budget = generation_budget(tokenizer, [inst], max_new_tokens or None)
+        budget = generation_budget(tokenizer, [inst], max_new_tokens or None, floor=0)
         res = score_shared_prefill(model, tokenizer, inst, chat=chat, max_new_tokens=budget)
         if res is not None:
             return [{"id": inst.id, "answers": list(inst.answers), "metric": inst.metric, **res,
@@ -254,7 +254,7 @@ def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_s
             o.update(teacher_forced_fields(r))
     if "generate" in modes:
 
-        budget = generation_budget(tokenizer, chunk, max_new_tokens or None)
+        budget = generation_budget(tokenizer, chunk, max_new_tokens or None, floor=0)
         preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=budget, batch_size=batch_size,
                                 chat=chat)
         for o, inst, p in zip(out, chunk, preds):

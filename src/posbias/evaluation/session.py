@@ -47,7 +47,7 @@ class EvalConfig:
             of ``split``, ``eval`` or ``search``; instance ``i`` is the same for every ``n``).
         out: the run folder (re-running resumes).
         mode: ``teacher-forced`` | ``generate`` | ``both``; ``max_new_tokens``: greedy generation's limit
-            (None: the longest gold answer's tokens + 4, see
+            (None: the longest gold answer's tokens + 4, at least 16, see
             :func:`~posbias.evaluation.generation.generation_budget`).
         batch_size: instances per forward pass; ``chat``: wrap prompts in the tokenizer's chat template.
         method / method_options: the inference method applied while scoring (``none``: the model as it is).
