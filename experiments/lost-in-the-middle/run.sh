@@ -14,7 +14,7 @@ declare -A SETTINGS=(
 for model in "$QWEN" "$GEMMA" "$SMOLLM2"; do
   script "$LIM" --model "$model" --out "$OUT/$model" --n 20 --only "${SETTINGS[$model]}"
   if [[ -n "${KV_FILE:-}" ]]; then
-    script "$LIM" --model "$model" --out "$OUT/$model" --n 20 --depths 0,0.5,1 --only kv25file --kv-path "$KV_FILE"
+    script "$LIM" --model "$model" --out "$OUT/$model" --n 20 --depths 0,0.5,1 --only kv25file --mode both --kv-path "$KV_FILE"
   fi
 done
 # Gemma's multi-key NIAH with greedy generation beside teacher forcing (Gemma answers in the needle's form)
