@@ -5,6 +5,9 @@ module moves its inputs to that module's device. This machine has one real devic
 arithmetic fails, which is what a method building tensors on the model's first device, or caching
 them across layers of different devices, would do on several GPUs. Data-dependent steps (the
 rotated-key reuse check, sparse expert selection) cannot run on meta and are switched off here.
+
+And a real split, with data: transformers' own ``device_map`` offloading some layers to disk (what
+``shard`` does with layers the GPUs cannot hold), where each method must give the one-device logits.
 """
 from __future__ import annotations
 
@@ -84,6 +87,37 @@ def test_every_method_runs_on_a_model_split_over_two_devices(name, arch, tmp_pat
                     assert {p.device for p in router.parameters()} == {want}
     assert [x.device for x in logits] == [SECOND, SECOND]
     assert logits[0].shape[:2] == (3, 24) and logits[1].shape[:2] == (3, 1)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_every_method_on_layers_offloaded_to_disk_equals_the_model_on_one_device(tmp_path):
+    """Offloaded layers keep their weights on ``meta`` and compute on the execution device of their
+    accelerate hook: a method that places state by a layer's parameters (MoICE's routers did) gets
+    ``meta`` there, and a CPU ``linear`` with a ``meta`` weight returns garbage without an error."""
+    from conftest import make_tiny_model
+    from transformers import AutoModelForCausalLM
+
+    make_tiny_model("llama", layers=3).save_pretrained(tmp_path / "model")
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
+    where = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
+             "model.layers.1": "disk", "model.layers.2": "disk", "model.norm": "cpu", "lm_head": "cpu"}
+    offloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", device_map=where,
+                                                     offload_folder=tmp_path / "offload").eval()
+    assert next(get_decoder_layers(offloaded)[1].parameters()).device == SECOND
+    ids = torch.randint(3, 400, (2, 20), generator=torch.Generator().manual_seed(0))
+    settings = {**SETTINGS, "lpes": {"factors": [1.0, 2.0, 3.0]}, "temperature": {"values": [0.5, 1.5, 2.0]},
+                "moice": {"top_k": 2, "multipliers": [0.5, 1.0, 2.0]}}  # sparse routing runs with data
+    for name, opts in {"none": {}, **settings}.items():
+        if name == "lpes":
+            path = tmp_path / "factors.json"
+            path.write_text(json.dumps({"format": "posbias-lpes-factors", "version": 1, "num_layers": 3,
+                                        "factors": opts["factors"]}))
+            opts = {"factors": str(path)}
+        logits = []
+        for model in (plain, offloaded):
+            with torch.no_grad(), apply_method(model, name, **opts) as h:
+                logits.append(h.model(ids).logits)
+        assert torch.equal(*logits), (name, (logits[0] - logits[1]).abs().max())
 
 
 def test_moice_load_balancing_loss_gathers_the_layers_terms():

@@ -25,3 +25,17 @@ def get_decoder_layers(model):
             f"(supported: {SUPPORTED_HINT})"
         )
     return layers
+
+
+def execution_device(module):
+    """Where ``module`` computes (a ``torch.device``): the execution device of the accelerate hook that
+    transformers' ``device_map`` puts on it (its weights may sit on ``meta`` while offloaded to the CPU or
+    disk, and are brought there for each forward), else the device of its first parameter."""
+    import torch  # noqa: PLC0415 (this module imports nothing at load time)
+
+    hook = getattr(module, "_hf_hook", None)
+    for h in getattr(hook, "hooks", None) or ([hook] if hook is not None else []):  # a SequentialHook holds several
+        device = getattr(h, "execution_device", None)
+        if device is not None:
+            return torch.device(device)
+    return next(module.parameters()).device

@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file, save
 from torch import nn
 
-from posbias.architecture.layers import get_decoder_layers
+from posbias.architecture.layers import execution_device, get_decoder_layers
 from posbias.architecture.rope_layout import rope_layout
 from posbias.methods import rope_attention as A
 from posbias.methods.registry import MethodHandle, as_bool, as_layer_indices, as_list, register_method
@@ -70,10 +70,11 @@ class MoICERouters(nn.Module):
         self.routers = nn.ModuleDict({str(i): Router(head_dim, hidden, len(self.multipliers)) for i in self.layers})
 
     def place_with(self, decoder_layers) -> MoICERouters:
-        """Each router on the device of the decoder layer it routes (a model split over several GPUs
-        by ``--device shard`` keeps its layers, and so their routers, on different devices)."""
+        """Each router on the device where the decoder layer it routes computes (a model split over
+        several GPUs by ``--device shard`` keeps its layers, and so their routers, on different devices;
+        a layer offloaded to the CPU or disk keeps its weights on ``meta``)."""
         for i, router in self.routers.items():
-            router.to(next(decoder_layers[int(i)].parameters()).device)
+            router.to(execution_device(decoder_layers[int(i)]))
         return self
 
     def config(self) -> dict:
