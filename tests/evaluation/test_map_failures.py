@@ -55,3 +55,27 @@ def test_generation_from_one_context_prefill_equals_one_prompt_per_question(arch
     shared = generate_from_context(model, tiny_tokenizer, insts, max_new_tokens=6, batch_size=3)
     alone = greedy_generate(model, tiny_tokenizer, insts, max_new_tokens=6, batch_size=1)
     assert shared == alone and any(shared)
+
+
+def test_wrong_answers_are_generated_long_enough_to_classify(tiny_tokenizer, monkeypatch):
+    """A UUID answer gets the tokens it needs (a fixed 16 cut it, so every wrong UUID was "format");
+    older map folders, which recorded 16, resume unless they generated UUIDs under it."""
+    from types import SimpleNamespace
+
+    import posbias.evaluation.map_failures as mf
+    from posbias.evaluation.bias_map import upgrade_map_settings
+    from posbias.evaluation.generation import generation_budget
+
+    insts = make_instances("kv-uuid", n=2, depths=[0.5], num_keys=5)
+    seen = []
+    monkeypatch.setattr(mf, "greedy_generate", lambda m, t, wrong, **kw: seen.append(kw["max_new_tokens"])
+                        or [" x"] * len(wrong))
+    records = [{"correct": 0.0} for _ in insts]
+    mf.classify_group(object(), tiny_tokenizer, insts, records, SimpleNamespace(max_new_tokens=None, batch_size=2,
+                                                                                  task="kv-uuid"))
+    assert seen == [generation_budget(tiny_tokenizer, insts)] and seen[0] > 16
+    assert [r["failure"] for r in records] == ["format", "format"]
+    assert upgrade_map_settings({"task": "kv", "mode": "both", "max_new_tokens": 16})["max_new_tokens"] is None
+    assert upgrade_map_settings({"task": "kv-uuid", "mode": "teacher-forced", "max_new_tokens": 16})[
+        "max_new_tokens"] is None
+    assert upgrade_map_settings({"task": "kv-uuid", "mode": "both", "max_new_tokens": 16})["max_new_tokens"] == 16

@@ -85,7 +85,7 @@ class MapConfig:
     threshold: float = 0.5
     task_options: dict[str, Any] = field(default_factory=dict)
     batch_size: int = 8
-    max_new_tokens: int = 16
+    max_new_tokens: int | None = None  # greedy generation of wrong answers (mode both); None: generation_budget
     bootstrap: int = 1000
 
     def settings(self) -> dict:
@@ -149,7 +149,8 @@ def check_map(cfg: MapConfig) -> None:
     if not 0 < cfg.threshold < 1:
         raise ValueError(f"--threshold must be between 0 and 1, got {cfg.threshold}")
     for name in ("n", "repeats", "batch_size", "max_new_tokens", "bootstrap"):
-        check_int(name, getattr(cfg, name))
+        if getattr(cfg, name) is not None or name != "max_new_tokens":
+            check_int(name, getattr(cfg, name))
     if "length" in cfg.task_options or "num_keys" in cfg.task_options:
         raise ValueError("the map sets each prompt's length itself: give --lengths, not a length or num_keys option")
     if not cfg.lengths:
@@ -272,7 +273,17 @@ def open_map(cfg: MapConfig, load=None):
     # out: not compared on resume; makes config.json usable as --config
     return open_run(cfg.out, "map", {**cfg.settings(), "out": str(cfg.out), **load_settings(cfg.model, load),
                                      **({"adapter": adapter} if adapter else {})},
-                    check_keys=(*MAP_RESUME_KEYS, "dtype"))
+                    check_keys=(*MAP_RESUME_KEYS, "dtype"), upgrade=upgrade_map_settings)
+
+
+def upgrade_map_settings(old: dict) -> dict:
+    """A map folder's settings as this posbias records them: older versions recorded a fixed generation
+    limit of 16, which the default budget (:func:`~posbias.evaluation.generation.generation_budget`, at
+    least 16) equals for every answer but a UUID's; a kv-uuid map that generated keeps 16 (resuming it
+    under a larger limit would mix cut and whole answers) and is refused."""
+    if old.get("max_new_tokens") == 16 and not (old.get("task") == "kv-uuid" and old.get("mode") == "both"):
+        return {**old, "max_new_tokens": None}
+    return old
 
 
 def map_adapter(cfg: MapConfig) -> dict | None:

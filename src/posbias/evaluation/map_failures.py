@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions, pad_id_of
-from posbias.evaluation.generation import greedy_continue, greedy_generate
+from posbias.evaluation.generation import generation_budget, greedy_continue, greedy_generate
 from posbias.evaluation.scoring import cache_of, prefill, prompt_dependent, repeat_cache
 
 FAILURE_CLASSES = ("correct", "worded", "other_item", "not_in_context", "format")
@@ -67,12 +67,12 @@ def classify_group(model, tokenizer, group: Sequence, records: list[dict], cfg) 
     if not wrong:
         return
     insts = [i for i, _ in wrong]
+    budget = generation_budget(tokenizer, insts, cfg.max_new_tokens)  # a UUID needs ~33 tokens, a number 16
     contexts = {i.meta.get("context_id") for i in insts}
     if None not in contexts and len(contexts) == 1 and not prompt_dependent(model):
-        preds = generate_from_context(model, tokenizer, insts, max_new_tokens=cfg.max_new_tokens,
-                                      batch_size=cfg.batch_size)
+        preds = generate_from_context(model, tokenizer, insts, max_new_tokens=budget, batch_size=cfg.batch_size)
     else:
-        preds = greedy_generate(model, tokenizer, insts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
+        preds = greedy_generate(model, tokenizer, insts, max_new_tokens=budget, batch_size=cfg.batch_size)
     for (inst, rec), pred in zip(wrong, preds):
         rec.update(prediction=pred, **classify(inst.task if inst.task in ITEM_PATTERNS else cfg.task, inst.prompt,
                                                str(inst.answers[0]), pred))
