@@ -148,9 +148,10 @@ def check_map(cfg: MapConfig) -> None:
         raise ValueError(f"--mode {cfg.mode!r}: choose {' or '.join(MAP_MODES)}")
     if not 0 < cfg.threshold < 1:
         raise ValueError(f"--threshold must be between 0 and 1, got {cfg.threshold}")
-    for name in ("n", "repeats", "batch_size", "max_new_tokens", "bootstrap"):
-        if getattr(cfg, name) is not None or name != "max_new_tokens":
-            check_int(name, getattr(cfg, name))
+    for name in ("n", "repeats", "batch_size", "bootstrap"):
+        check_int(name, getattr(cfg, name))
+    if cfg.max_new_tokens is not None:
+        check_int("max_new_tokens", cfg.max_new_tokens)
     if "length" in cfg.task_options or "num_keys" in cfg.task_options:
         raise ValueError("the map sets each prompt's length itself: give --lengths, not a length or num_keys option")
     if not cfg.lengths:
