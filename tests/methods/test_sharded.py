@@ -133,7 +133,8 @@ def test_moice_load_balancing_loss_gathers_the_layers_terms():
 @pytest.mark.filterwarnings("ignore")
 def test_the_scoring_core_on_layers_offloaded_to_disk_equals_one_device(tmp_path):
     """Batched and shared-context teacher forcing (one prefill repeated for several questions) and
-    greedy generation give the same records on a model with layers offloaded by ``device_map``."""
+    greedy generation give the same records on a model with its embeddings and layers offloaded by
+    ``device_map`` (the inputs go where the embeddings compute, not to their ``meta`` weights)."""
     from conftest import make_tiny_model, make_tiny_tokenizer
     from transformers import AutoModelForCausalLM
 
@@ -144,10 +145,11 @@ def test_the_scoring_core_on_layers_offloaded_to_disk_equals_one_device(tmp_path
     tok = make_tiny_tokenizer()
     make_tiny_model("llama", layers=3).save_pretrained(tmp_path / "model")
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
-    where = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
+    where = {"model.embed_tokens": "disk", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
              "model.layers.1": "disk", "model.layers.2": "disk", "model.norm": "cpu", "lm_head": "cpu"}
     offloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", device_map=where,
                                                      offload_folder=tmp_path / "offload").eval()
+    assert offloaded.get_input_embeddings().weight.device == SECOND
     insts = make_instances("kv", tokenizer=tok, n=2, depths=[0.0, 1.0], seed=0, num_keys=4, shared_context=True)
     runs = [(score_instances(m, tok, insts, batch_size=2, shared=True),
              score_instances(m, tok, insts, batch_size=2, shared=False),

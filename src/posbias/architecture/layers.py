@@ -39,3 +39,17 @@ def execution_device(module):
         if device is not None:
             return torch.device(device)
     return next(module.parameters()).device
+
+
+def model_device(model):
+    """Where a model's inputs go (a ``torch.device``): where its input embeddings compute (accelerate's
+    execution device when ``device_map`` split the model or offloaded them, their weights then on
+    ``meta``), else the device of its first parameter; a wrapper without parameters: its ``base_model``'s."""
+    import torch  # noqa: PLC0415 (this module imports nothing at load time)
+
+    try:
+        embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        return execution_device(embeddings if embeddings is not None else model)
+    except (AttributeError, StopIteration, TypeError, NotImplementedError):
+        base = getattr(model, "base_model", None)
+        return model_device(base) if base is not None and base is not model else torch.device("cpu")

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from posbias.architecture.layers import model_device
 from posbias.evaluation.generation import greedy_batch
 from posbias.evaluation.scoring import Continuation, prompt_dependent, score_shared_context, score_token_rows
 from posbias.methods import MethodHandle, apply_method
@@ -72,7 +73,7 @@ class PosbiasLM(TemplateLM):
         self.batch_size = max(1, int(batch_size))
         self.max_length = int(max_length or getattr(model.config, "max_position_embeddings", 2048) or 2048)
         self.max_gen_toks = int(max_gen_toks)
-        self._device = next(model.parameters()).device
+        self._device = model_device(model)
 
     # -- construction from lm_eval's --model_args ------------------------------------------------
     @classmethod

@@ -33,11 +33,12 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from posbias.architecture.layers import model_device
 from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions, pad_id_of
 from posbias.evaluation.generation import generation_budget, greedy_continue, greedy_generate
 from posbias.evaluation.metrics import score
 from posbias.evaluation.modes import GENERATE, TEACHER_FORCED, canonical_mode
-from posbias.evaluation.scoring import Continuation, model_device, prefill, score_continuations
+from posbias.evaluation.scoring import Continuation, prefill, score_continuations
 from posbias.evaluation.teacher_forced import accept_alternatives, score_teacher_forced, teacher_forced_fields
 from posbias.tasks import make_instances
 from posbias.tasks.base import depth_seed

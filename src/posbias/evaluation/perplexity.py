@@ -30,7 +30,7 @@ from typing import Literal
 
 import torch
 
-from posbias.evaluation.scoring import model_device
+from posbias.architecture.layers import model_device
 from posbias.utils.progress import progress_bar
 
 Mode = Literal["non-overlapping", "sliding"]

@@ -34,6 +34,7 @@ from typing import Sequence
 
 import torch
 
+from posbias.architecture.layers import model_device
 from posbias.evaluation.batching import left_pad
 from posbias.methods.registry import prompt_dependent
 
@@ -174,11 +175,3 @@ def repeat_cache(cache, k: int):
             if isinstance(t, torch.Tensor):
                 setattr(layer, name, t.repeat_interleave(k, dim=0))
     return rep
-
-
-def model_device(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (AttributeError, StopIteration, TypeError):
-        base = getattr(model, "base_model", None)
-        return model_device(base) if base is not None and base is not model else torch.device("cpu")

@@ -31,6 +31,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from posbias.architecture.layers import model_device
+
 SAVGOL_WINDOW, SAVGOL_ORDER, FIT_DEGREE = 10, 3, 3
 MONO_SKIP, SMOOTH_SKIP = 0.3, 0.2  # the reference's 300 and 200 of 1000 tokens
 
@@ -121,7 +123,7 @@ def mean_hidden_states(model, token_rows: Sequence[Sequence[int]], batch_size: i
     lengths = {len(r) for r in token_rows}
     if len(lengths) != 1:
         raise ValueError(f"positional-dims: every sample must have the same length, got {sorted(lengths)}")
-    device = next(model.parameters()).device
+    device = model_device(model)
     total = None
     for start in range(0, len(token_rows), batch_size):
         ids = torch.tensor([list(r) for r in token_rows[start:start + batch_size]], device=device)

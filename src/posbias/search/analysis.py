@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from posbias.architecture.layers import model_device
 from posbias.patching.rope_scaling import apply_layer_scaling
 from posbias.utils.figures import pyplot, save_figure
 
@@ -33,7 +34,7 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
 def layer_hidden_states(model, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Per layer output, all tokens of all ``inputs`` (1-D id tensors) stacked: ``L x (tokens, d)``."""
     per_layer: list[list[torch.Tensor]] = []
-    device = next(model.parameters()).device
+    device = model_device(model)
     for ids in inputs:
         hs = model(input_ids=ids[None].to(device), output_hidden_states=True).hidden_states[1:]
         if not per_layer:

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from posbias.architecture.layers import model_device
 from posbias.utils.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from posbias.utils.progress import progress_bar
 
@@ -90,7 +91,7 @@ def router_step(handle, ids: torch.Tensor, opt: torch.optim.Optimizer, aux_coef:
     """One optimizer step on one sequence ``ids`` (T,): LM loss + ``aux_coef`` x load balancing."""
     state = handle.state["moice"]
     model = handle.base_model
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     ids = ids[None].to(dev)
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
     logits = out.logits[:, :-1].float()
