@@ -44,12 +44,13 @@ def split_model(arch: str, first: int = 2):
     return model
 
 
-def options(name: str, tmp_path) -> dict:
-    opts = dict(SETTINGS[name])
+def options(name: str, tmp_path, table: dict = SETTINGS) -> dict:
+    """The method's options from ``table``; lpes reads its factors from a file."""
+    opts = dict(table[name])
     if name == "lpes":
         path = tmp_path / "factors.json"
-        path.write_text(json.dumps({"format": "posbias-lpes-factors", "version": 1, "num_layers": 4,
-                                    "factors": opts["factors"]}))
+        path.write_text(json.dumps({"format": "posbias-lpes-factors", "version": 1,
+                                    "num_layers": len(opts["factors"]), "factors": opts["factors"]}))
         opts["factors"] = str(path)
     return opts
 
@@ -107,12 +108,8 @@ def test_every_method_on_layers_offloaded_to_disk_equals_the_model_on_one_device
     ids = torch.randint(3, 400, (2, 20), generator=torch.Generator().manual_seed(0))
     settings = {**SETTINGS, "lpes": {"factors": [1.0, 2.0, 3.0]}, "temperature": {"values": [0.5, 1.5, 2.0]},
                 "moice": {"top_k": 2, "multipliers": [0.5, 1.0, 2.0]}}  # sparse routing runs with data
-    for name, opts in {"none": {}, **settings}.items():
-        if name == "lpes":
-            path = tmp_path / "factors.json"
-            path.write_text(json.dumps({"format": "posbias-lpes-factors", "version": 1, "num_layers": 3,
-                                        "factors": opts["factors"]}))
-            opts = {"factors": str(path)}
+    for name in ("none", *settings):
+        opts = options(name, tmp_path, settings) if name != "none" else {}
         logits = []
         for model in (plain, offloaded):
             with torch.no_grad(), apply_method(model, name, **opts) as h:
