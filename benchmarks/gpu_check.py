@@ -138,12 +138,7 @@ def shard_check(tok, device: torch.device, dtype: torch.dtype, folder: Path, tok
         sharded, _ = load_model(str(folder), LoadOptions(SHARD, dtype_name(dtype)))
     else:  # shard needs CUDA; the same device_map="auto" load, which places everything on the CPU
         sharded, _ = load_hf_folder(folder, ResolvedPlacement(Placement(SHARD, dtype_name(dtype)), device, dtype))
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, SHARD_CONFIG["vocab_size"], (2, tokens), generator=g)
-    mask = torch.ones_like(ids)
-    mask[1, : tokens // 4] = 0
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
+    ids, mask, pos = left_padded_ids(SHARD_CONFIG["vocab_size"], tokens, device, seed=1)
     results = {}
     for name, options in SHARD_SETTINGS.items():
         if name == "lpes":
@@ -152,10 +147,10 @@ def shard_check(tok, device: torch.device, dtype: torch.dtype, folder: Path, tok
         logits = []
         for model in (one, sharded):
             with apply_method(model, name, **options) as h:
-                logits.append([x.float().cpu() for x in _prefill_and_step(h.model, ids, mask, pos, tokens)])
-        diff = max(float((a - b).abs().max()) for a, b in zip(*logits))
-        results[name] = {"equal": all(torch.equal(a, b) for a, b in zip(*logits)), "max_abs_diff": diff}
-        print(f"shard {name:18s} equal={results[name]['equal']}  max|diff| {diff:.3g}", flush=True)
+                logits.append(_prefill_and_step(h.model, ids, mask, pos, tokens))
+        results[name] = compare_logits(*logits)
+        print(f"shard {name:18s} equal={results[name]['equal']}  max|diff| {results[name]['max_abs_diff']:.3g}",
+              flush=True)
     return {"devices": sorted({str(p.device) for p in sharded.parameters()}), "methods": results}
 
 
@@ -180,24 +175,34 @@ def _prefill_and_step(model, ids, mask, pos, keep: int) -> list[torch.Tensor]:
 def identity_checks(model, tokens: int, folder: Path) -> dict:
     """``{method: {"equal": bool, "max_abs_diff": float}}`` of every method at its identity setting."""
 
-    device = next(model.parameters()).device
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, model.config.vocab_size, (2, tokens), generator=g)
-    mask = torch.ones_like(ids)
-    mask[1, : tokens // 4] = 0  # the second row left-padded
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
+    ids, mask, pos = left_padded_ids(model.config.vocab_size, tokens, next(model.parameters()).device, seed=0)
     keep = min(64, tokens - tokens // 4)
     ref = _prefill_and_step(model, ids, mask, pos, keep)
     results = {}
     for name, options in IDENTITY.items():
         options = {**options, "factors": ones_factors(model, folder)} if name == "lpes" else options
         with apply_method(model, name, **options) as h:
-            got = _prefill_and_step(h.model, ids, mask, pos, keep)
-        diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, ref))
-        results[name] = {"equal": all(torch.equal(a, b) for a, b in zip(got, ref)), "max_abs_diff": diff}
-        print(f"identity {name:18s} equal={results[name]['equal']}  max|diff| {diff:.3g}", flush=True)
+            results[name] = compare_logits(_prefill_and_step(h.model, ids, mask, pos, keep), ref)
+        print(f"identity {name:18s} equal={results[name]['equal']}  max|diff| {results[name]['max_abs_diff']:.3g}",
+              flush=True)
     return results
+
+
+def left_padded_ids(vocab: int, tokens: int, device: torch.device, seed: int):
+    """``(ids, mask, position_ids)``, each (2, tokens) on ``device``: random ids, the second row
+    left-padded by a quarter of its length."""
+    ids = torch.randint(3, vocab, (2, tokens), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[1, : tokens // 4] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids.to(device), mask.to(device), pos.to(device)
+
+
+def compare_logits(got: list[torch.Tensor], ref: list[torch.Tensor]) -> dict:
+    """``{"equal", "max_abs_diff"}`` over pairs of logits (``got[i]`` against ``ref[i]``, on any devices)."""
+    pairs = [(a.float(), b.float().to(a.device)) for a, b in zip(got, ref)]
+    return {"equal": all(torch.equal(a, b) for a, b in pairs),
+            "max_abs_diff": max(float((a - b).abs().max()) for a, b in pairs)}
 
 
 def search_check(model, tok, config: str, folder: Path, keys: int, overrides: dict) -> dict:
@@ -255,9 +260,7 @@ def markdown(report: dict) -> str:
     times, and the steps that failed (a step missing from ``report`` leaves its table out)."""
     lines = [f"# GPU check: {report['model']} on {report['device_name']} ({report['dtype']})", ""]
     if "identity" in report:
-        lines += ["| method | identity: logits equal | max abs diff |", "|---|---|---:|"]
-        lines += [f"| {m} | {'yes' if r['equal'] else 'NO'} | {r['max_abs_diff']:.3g} |"
-                  for m, r in report["identity"].items()]
+        lines += equality_table(report["identity"], "identity: logits equal")
     if "latency" in report:
         lines += ["", *latency_lines(report["latency"])]
     if "search" in report:
@@ -269,9 +272,7 @@ def markdown(report: dict) -> str:
     if "shard" in report:
         lines += ["", f"`--device shard` over {', '.join(report['shard']['devices'])} against one device "
                   "(8-layer random Llama, each method at a real setting):", "",
-                  "| method | logits equal | max abs diff |", "|---|---|---:|"]
-        lines += [f"| {m} | {'yes' if r['equal'] else 'NO'} | {r['max_abs_diff']:.3g} |"
-                  for m, r in report["shard"]["methods"].items()]
+                  *equality_table(report["shard"]["methods"], "logits equal")]
     if report.get("bam", {}).get("equivalence"):
         lines += ["", "BAM, largest relative difference to the reference backend (output and gradients):", "",
                   "| setup | backend | max rel diff |", "|---|---|---:|"]
@@ -286,6 +287,12 @@ def markdown(report: dict) -> str:
     if "seconds" in report:
         lines += ["", f"Wall time: {report['seconds']:.0f} s"]
     return "\n".join(lines) + "\n"
+
+
+def equality_table(results: dict, column: str) -> list[str]:
+    """``{method: compare_logits(...)}`` as a markdown table: method, equal (yes / NO), max abs diff."""
+    return [f"| method | {column} | max abs diff |", "|---|---|---:|",
+            *(f"| {m} | {'yes' if r['equal'] else 'NO'} | {r['max_abs_diff']:.3g} |" for m, r in results.items())]
 
 
 def load_and_eval_line(report: dict) -> str:
