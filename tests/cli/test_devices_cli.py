@@ -41,30 +41,14 @@ def one_line_refusal(res, needle):
 
 
 @NO_CUDA
+@pytest.mark.parametrize("device", ["cuda", "shard"])
 @pytest.mark.parametrize("command", ["eval", "compare", "search", "tune", "ability", "apply", "analyze", "demo",
                                      "train-moice"])
-def test_cuda_on_a_machine_without_it_is_refused_before_any_folder(command, tiny, factors, tmp_path):
+def test_a_gpu_device_on_a_machine_without_one_is_refused_before_any_folder(command, device, tiny, factors,
+                                                                            tmp_path):
     out = tmp_path / "out"
-    res = invoke(command, *commands(tiny, factors)[command], "--out", out, "--device", "cuda")
-    one_line_refusal(res, "--device cuda: ")
-    assert not out.exists()
-
-
-@NO_CUDA
-@pytest.mark.parametrize("command", ["eval", "search", "apply"])
-def test_shard_on_a_machine_without_gpus_is_refused_before_any_folder(command, tiny, factors, tmp_path):
-    out = tmp_path / "out"
-    res = invoke(command, *commands(tiny, factors)[command], "--out", out, "--device", "shard")
-    one_line_refusal(res, "--device shard: ")
-    assert not out.exists()
-
-
-@pytest.mark.parametrize("command", ["train", "study"])
-def test_training_refuses_shard_before_any_folder(command, tmp_path):
-    out = tmp_path / "out"
-    extra = ["--steps", "1"] if command == "train" else ["--schemes", "rope"]
-    res = invoke(command, "--out", out, "--device", "shard", *extra)
-    one_line_refusal(res, "training and this use run on one device")
+    res = invoke(command, *commands(tiny, factors)[command], "--out", out, "--device", device)
+    one_line_refusal(res, f"--device {device}: ")
     assert not out.exists()
 
 
@@ -76,13 +60,15 @@ def test_an_unknown_dtype_is_refused_before_any_folder(command, tiny, factors, t
     assert not out.exists()
 
 
-@NO_CUDA
+@pytest.mark.parametrize("device, needle", [pytest.param("cuda", "--device cuda: ", marks=NO_CUDA),
+                                            ("shard", "training and this use run on one device")])
 @pytest.mark.parametrize("command", ["train", "study"])
-def test_training_on_cuda_without_it_leaves_nothing(command, tmp_path):
+def test_training_on_a_device_it_cannot_use_leaves_nothing(command, device, needle, tmp_path):
+    """CUDA on a machine without it, or ``shard`` (loading only) anywhere: one line, no folder."""
     out = tmp_path / "out"
     extra = ["--steps", "1"] if command == "train" else ["--schemes", "rope"]
-    res = invoke(command, "--out", out, "--device", "cuda", *extra)
-    one_line_refusal(res, "--device cuda: ")
+    res = invoke(command, "--out", out, "--device", device, *extra)
+    one_line_refusal(res, needle)
     assert not out.exists()
 
 

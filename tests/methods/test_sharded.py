@@ -90,20 +90,27 @@ def test_every_method_runs_on_a_model_split_over_two_devices(name, arch, tmp_pat
     assert logits[0].shape[:2] == (3, 24) and logits[1].shape[:2] == (3, 1)
 
 
-@pytest.mark.filterwarnings("ignore")
-def test_every_method_on_layers_offloaded_to_disk_equals_the_model_on_one_device(tmp_path):
-    """Offloaded layers keep their weights on ``meta`` and compute on the execution device of their
-    accelerate hook: a method that places state by a layer's parameters (MoICE's routers did) gets
-    ``meta`` there, and a CPU ``linear`` with a ``meta`` weight returns garbage without an error."""
+def offloaded_pair(tmp_path, embeddings: str):
+    """A tiny 3-layer Llama loaded twice from one folder: on the CPU, and with transformers' own
+    ``device_map`` offloading layers 1-2 (and the embeddings, given ``"disk"``) to disk."""
     from conftest import make_tiny_model
     from transformers import AutoModelForCausalLM
 
     make_tiny_model("llama", layers=3).save_pretrained(tmp_path / "model")
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
-    where = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
+    where = {"model.embed_tokens": embeddings, "model.rotary_emb": "cpu", "model.layers.0": "cpu",
              "model.layers.1": "disk", "model.layers.2": "disk", "model.norm": "cpu", "lm_head": "cpu"}
     offloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", device_map=where,
                                                      offload_folder=tmp_path / "offload").eval()
+    return plain, offloaded
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_every_method_on_layers_offloaded_to_disk_equals_the_model_on_one_device(tmp_path):
+    """Offloaded layers keep their weights on ``meta`` and compute on the execution device of their
+    accelerate hook: a method that places state by a layer's parameters (MoICE's routers did) gets
+    ``meta`` there, and a CPU ``linear`` with a ``meta`` weight returns garbage without an error."""
+    plain, offloaded = offloaded_pair(tmp_path, embeddings="cpu")
     assert next(get_decoder_layers(offloaded)[1].parameters()).device == SECOND
     ids = torch.randint(3, 400, (2, 20), generator=torch.Generator().manual_seed(0))
     settings = {**SETTINGS, "lpes": {"factors": [1.0, 2.0, 3.0]}, "temperature": {"values": [0.5, 1.5, 2.0]},
@@ -132,20 +139,14 @@ def test_the_scoring_core_on_layers_offloaded_to_disk_equals_one_device(tmp_path
     """Batched and shared-context teacher forcing (one prefill repeated for several questions) and
     greedy generation give the same records on a model with its embeddings and layers offloaded by
     ``device_map`` (the inputs go where the embeddings compute, not to their ``meta`` weights)."""
-    from conftest import make_tiny_model, make_tiny_tokenizer
-    from transformers import AutoModelForCausalLM
+    from conftest import make_tiny_tokenizer
 
     from posbias.evaluation.generation import greedy_generate
     from posbias.evaluation.teacher_forced import score_instances
     from posbias.tasks import make_instances
 
     tok = make_tiny_tokenizer()
-    make_tiny_model("llama", layers=3).save_pretrained(tmp_path / "model")
-    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
-    where = {"model.embed_tokens": "disk", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
-             "model.layers.1": "disk", "model.layers.2": "disk", "model.norm": "cpu", "lm_head": "cpu"}
-    offloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", device_map=where,
-                                                     offload_folder=tmp_path / "offload").eval()
+    plain, offloaded = offloaded_pair(tmp_path, embeddings="disk")
     assert offloaded.get_input_embeddings().weight.device == SECOND
     insts = make_instances("kv", tokenizer=tok, n=2, depths=[0.0, 1.0], seed=0, num_keys=4, shared_context=True)
     runs = [(score_instances(m, tok, insts, batch_size=2, shared=True),
