@@ -37,7 +37,6 @@ run stopped by a time limit keeps what it measured, and ``latency.json``, ``gpu_
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import subprocess
 import sys
@@ -61,7 +60,7 @@ from posbias.search.runner import run_search
 from posbias.training.tokenizer import synthetic_task_texts, train_bpe_tokenizer
 from posbias.utils.devices import SHARD, Placement, ResolvedPlacement, dtype_name
 from posbias.utils.io import atomic_write_text
-from posbias.utils.memory import gpu_memory_gib, reset_gpu_peaks
+from posbias.utils.memory import gpu_memory_gib, release_cached_memory, reset_gpu_peaks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # latency.py, gpu_check_bam.py beside this file
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -115,13 +114,6 @@ def unmet_requirements(pyproject: Path = PYPROJECT, installed=None) -> list[str]
         if not req.specifier.contains(found, prereleases=True):
             problems.append(f"{req.name} {found} (needs {req.specifier})")
     return problems
-
-
-def release_cached_memory(device: torch.device) -> None:
-    """Free what this process no longer references and hand the allocator's cached blocks back."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def shard_check(tok, device: torch.device, dtype: torch.dtype, folder: Path, tokens: int = 64) -> dict:

@@ -19,7 +19,6 @@ receives the figures, and the last line printed is the same JSON.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import sys
@@ -32,7 +31,7 @@ from posbias.cli.main import app
 from posbias.models.loader import load_model
 from posbias.models.options import LoadOptions
 from posbias.utils.io import atomic_write_json, read_jsonl
-from posbias.utils.memory import gpu_memory_gib, peak_rss_mb, reset_gpu_peaks
+from posbias.utils.memory import gpu_memory_gib, peak_rss_mb, release_cached_memory, reset_gpu_peaks
 
 
 def gib(n_bytes: float) -> float:
@@ -65,10 +64,8 @@ def measure_load(model: str, options: LoadOptions) -> dict:
 def measure_eval(model: str, options: LoadOptions, eval_args: list[str], out: Path) -> dict:
     """``posbias eval`` through the command line's entry, timed, with its peak GPU memory."""
     device = options.placement().device
-    gc.collect()  # the loaded model of measure_load, before the peak is reset
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        reset_gpu_peaks()
+    release_cached_memory(device)  # the loaded model of measure_load, before the peak is reset
+    reset_gpu_peaks()
     command = ["eval", "--model", model, "--device", options.device, "--dtype", options.dtype, *eval_args,
                "--out", str(out)]
     start = time.perf_counter()

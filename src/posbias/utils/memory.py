@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 import sys
 
@@ -78,6 +79,14 @@ def gpu_memory_gib(device: torch.device, peak: bool = False) -> float | None:
     return sum(read(i) for i in range(torch.cuda.device_count())) / 2**30
 
 
+def release_cached_memory(device: torch.device) -> None:
+    """Free what this process no longer references and, on a CUDA ``device``, hand the allocator's cached
+    blocks back (so another process, or a fresh peak measurement, starts from what is really held)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def reset_gpu_peaks() -> None:
     """Restart every visible GPU's high-water mark (after its queued work is done); nothing without CUDA."""
     if torch.cuda.is_available():
@@ -86,4 +95,5 @@ def reset_gpu_peaks() -> None:
             torch.cuda.reset_peak_memory_stats(i)
 
 
-__all__ = ["gpu_memory_gib", "keep_freed_memory", "peak_rss_mb", "reset_gpu_peaks", "reset_peak_rss", "SETTINGS"]
+__all__ = ["gpu_memory_gib", "keep_freed_memory", "peak_rss_mb", "release_cached_memory", "reset_gpu_peaks",
+           "reset_peak_rss", "SETTINGS"]
