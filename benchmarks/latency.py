@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from posbias.evaluation.scoring import cache_of
+from posbias.architecture.layers import cache_of
 from posbias.methods import apply_method
 from posbias.methods.registry import split_variant
 from posbias.models import load_model

@@ -53,3 +53,12 @@ def model_device(model):
     except (AttributeError, StopIteration, TypeError, NotImplementedError):
         base = getattr(model, "base_model", None)
         return model_device(base) if base is not None and base is not model else torch.device("cpu")
+
+
+def cache_of(out):
+    """The KV cache of a model output: its ``cache`` field (transformers >= 5.24; None without a cache), or
+    ``past_key_values`` for an output class that has no ``cache`` field (reading the deprecated name where
+    ``cache`` exists makes transformers print a deprecation line)."""
+    if hasattr(out, "cache"):
+        return out.cache
+    return getattr(out, "past_key_values", None)

@@ -6,8 +6,9 @@ from typing import Sequence
 
 import torch
 
+from posbias.architecture.layers import cache_of
 from posbias.evaluation.batching import encode, eos_ids_of, length_sorted_batches, model_max_positions, pad_id_of
-from posbias.evaluation.scoring import cache_of, prefill
+from posbias.evaluation.scoring import prefill
 from posbias.tasks.base import Instance
 from posbias.utils.progress import progress_bar
 

@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from posbias.architecture.layers import cache_of
 from posbias.architecture.rope_layout import rope_layout
 from posbias.methods import rope_attention as A
 from posbias.methods.registry import MethodHandle, as_list, register_method
@@ -80,10 +81,7 @@ class AttentionBucketsModel:
                     rot.forward = fwd
         logits = out.logits
         mixed = mix_logits(logits.view(n, b, *logits.shape[1:]))
-        new_cache = getattr(out, "cache", None)
-        if new_cache is None:
-            new_cache = getattr(out, "past_key_values", None)
-        return CausalLMOutputWithPast(logits=mixed, cache=new_cache)
+        return CausalLMOutputWithPast(logits=mixed, cache=cache_of(out))
 
     def _rotary_forward(self, rot, b: int):
         """The rotary module's forward for the repeated batch: copy ``c`` gets ``theta * multipliers[c]``
