@@ -166,3 +166,15 @@ def test_kv_uuid_teacher_forced_target_opens_the_json_string(tiny_tokenizer):
     assert tiny_tokenizer.decode(encode(tiny_tokenizer, bare, chat=False).answer_ids) == " " + inst.answers[0]
     word = make_instances("kv", n=1, depths=[0.5], seed=0, split="eval", num_keys=5)[0]
     assert "tf_target" not in word.meta
+
+
+@pytest.mark.parametrize("task,opts", [("kv", {"num_keys": 7}), ("kv", {"num_keys": 7, "shared_context": True}),
+                                       ("kv-uuid", {"num_keys": 6})])
+def test_item_spans_cover_each_record(task, opts):
+    for x in make_instances(task, n=2, depths=[0.0, 0.5, 1.0], **opts):
+        spans = x.meta["item_spans"]
+        assert len(spans) == x.num_items
+        lines = [x.prompt[a:b] for a, b in spans]
+        assert all("\n" not in line for line in lines)
+        assert x.answers[0] in lines[x.gold_index]
+        assert sum(x.answers[0] in line for line in lines) == 1

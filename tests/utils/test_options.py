@@ -48,3 +48,17 @@ def test_a_probe_tasks_string_of_an_older_run_reads_as_a_list():
     assert TrainConfig(probe_tasks=["niah"]).to_json()["probe_tasks"] == ["niah"]
     assert typed_train_options({"probe_tasks": "passkey,niah", "lr": 1.0}) == \
         {"probe_tasks": ["passkey", "niah"], "lr": 1.0}
+
+
+def test_parse_depths_every():
+    from posbias.tasks import depth_to_index
+    from posbias.utils.options import parse_depths
+
+    assert parse_depths("0,0.5,1") == [0.0, 0.5, 1.0]
+    depths = parse_depths("every:20")
+    assert len(depths) == 20 and depths[0] == 0.0 and depths[-1] == 1.0
+    assert [depth_to_index(d, 20) for d in depths] == list(range(20))
+    assert [depth_to_index(d, 30) for d in parse_depths("every:30")] == list(range(30))
+    for bad in ("every:1", "every:x", "every:"):
+        with pytest.raises(ValueError, match="every:N"):
+            parse_depths(bad)

@@ -17,7 +17,7 @@ from posbias.cli.common import (
     parse_numbers,
 )
 from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
-from posbias.utils.options import field_names, field_types, parse_names, parse_typed_options
+from posbias.utils.options import field_names, field_types, parse_depths, parse_names, parse_typed_options
 
 STUDY_DERIVED = ("ppl_eval_tokens", "resume")  # recorded beside a study's settings, not read back
 
@@ -97,7 +97,7 @@ def study_command(
 
     flags = dict(
         out=out, preset=preset, schemes=schemes, train_steps=train_steps, train_context=train_context,
-        multipliers=parse_numbers(multipliers, "multipliers"), depths=parse_numbers(depths, "depths"), n=n,
+        multipliers=parse_numbers(multipliers, "multipliers"), depths=parse_depths(depths), n=n,
         n_beyond=parse_key_values(n_beyond, "n-beyond"),
         needle_draw=needle_draw,
         seed=seed, corpus=corpus, heldout=heldout, passkey_rate=passkey_rate, niah_rate=niah_rate, niah=niah,

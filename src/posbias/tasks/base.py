@@ -27,7 +27,11 @@ class Instance:
             the realised ``gold_index / (num_items - 1)`` in ``meta["realised_depth"]``.
         metric: name of the metric in ``posbias.evaluation.metrics`` that scores a prediction.
         answer_prefix: text the assistant's answer starts with (part of the prompt when scored).
-        meta: task-specific extras (e.g. all expected values for multi-value NIAH).
+        meta: task-specific extras (e.g. all expected values for multi-value NIAH). Tasks made of
+            records or documents give their character spans in the prompt as ``meta["item_spans"]``
+            (``[[start, end], ...]``, one per item in shown order) and, where the gold is more than
+            one item, ``meta["gold_items"]`` (the attention diagnostic and record-aware methods read
+            them; :func:`render_items` builds both prompt and spans).
     """
 
     id: str
@@ -57,6 +61,20 @@ def check_depth(depth: float) -> None:
 
 
 TaskFactory = Callable[..., Iterator[Instance]]
+
+
+def render_items(template: str, placeholder: str, items: list[str], sep: str = "\n", **fields: Any
+                 ) -> tuple[str, list[list[int]]]:
+    """``template`` with ``{placeholder}`` replaced by ``items`` joined with ``sep`` and its other
+    fields filled in; returns ``(prompt, spans)``, ``spans[i] = [start, end]`` the characters of
+    ``items[i]`` in the prompt (``prompt[start:end] == items[i]``)."""
+    head, tail = template.split("{" + placeholder + "}")
+    head, tail = head.format(**fields), tail.format(**fields)
+    spans, at = [], len(head)
+    for item in items:
+        spans.append([at, at + len(item)])
+        at += len(item) + len(sep)
+    return head + sep.join(items) + tail, spans
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from posbias.tasks.base import (
     derive_rng,
     instance_id,
     realised_depth,
+    render_items,
 )
 from posbias.utils.io import iter_jsonl_gz
 
@@ -90,18 +91,28 @@ def move(items: list, src: int, dst: int) -> list:
     return out
 
 
+def word_record_lines(records: list[tuple[str, str]]) -> list[str]:
+    """One ``key: value`` line per record."""
+    return [f"{k}: {v}" for k, v in records]
+
+
 def format_word_records(records: list[tuple[str, str]]) -> str:
-    return "\n".join(f"{k}: {v}" for k, v in records)
+    return "\n".join(word_record_lines(records))
 
 
-def format_json_records(records: list[tuple[str, str]]) -> str:
-    """A JSON object, one ``"key": "value"`` pair per line (the lost-in-the-middle layout)."""
+def json_record_lines(records: list[tuple[str, str]]) -> list[str]:
+    """A JSON object, one ``"key": "value"`` pair per line (the lost-in-the-middle layout): the lines."""
     lines = []
     for i, (k, v) in enumerate(records):
         start = "{" if i == 0 else " "
         end = "}" if i == len(records) - 1 else ","
         lines.append(f"{start}{json.dumps(k)}: {json.dumps(v)}{end}")
-    return "\n".join(lines) if records else "{}"
+    return lines
+
+
+def format_json_records(records: list[tuple[str, str]]) -> str:
+    """A JSON object, one ``"key": "value"`` pair per line (the lost-in-the-middle layout)."""
+    return "\n".join(json_record_lines(records)) if records else "{}"
 
 
 def quoted_targets(value: str) -> dict:
@@ -113,8 +124,9 @@ def quoted_targets(value: str) -> dict:
 
 
 def _kv_instances(task: str, samples: list[dict[str, Any]], *, depths, split, seed, template,
-                  fmt, metric="substring", quoted: bool = False) -> list[Instance]:
-    """samples: dicts with records (gold at ``gold``), key, value, and meta."""
+                  lines, metric="substring", quoted: bool = False) -> list[Instance]:
+    """samples: dicts with records (gold at ``gold``), key, value, and meta; ``lines(records)``: one
+    line of text per record (their character spans are ``meta["item_spans"]``)."""
     out = []
     for depth in depths:
         for i, s in enumerate(samples):
@@ -122,12 +134,13 @@ def _kv_instances(task: str, samples: list[dict[str, Any]], *, depths, split, se
             idx = depth_to_index(depth, len(records))
             moved = move(records, s["gold"], idx)
             assert moved[idx] == (s["key"], s["value"])
+            prompt, spans = render_items(template, "records", lines(moved), key=s["key"])
             out.append(Instance(
-                id=instance_id(task, split, seed, depth, i), task=task,
-                prompt=template.format(records=fmt(moved), key=s["key"]),
+                id=instance_id(task, split, seed, depth, i), task=task, prompt=prompt,
                 answers=[s["value"]], gold_index=idx, num_items=len(moved), depth=float(depth),
                 metric=metric,
                 meta={"key": s["key"], "realised_depth": realised_depth(idx, len(moved)), **s["meta"],
+                      "item_spans": spans,
                       **(quoted_targets(s["value"]) if quoted else {})},
             ))
     return out
@@ -166,7 +179,7 @@ def make_kv(*, tokenizer=None, n, depths, seed, split, num_keys=30, value_digits
     if shared_context:
         return _kv_shared_instances(samples, depths=depths, split=split, seed=seed)
     return _kv_instances(task, samples, depths=depths, split=split, seed=seed,
-                         template=KV_WORDS_PROMPT, fmt=format_word_records)
+                         template=KV_WORDS_PROMPT, lines=word_record_lines)
 
 
 def _kv_shared_instances(samples, *, depths, split, seed) -> list[Instance]:
@@ -184,12 +197,12 @@ def _kv_shared_instances(samples, *, depths, split, seed) -> list[Instance]:
             idx = depth_to_index(depth, len(records))
             key, value = records[idx]
             context = head + format_word_records(records) + tail.split("Key:")[0]
-            prompt = context + "Key:" + tail.split("Key:")[1].format(key=key)
-            assert prompt == KV_WORDS_PROMPT.format(records=format_word_records(records), key=key)
+            prompt, spans = render_items(KV_WORDS_PROMPT, "records", word_record_lines(records), key=key)
+            assert prompt == context + "Key:" + tail.split("Key:")[1].format(key=key)
             out.append(Instance(
                 id=instance_id("kv-shared", split, seed, depth, i), task=task, prompt=prompt, answers=[value],
                 gold_index=idx, num_items=len(records), depth=float(depth), metric="substring",
-                meta={"key": key, "realised_depth": realised_depth(idx, len(records)),
+                meta={"key": key, "realised_depth": realised_depth(idx, len(records)), "item_spans": spans,
                       "context_id": f"kv-shared_{split}_s{int(seed)}_c{i}", "context_chars": len(context)},
             ))
     return out
@@ -291,4 +304,4 @@ def make_kv_uuid(*, tokenizer=None, n, depths, seed, split, num_keys=None, path=
     # the teacher-forced target is '"<value>', the bare value the accepted other form (quoted_targets;
     # the substring metric of generation is unchanged)
     return _kv_instances(task, samples, depths=depths, split=split, seed=seed,
-                         template=KV_JSON_PROMPT, fmt=format_json_records, quoted=True)
+                         template=KV_JSON_PROMPT, lines=json_record_lines, quoted=True)

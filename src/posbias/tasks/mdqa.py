@@ -7,7 +7,10 @@ Two file formats, detected from the records:
   documents (retrieval order) are kept.
 * ``nq-open-oracle.jsonl.gz``: one ``ctxs`` entry, the gold passage; distractors are the gold
   passages of other questions containing none of this question's answers (case-insensitive),
-  drawn with the seeded rng.
+  drawn with the seeded rng (easy distractors: other topics).
+* HotpotQA's distractor setting (``path=hotpotqa`` or a ``.json`` file, :mod:`posbias.tasks.hotpotqa`):
+  two gold paragraphs and eight retrieved look-alikes (hard distractors), padded with other questions'
+  paragraphs beyond ten documents.
 
 Splits: even example indices (file order) are ``search``, odd ones ``eval``.
 """
@@ -16,8 +19,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from posbias.tasks.base import Instance, check_file, check_int, depth_to_index, derive_rng, instance_id, realised_depth
-from posbias.tasks.kv import move, pick_examples, record_field
+from posbias.tasks.base import (
+    Instance,
+    check_depth,
+    check_file,
+    check_int,
+    derive_rng,
+    instance_id,
+    realised_depth,
+    render_items,
+)
+from posbias.tasks.hotpotqa import is_hotpotqa, load_hotpotqa
+from posbias.tasks.kv import pick_examples, record_field
 from posbias.utils.io import iter_jsonl_gz
 
 QA_PROMPT = (
@@ -26,8 +39,13 @@ QA_PROMPT = (
 )
 
 
+def doc_lines(docs: list[dict[str, str]]) -> list[str]:
+    """``Document [i](Title: ...) text``, i = 1 .. N in the order shown."""
+    return [f"Document [{i}](Title: {d['title']}) {d['text']}" for i, d in enumerate(docs, 1)]
+
+
 def format_docs(docs: list[dict[str, str]]) -> str:
-    return "\n".join(f"Document [{i}](Title: {d['title']}) {d['text']}" for i, d in enumerate(docs, 1))
+    return "\n".join(doc_lines(docs))
 
 
 def _doc(ctx: Any, where: str) -> dict[str, Any]:
@@ -91,11 +109,57 @@ def oracle_distractors(data: list[dict[str, Any]], ex: int, k: int, rng) -> list
 
 
 def make_mdqa(*, tokenizer=None, n, depths, seed, split, path=None, num_docs=10) -> list[Instance]:
+    """Multi-document QA: ``num_docs`` documents, the gold moved to each depth (module docstring).
+
+    The gold block (one document; HotpotQA's two supporting paragraphs, kept adjacent in supporting-fact
+    order) starts at document ``round(depth * (num_docs - g))`` for a block of ``g``; the documents are
+    numbered 1 .. ``num_docs`` in the order shown (the lost-in-the-middle layout), so a label never tells
+    where the gold came from. Teacher forcing scores the shortest answer alias (``meta["tf_target"]``) and
+    accepts the others (``meta["tf_alternatives"]``); generation is scored by ``best_subspan_em``.
+    """
     task = "mdqa"
     if path is None:
         raise ValueError("task 'mdqa' needs the option path=... (an nq-open-*.jsonl.gz file, e.g. "
-                         "nq-open-oracle.jsonl.gz from the lost-in-the-middle data)")
+                         "nq-open-oracle.jsonl.gz from the lost-in-the-middle data, or hotpotqa for HotpotQA's "
+                         "hard distractors)")
     num_docs = check_int("num_docs", num_docs)
+    if is_hotpotqa(path):
+        samples = hotpot_samples(path, n=n, seed=seed, split=split, num_docs=num_docs)
+    else:
+        samples = nq_samples(path, n=n, seed=seed, split=split, num_docs=num_docs)
+    out = []
+    for depth in depths:
+        for i, s in enumerate(samples):
+            out.append(mdqa_instance(s, depth, instance_id(task, split, seed, depth, i)))
+    return out
+
+
+def mdqa_instance(sample: dict[str, Any], depth: float, id_: str) -> Instance:
+    """One instance: the sample's gold block at ``depth`` among its distractors."""
+    golds, others = sample["golds"], sample["distractors"]
+    slots = len(others)  # the block can start before any of the distractors or after all of them
+    idx = int(round(check_float_depth(depth) * slots))
+    docs = others[:idx] + golds + others[idx:]
+    prompt, spans = render_items(QA_PROMPT, "docs", doc_lines(docs), question=sample["question"])
+    answers = list(sample["answers"])
+    target = min(answers, key=len)
+    return Instance(
+        id=id_, task="mdqa", prompt=prompt, answers=answers, gold_index=idx, num_items=len(docs), depth=float(depth),
+        metric="best_subspan_em",
+        meta={"question": sample["question"], **sample["meta"], "item_spans": spans,
+              "gold_items": list(range(idx, idx + len(golds))), "realised_depth": realised_depth(idx, slots + 1),
+              "tf_target": target, "tf_alternatives": [f" {a}" for a in answers if a != target]},
+    )
+
+
+def check_float_depth(depth: float) -> float:
+    check_depth(depth)
+    return float(depth)
+
+
+def nq_samples(path, *, n: int, seed: int, split: str, num_docs: int) -> list[dict[str, Any]]:
+    """Samples of an NQ-Open file (oracle or lost-in-the-middle format)."""
+    task = "mdqa"
     path = Path(path)
     fmt, data = load_qa_file(path)
     samples = []
@@ -103,27 +167,55 @@ def make_mdqa(*, tokenizer=None, n, depths, seed, split, path=None, num_docs=10)
         d = data[ex]
         gold_doc = d["docs"][d["gold"]]
         if fmt == "oracle":
-            rng = derive_rng(task, split, seed, ex)
-            docs = [gold_doc, *oracle_distractors(data, ex, num_docs - 1, rng)]
+            others = oracle_distractors(data, ex, num_docs - 1, derive_rng(task, split, seed, ex))
         else:
             others = [doc for j, doc in enumerate(d["docs"]) if j != d["gold"]]
             if num_docs - 1 > len(others):
                 raise ValueError(f"num_docs={num_docs} is more than the {len(d['docs'])} documents "
                                  f"of {path}:{d['line']}")
-            docs = [gold_doc, *others[: num_docs - 1]]
-        samples.append({"docs": docs, "ex": ex, "d": d})
-    out = []
-    for depth in depths:
-        for i, s in enumerate(samples):
-            idx = depth_to_index(depth, len(s["docs"]))
-            docs = move(s["docs"], 0, idx)
-            d = s["d"]
-            out.append(Instance(
-                id=instance_id(task, split, seed, depth, i), task=task,
-                prompt=QA_PROMPT.format(docs=format_docs(docs), question=d["question"]),
-                answers=list(d["answers"]), gold_index=idx, num_items=len(docs), depth=float(depth),
-                metric="best_subspan_em",
-                meta={"question": d["question"], "format": fmt, "source": f"{path}:{d['line']}",
-                      "example": s["ex"], "realised_depth": realised_depth(idx, len(docs))},
-            ))
+            others = others[: num_docs - 1]
+        samples.append({"question": d["question"], "answers": d["answers"], "golds": [gold_doc], "distractors": others,
+                        "meta": {"format": fmt, "source": f"{path}:{d['line']}", "example": ex}})
+    return samples
+
+
+def hotpot_samples(path, *, n: int, seed: int, split: str, num_docs: int) -> list[dict[str, Any]]:
+    """Samples of a HotpotQA distractor file (:mod:`posbias.tasks.hotpotqa`), its examples whose answer is
+    written in a gold paragraph: the two gold paragraphs, the retrieved distractors that do not hold the
+    answer, padded to ``num_docs - 2`` with paragraphs of
+    other questions (none holding this answer, no title twice), all distractors in a seeded order."""
+    task = "mdqa"
+    if num_docs < 3:
+        raise ValueError(f"num_docs={num_docs}: HotpotQA needs at least 3 documents (2 gold paragraphs and a "
+                         "distractor)")
+    data = [d for d in load_hotpotqa(path) if any(contains_answer(g, d["answers"]) for g in d["golds"])]
+    where = "hotpotqa" if str(path) == "hotpotqa" else str(path)
+    pool = [doc for d in data for doc in (*d["golds"], *d["distractors"])]
+    samples = []
+    for ex in pick_examples(task, len(data), n, split, seed, Path(where)):
+        d = data[ex]
+        rng = derive_rng(task, split, seed, ex)
+        hard = [doc for doc in d["distractors"] if not contains_answer(doc, d["answers"])][: num_docs - 2]
+        extra = padding(pool, d, num_docs - 2 - len(hard), rng)
+        others = [(hard + extra)[j] for j in rng.permutation(len(hard) + len(extra))]
+        samples.append({"question": d["question"], "answers": d["answers"], "golds": d["golds"], "distractors": others,
+                        "meta": {"format": "hotpotqa", "source": f"{where}[{d['line']}]", "example": ex,
+                                 "hard_distractors": len(hard)}})
+    return samples
+
+
+def padding(pool: list[dict[str, Any]], example: dict[str, Any], k: int, rng) -> list[dict[str, Any]]:
+    """``k`` paragraphs of ``pool`` (other questions') that do not hold the example's answer and whose
+    titles are not among the example's."""
+    titles = {doc["title"] for doc in (*example["golds"], *example["distractors"])}
+    out: list[dict[str, Any]] = []
+    while len(out) < k:
+        for j in rng.integers(len(pool), size=2 * (k - len(out)) + 8):
+            doc = pool[int(j)]
+            if doc["title"] in titles or contains_answer(doc, example["answers"]):
+                continue
+            titles.add(doc["title"])
+            out.append({**doc, "isgold": False})
+            if len(out) == k:
+                break
     return out

@@ -19,16 +19,18 @@ class TaskSpec:
     needs_tokenizer: bool = False
     metric: str = ""
     description: str = ""
+    records: bool = False  # made of records / documents with character spans (meta["item_spans"])
 
 
 TASKS: dict[str, TaskSpec] = {
     "kv": TaskSpec("kv", make_kv, {"num_keys": 30, "value_digits": 7, "key_words": 1, "shared_context": False},
                    False, "substring", "word keys -> 7-digit numbers, one 'key: value' per line "
-                   "(key_words=2: compound keys; shared_context: one list asked at every depth)"),
+                   "(key_words=2: compound keys; shared_context: one list asked at every depth)", records=True),
     "kv-uuid": TaskSpec("kv-uuid", make_kv_uuid, {"num_keys": None, "path": None}, False, "substring",
-                        "lost-in-the-middle JSON of UUIDs (generated, 75 keys by default, or from path)"),
+                        "lost-in-the-middle JSON of UUIDs (generated, 75 keys by default, or from path)", records=True),
     "mdqa": TaskSpec("mdqa", make_mdqa, {"path": None, "num_docs": 10}, False, "best_subspan_em",
-                     "NQ-Open multi-document QA, gold document moved (path required)"),
+                     "multi-document QA, gold document moved (path: an NQ-Open file, or hotpotqa for HotpotQA's "
+                     "hard distractors)", records=True),
     "passkey": TaskSpec("passkey", make_passkey, {"length": 1024, "digits": 5, "haystack": "noise",
                                                   "protocol": "posbias", "given_digits": 0}, True, "passkey",
                         "Landmark passkey in the grass-is-green filler (haystack=essay: Paul Graham "
@@ -111,6 +113,13 @@ def make_instances(name: str, *, tokenizer: Any = None, n: int, depths: list[flo
     ids = [x.id for x in instances]
     assert len(set(ids)) == len(ids), "duplicate instance ids"
     return instances
+
+
+def check_records(name: str) -> None:
+    """Refuse a task without records for what reads them (the attention diagnostic)."""
+    if not TASKS[name].records:
+        have = ", ".join(t for t, spec in TASKS.items() if spec.records)
+        raise ValueError(f"task {name!r} is not made of records: the attention diagnostic covers {have}")
 
 
 def supports_shared_context(task: str, task_options: dict) -> bool:

@@ -156,6 +156,18 @@ def parse_numbers(text: str, name: str) -> list[float]:
         raise ValueError(f"--{name} must be comma-separated numbers, got {text!r}") from None
 
 
+def parse_depths(text: str, name: str = "depths") -> list[float]:
+    """Gold depths: ``"0,0.5,1"``, or ``"every:N"`` for ``N`` evenly spaced depths ``i / (N - 1)`` (rounded
+    to 4 decimals): with ``N`` items, every item position once (``every:20`` for 20 documents)."""
+    spec = str(text).strip().lower()
+    if not spec.startswith("every:"):
+        return parse_numbers(text, name)
+    count = spec.split(":", 1)[1].strip()
+    if not count.isdigit() or not 2 <= int(count) <= 1000:
+        raise ValueError(f"--{name} every:N needs a whole number N from 2 to 1000, got {text!r}")
+    return [round(i / (int(count) - 1), 4) for i in range(int(count))]
+
+
 def as_list(value, cast=float, name: str = "option") -> list | None:
     """None -> None; a number -> [number]; "1,2" / "1 2" / [1, 2] -> list (options given as CLI strings)."""
     if value is None:
