@@ -117,3 +117,58 @@ def test_passkey_in_the_bam_protocol_with_the_first_digit_given(tiny_folder, tmp
     res = runner.invoke(app, ["eval", "--model", tiny_folder, "--task", "passkey", "--length", "200", "--n", "1",
                               "--out", str(tmp_path / "bad"), "--opt", "protocol=landmark"])
     assert res.exit_code == 2 and "unknown passkey protocol" in res.output
+
+
+def test_attention_diagnostic_end_to_end(tiny_folder, tmp_path, saved_figures):
+    out = tmp_path / "att"
+    res = _eval(tiny_folder, out, "--attention", "--mode", "both", "--max-new-tokens", "4")
+    assert res.exit_code == 0, res.output
+    recs = read_jsonl(out / "results.jsonl")
+    assert all(1 <= r["attn_gold_rank"] <= 6 and len(r["attn_layers"]["hit"]) == 3 for r in recs)
+    summary = json.loads((out / "summary.json").read_text())
+    rows = summary["attention_by_depth"]
+    assert [r["depth"] for r in rows] == [0.0, 0.5, 1.0] and all(r["n"] == 2 for r in rows)
+    for row in rows:
+        ranks = [r["attn_gold_rank"] for r in recs if r["depth"] == row["depth"]]
+        assert row["top1"] == sum(k == 1 for k in ranks) / 2
+    assert len(summary["attention_top1_by_layer"]["top1"]) == 3
+    assert "where the last prompt position's attention went" in (out / "summary.md").read_text()
+    heat = saved_figures["attention.png"].axes[2].images[0].get_array()
+    assert heat.shape == (3, 3)
+    # the folder resumes with the same setting and refuses another
+    assert _eval(tiny_folder, out, "--attention", "--mode", "both", "--max-new-tokens", "4").exit_code == 0
+    other = _eval(tiny_folder, out, "--mode", "both", "--max-new-tokens", "4")
+    assert other.exit_code == 2 and "attention" in other.output
+    bad = _eval(tiny_folder, tmp_path / "gen", "--attention", "--mode", "generate")
+    assert bad.exit_code == 2 and "teacher-forced" in bad.output and not (tmp_path / "gen").exists()
+    passkey = runner.invoke(app, ["eval", "--model", tiny_folder, "--task", "passkey", "--length", "64", "--n", "1",
+                                  "--depths", "0", "--attention", "--out", str(tmp_path / "pk")])
+    assert passkey.exit_code == 2 and "not made of records" in passkey.output and not (tmp_path / "pk").exists()
+
+
+def test_no_console_noise_from_transformers(tiny_folder, tmp_path):
+    """posbias's own progress only: no "Loading weights" bar per command, no deprecation line from reading a
+    model output's cache under its old name (Attention Buckets' parallel passes did)."""
+    res = runner.invoke(app, ["compare", "--model", tiny_folder, "--task", "kv", "--num-keys", "4", "--n", "1",
+                              "--depths", "0,1", "--methods", "none,attention-buckets", "--mode", "both",
+                              "--out", str(tmp_path / "cmp")])
+    assert res.exit_code == 0, res.output
+    assert "Loading weights" not in res.output and "deprecated" not in res.output
+    assert "attention-buckets / kv: 100%" in res.output
+
+
+def test_reading_a_cache_never_touches_the_deprecated_name():
+    """transformers prints a deprecation line when ``past_key_values`` is read where ``cache`` exists."""
+    from posbias.architecture.layers import cache_of
+
+    class Output:
+        cache = None
+
+        @property
+        def past_key_values(self):
+            raise AssertionError("read the deprecated name")
+
+    class Old:  # an output class of an older transformers: only past_key_values
+        past_key_values = "old cache"
+
+    assert cache_of(Output()) is None and cache_of(Old()) == "old cache"

@@ -28,12 +28,13 @@ def test_map_prints_the_summary_and_the_heatmap_path(tiny_folder, tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (("--task", "mdqa"), "the map runs kv, kv-uuid, niah, passkey"),
+    (("--task", "summaries"), "the map runs kv, kv-uuid, mdqa, niah, passkey"),
+    (("--task", "passkey", "--attention"), "is not made of records"),
     (("--lengths", "0.1x"), "--lengths: '0.1x'"),
     (("--lengths", "4096"), "longer than the model's window (1024)"),
     (("--methods", "pi@factr=2"), "has no option(s) factr"),
-    (("--data", "missing.jsonl.gz", "--task", "kv"), "--data is the lost-in-the-middle KV file"),
-    (("--opt", "num_keys=5"), "give --lengths, not a length or num_keys option"),
+    (("--data", "missing.jsonl.gz", "--task", "kv"), "--data is the data file of task kv-uuid or mdqa"),
+    (("--opt", "num_keys=5"), "give --lengths, not a length, num_keys or num_docs option"),
     (("--threshold", "1.5"), "--threshold must be between 0 and 1"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tiny_folder, tmp_path, extra, message):
@@ -71,3 +72,30 @@ def test_data_maps_the_lost_in_the_middle_kv_file(tiny_folder, tmp_path):
     assert len(recs) == 2 * 3 and all(r["prompt_tokens"] <= 200 and 2 <= r["num_items"] <= 40 for r in recs)
     missing = _map(tiny_folder, tmp_path / "none", "--data", str(tmp_path / "missing.jsonl.gz"))
     assert missing.exit_code == 2 and "data file not found" in missing.output and not (tmp_path / "none").exists()
+
+
+def test_mdqa_map_with_the_attention_diagnostic(tiny_folder, tmp_path, saved_figures):
+    """A multi-document QA map: the number of documents is fitted to each length, and with --attention every
+    question says where the last prompt position's attention went."""
+    import gzip
+    import json
+
+    from posbias.utils.io import read_jsonl
+
+    recs = [{"question": f"q{i}?", "answers": [f"Answer{i}"],
+             "ctxs": [{"title": f"T{i}", "text": f"Passage {i} says Answer{i}.", "isgold": True}]} for i in range(40)]
+    data = tmp_path / "nq-open-oracle.jsonl.gz"
+    data.write_bytes(gzip.compress(("\n".join(json.dumps(r) for r in recs) + "\n").encode()))
+    out = tmp_path / "mdqa"
+    res = runner.invoke(app, ["map", "--model", tiny_folder, "--out", str(out), "--task", "mdqa", "--data", str(data),
+                              "--lengths", "200,320", "--depths", "0,1", "--n", "2", "--bootstrap", "20",
+                              "--attention"])
+    assert res.exit_code == 0, res.output
+    records = read_jsonl(out / "results.jsonl")
+    assert len(records) == 8 and all("attn_gold_rank" in r for r in records)
+    docs = {r["length"]: r["num_items"] for r in records}
+    assert docs[200] < docs[320] and docs[200] >= 2
+    assert all(r["prompt_tokens"] + r["n_tokens"] <= r["length"] for r in records)
+    text = (out / "map.md").read_text()
+    assert "## Where the last prompt position's attention went" in text
+    assert "attention_none.png" in saved_figures

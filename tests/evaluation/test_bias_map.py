@@ -10,15 +10,15 @@ from posbias.evaluation.bias_map import (
     DEFAULT_LENGTHS,
     Length,
     MapConfig,
-    fit_kv_keys,
+    fit_items,
     grid_instances,
     map_lengths,
     parse_length,
-    question_groups,
     record_key,
     run_map,
     score_group,
 )
+from posbias.evaluation.teacher_forced import question_groups
 from posbias.utils.io import read_jsonl
 
 LENGTHS = ["96", "160"]
@@ -68,7 +68,7 @@ def test_kv_contexts_are_fitted_to_the_length(loaded):
     def longest(k):
         return max(len(e.prompt_ids) + len(e.answer_ids) for e in (encode(tok, i, False) for i in make(k)))
 
-    keys = fit_kv_keys(make, tok, 200, 400)
+    keys = fit_items(make, tok, 200, 400)
     assert longest(keys) <= 200 < longest(keys + 1)
 
 
@@ -180,7 +180,11 @@ def test_figures_name_model_task_and_n(full_run, saved_figures):
     assert "tiny / kv, n = 4 per cell" in heat._suptitle.get_text()
     assert heat.axes[0].get_ylabel() == "prompt length (tokens)" and "depth" in heat.axes[0].get_xlabel()
     diff = saved_figures["diff_pi@factor=1.0.png"]
-    assert "n = 4 per cell" in diff.axes[0].get_title() and not diff.axes[0].patches  # identity: nothing marked
+    assert "n = 4 per cell" in diff.axes[0].get_title()
+    # the identity: no cell outlined as a difference, every cell greyed as within its questions' noise
+    patches = diff.axes[0].patches
+    assert patches and all(p.get_fill() and p.get_hatch() == "//" for p in patches)
+    assert len(patches) == sum(len(rows) for rows in summary["cell_differences"].values())
     curves = saved_figures["accuracy_by_depth.png"].axes[0]
     assert len(curves.lines) == 2  # one line per length
     xlabel = saved_figures["accuracy_by_distance.png"].axes[0].get_xlabel()

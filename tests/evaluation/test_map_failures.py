@@ -38,7 +38,8 @@ def test_failure_summary_counts_and_offsets():
             {"method": "none", "length": 200, "failure": "other_item", "offset": -1},
             {"method": "none", "length": 200, "failure": "format"}]
     f = failure_summary(recs, ["none"])["none"]
-    assert f["counts"] == {"correct": 1, "worded": 0, "other_item": 2, "not_in_context": 0, "format": 1}
+    assert f["counts"] == {"correct": 1, "worded": 0, "other_item": 2, "not_in_context": 0, "format": 1,
+                           "wrong_answer": 0}
     assert f["offsets"] == {"-1": 2} and f["by_length"]["200"]["format"] == 1
 
 
@@ -79,3 +80,28 @@ def test_wrong_answers_are_generated_long_enough_to_classify(tiny_tokenizer, mon
     assert upgrade_map_settings({"task": "kv-uuid", "mode": "teacher-forced", "max_new_tokens": 16})[
         "max_new_tokens"] is None
     assert upgrade_map_settings({"task": "kv-uuid", "mode": "both", "max_new_tokens": 16})["max_new_tokens"] == 16
+
+
+def test_free_text_answers_are_judged_by_the_task_metric(monkeypatch, tmp_path):
+    """Multi-document QA has no item values to look for: a wrong teacher-forced answer is ``worded`` when the
+    reference metric (best_subspan_em) finds an alias in the generation, else ``wrong_answer``."""
+    import gzip
+    import json
+    from types import SimpleNamespace
+
+    from posbias.evaluation import map_failures
+
+    recs = [{"question": f"q{i}?", "answers": [f"Paris {i}", f"P{i}"],
+             "ctxs": [{"title": f"T{i}", "text": f"text {i}"}]} for i in range(8)]
+    path = tmp_path / "nq.jsonl.gz"
+    path.write_bytes(gzip.compress(("\n".join(json.dumps(r) for r in recs) + "\n").encode()))
+    insts = make_instances("mdqa", n=2, depths=[0.0], path=path, num_docs=3)
+    a, b = (i.meta["example"] for i in insts)
+    monkeypatch.setattr(map_failures, "greedy_generate",
+                        lambda *args, **kw: [f"The answer is the paris {a}.", "Berlin"])
+    monkeypatch.setattr(map_failures, "generation_budget", lambda *args, **kw: 8)
+    records = [{"correct": 0.0}, {"correct": 0.0}]
+    map_failures.classify_group(None, None, insts, records, SimpleNamespace(task="mdqa", max_new_tokens=None,
+                                                                           batch_size=2))
+    assert [r["failure"] for r in records] == ["worded", "wrong_answer"]
+    assert b != a

@@ -79,3 +79,22 @@ def test_generation_is_long_enough_for_the_longest_answer_by_default(tmp_path, m
     evaluate(make_tiny_model(), tok, insts, tmp_path / "b", mode="generate", batch_size=1, max_new_tokens=7,
              progress=False)
     assert seen == [longest + ANSWER_SLACK] * 4 + [7] * 4
+
+
+def test_a_shared_context_is_prefilled_once_and_scores_as_its_own_prompts(tmp_path, monkeypatch):
+    """posbias eval scores the questions of a shared context (kv shared_context) from one prefill of it,
+    with the scores each question gets as its own prompt."""
+    from posbias.evaluation import scoring
+    from posbias.evaluation.teacher_forced import score_teacher_forced
+
+    model, tok = make_tiny_model(), make_tiny_tokenizer()
+    insts = make_instances("kv", n=3, depths=[0.0, 0.5, 1.0], seed=0, num_keys=5, shared_context=True)
+    prefills = []
+    real = scoring.prefill
+    monkeypatch.setattr(scoring, "prefill", lambda *a, **k: prefills.append(1) or real(*a, **k))
+    evaluate(model, tok, insts, tmp_path, batch_size=2, progress=False)
+    assert len(prefills) == 3  # one per context, whatever the batch size
+    got = {r["id"]: r for r in read_jsonl(tmp_path / "results.jsonl")}
+    for inst, want in zip(insts, score_teacher_forced(model, tok, insts, batch_size=1)):
+        assert got[inst.id]["tf_em"] == want["em"]
+        assert got[inst.id]["tf_logprob"] == pytest.approx(want["logprob"], abs=1e-4)

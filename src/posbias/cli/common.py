@@ -78,6 +78,9 @@ def announce_outputs(out) -> None:
 FACTORS_HELP = ("factors file for lpes (best_factors.json of posbias search): one RoPE factor per decoder layer, "
                 "each a number from 1e-3 to 1e3")
 
+DEPTHS_HELP = ("gold depths in [0, 1], comma-separated, or every:N (N evenly spaced: every:20 puts the gold at each "
+               "of 20 documents)")
+
 DEFAULT_MODEL = "smollm2-135m"  # the packaged model a command uses without --model
 
 
@@ -158,6 +161,10 @@ Haystack = typer.Option(None, "--haystack",
 NumNeedles = Count(None, "--num-needles", help="niah: number of needles (multi-key)")
 Seed = Count(0, "--seed", minimum=0, help="random seed of the instances (and of the search / training)")
 ExtraOpts = typer.Option(None, "--opt", help="other task option as key=value (repeatable)")
+AttentionOption = typer.Option(False, "--attention/--no-attention",
+                               help="also record where the last prompt position's attention went: the gold record's "
+                                    "attention mass and rank among the records and the retrieval-head hit rate, per "
+                                    "layer (kv, kv-uuid, mdqa; attention.png beside the accuracy plot)")
 
 
 def ready_methods(names: list[str], routers: str | None) -> list[str]:

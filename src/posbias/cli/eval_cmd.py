@@ -7,7 +7,9 @@ from typing import Optional
 import typer
 
 from posbias.cli.common import (
+    DEPTHS_HELP,
     FACTORS_HELP,
+    AttentionOption,
     Count,
     DataPath,
     Device,
@@ -25,19 +27,18 @@ from posbias.cli.common import (
     load_options,
     method_options_from_flags,
     parse_key_values,
-    parse_numbers,
     ready_methods,
     task_options,
 )
 from posbias.cli.config_file import ConfigFileOption, given_parameters, require, settings_with_file
-from posbias.utils.options import field_names, parse_names
+from posbias.utils.options import field_names, parse_depths, parse_names
 
 
 def eval_command(
     ctx: typer.Context,
     model: str = ModelOption(),
     task: str = typer.Option("kv", help="kv | kv-uuid | mdqa | passkey | niah"),
-    depths: str = typer.Option("0,0.25,0.5,0.75,1", help="gold depths in [0, 1], comma-separated"),
+    depths: str = typer.Option("0,0.25,0.5,0.75,1", help=DEPTHS_HELP),
     n: int = Count(50, help="instances per depth"),
     out: Optional[str] = typer.Option(None, help="run folder (re-running resumes); required unless --config "
                                                  "names it"),
@@ -55,6 +56,7 @@ def eval_command(
     num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
     path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
     opt: Optional[list[str]] = ExtraOpts,
+    attention: bool = AttentionOption,
     device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
     config: Optional[str] = ConfigFileOption(),
 ):
@@ -66,9 +68,9 @@ def eval_command(
     if factors:
         method_opts["factors"] = factors
     flags = dict(
-        model=model, task=task, depths=parse_numbers(depths, "depths"), n=n, out=out, seed=seed, split=split,
+        model=model, task=task, depths=parse_depths(depths), n=n, out=out, seed=seed, split=split,
         mode=mode, batch_size=batch_size, chat=chat, max_new_tokens=max_new_tokens, method=method,
-        method_options=method_opts,
+        method_options=method_opts, attention=attention,
         task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
     )
     settings = settings_with_file(ctx, config, "eval", flags, field_names(EvalConfig))
@@ -89,7 +91,7 @@ def compare_command(
     settings_file: Optional[str] = typer.Option(None, "--settings",
                                                 help="best_settings.json from posbias tune: each listed method's "
                                                      "options (chosen on the search split)"),
-    depths: str = typer.Option("0,0.25,0.5,0.75,1"),
+    depths: str = typer.Option("0,0.25,0.5,0.75,1", help=DEPTHS_HELP),
     n: int = Count(50, help="instances per depth"),
     out: Optional[str] = typer.Option(None, help="comparison folder, one subfolder per method (re-running "
                                                  "resumes); required unless --config names it"),
@@ -107,7 +109,7 @@ def compare_command(
     from posbias.evaluation.compare import CompareConfig, compare_methods
 
     load = load_options(device, dtype, revision)
-    flags = dict(model=model, task=task, methods=parse_names(methods), depths=parse_numbers(depths, "depths"), n=n,
+    flags = dict(model=model, task=task, methods=parse_names(methods), depths=parse_depths(depths), n=n,
                  out=out, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
                  task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))
     settings = settings_with_file(ctx, config, "compare", flags, field_names(CompareConfig))

@@ -7,6 +7,8 @@ from typing import Optional
 import typer
 
 from posbias.cli.common import (
+    DEPTHS_HELP,
+    AttentionOption,
     Count,
     Device,
     Dtype,
@@ -20,7 +22,7 @@ from posbias.cli.common import (
     method_options_from_flags,
 )
 from posbias.cli.config_file import ConfigFileOption, given_parameters, require, settings_with_file
-from posbias.utils.options import field_names, parse_key_values, parse_names, parse_numbers
+from posbias.utils.options import field_names, parse_depths, parse_key_values, parse_names
 
 DEPTHS_TEXT = ",".join(f"{i / 10:g}" for i in range(11))
 
@@ -30,13 +32,15 @@ def map_command(
     model: str = ModelOption(),
     out: Optional[str] = typer.Option(None, help="run folder (re-running resumes; more methods, --n or --repeats add "
                                                  "to it); required unless --config names it"),
-    task: Optional[str] = typer.Option(None, help="kv (default) | kv-uuid | niah | passkey; --data implies kv-uuid"),
-    data: Optional[str] = typer.Option(None, "--data", help="a lost-in-the-middle kv-retrieval-*_keys.jsonl.gz file "
-                                                            "(task kv-uuid)"),
+    task: Optional[str] = typer.Option(None, help="kv (default) | kv-uuid | mdqa | niah | passkey; --data alone "
+                                                  "implies kv-uuid"),
+    data: Optional[str] = typer.Option(None, "--data", help="the task's data: a lost-in-the-middle "
+                                                            "kv-retrieval-*_keys.jsonl.gz file (kv-uuid), or for "
+                                                            "--task mdqa an nq-open-*.jsonl.gz file or hotpotqa"),
     lengths: str = typer.Option("0.0625w,0.125w,0.25w,0.5w",
                                 help="prompt lengths: tokens (2048) or fractions of the model's window (0.25w); "
                                      "the default counts the window as at most 8,192 tokens (512 .. 4,096)"),
-    depths: str = typer.Option(DEPTHS_TEXT, help="gold depths in [0, 1], comma-separated"),
+    depths: str = typer.Option(DEPTHS_TEXT, help=DEPTHS_HELP),
     methods: str = typer.Option("none", help="comma-separated methods or variants as in compare "
                                              "(none,pi@factor=0.9,...); the first is the reference"),
     factors: Optional[str] = typer.Option(None, help="factors file for lpes"),
@@ -54,6 +58,7 @@ def map_command(
     bootstrap: int = Count(1000, help="bootstrap resamples of the summary's intervals"),
     haystack: Optional[str] = Haystack,
     opt: Optional[list[str]] = ExtraOpts,
+    attention: bool = AttentionOption,
     device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
     config: Optional[str] = ConfigFileOption(),
 ):
@@ -64,9 +69,9 @@ def map_command(
 
     load = load_options(device, dtype, revision)
     task, task_opts = map_task(task, data, haystack, opt)
-    flags = dict(model=model, out=out, task=task, lengths=parse_names(lengths), depths=parse_numbers(depths, "depths"),
+    flags = dict(model=model, out=out, task=task, lengths=parse_names(lengths), depths=parse_depths(depths),
                  methods=parse_names(methods), n=n, seed=seed, repeats=repeats, mode=mode, threshold=threshold,
-                 task_options=task_opts, batch_size=batch_size, bootstrap=bootstrap)
+                 task_options=task_opts, batch_size=batch_size, bootstrap=bootstrap, attention=attention)
     values = settings_with_file(ctx, config, "map", flags, field_names(MapConfig), fields_of={"data": "task"})
     require(values, "out", "--out")
     pi_factor_given = config is None or "pi_factor" in (given_parameters(ctx) or ())
@@ -81,15 +86,15 @@ def map_command(
 
 
 def map_task(task: str | None, data: str | None, haystack: str | None, opt: list[str] | None) -> tuple[str, dict]:
-    """The task of ``--task`` / ``--data`` (a lost-in-the-middle KV file: kv-uuid; default kv) and its
-    options (``--haystack``, ``--opt key=value``)."""
+    """The task of ``--task`` / ``--data`` (a lost-in-the-middle KV file: kv-uuid; with ``--task mdqa`` its
+    documents; default kv) and its options (``--haystack``, ``--opt key=value``)."""
     task_opts = parse_key_values(opt, "opt")
     if haystack is not None:
         task_opts["haystack"] = haystack
     if data is not None:
-        if task not in (None, "kv-uuid"):
-            raise ValueError(f"--data is the lost-in-the-middle KV file of task kv-uuid, not of --task {task}")
-        task, task_opts["path"] = "kv-uuid", data
+        if task not in (None, "kv-uuid", "mdqa"):
+            raise ValueError(f"--data is the data file of task kv-uuid or mdqa, not of --task {task}")
+        task, task_opts["path"] = task or "kv-uuid", data
     return task or "kv", task_opts
 
 

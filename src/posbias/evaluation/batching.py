@@ -75,6 +75,34 @@ def encode(tokenizer, inst: Instance, chat: bool, max_positions: int = 0) -> Enc
     return Encoded(inst, prompt_ids, answer_ids, len(context_ids))
 
 
+def item_token_spans(tokenizer, inst: Instance, chat: bool) -> list[tuple[int, int]]:
+    """The token spans ``[(start, end), ...]`` of the instance's items (``meta["item_spans"]``, characters of
+    ``inst.prompt``) in its encoded prompt ids (:func:`encode`): the tokens whose characters overlap the
+    item's. Needs a fast tokenizer (character offsets)."""
+    spans = inst.meta.get("item_spans")
+    if not spans:
+        raise ValueError(f"instance {inst.id}: task {inst.task!r} gives no record spans (the attention diagnostic "
+                         "covers tasks made of records: kv, kv-uuid, mdqa)")
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("the attention diagnostic needs a fast tokenizer (character offsets)")
+    text = prompt_text(tokenizer, inst, chat)
+    at = text.find(inst.prompt)
+    cut = inst.meta.get("context_chars")
+    pieces = [(0, len(text), not chat)] if cut is None else [(0, cut, True), (cut, len(text), False)]
+    offsets = []
+    for lo, hi, special in pieces:
+        enc = tokenizer(text[lo:hi], add_special_tokens=special, return_offsets_mapping=True)
+        offsets += [(a + lo, b + lo) if b > a else (-1, -1) for a, b in enc["offset_mapping"]]
+    lows, highs = torch.tensor([a for a, _ in offsets]), torch.tensor([b for _, b in offsets])
+    out = []
+    for start, end in spans:
+        inside = torch.nonzero((lows < end + at) & (highs > start + at)).flatten()
+        if not len(inside):
+            raise ValueError(f"instance {inst.id}: an item covers no token")
+        out.append((int(inside[0]), int(inside[-1]) + 1))
+    return out
+
+
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-pad token rows.
 

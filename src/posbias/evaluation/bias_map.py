@@ -7,8 +7,10 @@ multi-needle NIAH) a context is prefilled once and all its depths are asked from
 lost-in-the-middle UUID file) score one prompt per question.
 
 Lengths are given in tokens (``2048``) or as fractions of the model's window (``0.25w``: a quarter
-of ``max_position_embeddings``). A word-key KV context is fitted to a length by its number of keys
-(:func:`fit_kv_keys`); passkey and NIAH fit their haystack themselves.
+of ``max_position_embeddings``). A KV context is fitted to a length by its number of keys, a
+multi-document QA prompt by its number of documents (:func:`fit_items`); passkey and NIAH fit their
+haystack themselves. ``attention``: every record also says where the last prompt position's attention
+went (:mod:`posbias.evaluation.attention_probe`), summarised per method and length.
 
 The run folder holds ``config.json``, ``results.jsonl`` (one line per scored question, appended as
 soon as its context is scored; the key ``(method, repeat, length, id)`` makes a killed run resume
@@ -18,12 +20,14 @@ where it stopped), ``metrics.jsonl`` (time, prefills and questions per method, r
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from posbias.evaluation.attention_probe import AttentionProbe
 from posbias.evaluation.batching import encode, model_max_positions, prompt_text
 from posbias.evaluation.compare import check_method_list
 from posbias.evaluation.map_failures import classify_group
@@ -31,7 +35,7 @@ from posbias.evaluation.map_plots import plot_map
 from posbias.evaluation.map_summary import write_summary
 from posbias.evaluation.scoring import prompt_dependent
 from posbias.evaluation.session import applied_method, check_method
-from posbias.evaluation.teacher_forced import score_instances
+from posbias.evaluation.teacher_forced import question_groups, score_instances
 from posbias.methods.registry import variant_options
 from posbias.models import load_model
 from posbias.models.adapter import adapter_record, eval_settings
@@ -39,11 +43,13 @@ from posbias.models.options import load_settings
 from posbias.tasks import check_request, make_instances
 from posbias.tasks.base import check_int
 from posbias.tasks.fitting import fit_units
+from posbias.tasks.hotpotqa import is_hotpotqa
 from posbias.tasks.kv import WORDS, load_kv_file
+from posbias.tasks.registry import check_records
 from posbias.utils.io import append_jsonl, repair_jsonl
 from posbias.utils.run_folder import open_run
 
-MAP_TASKS = ("kv", "kv-uuid", "niah", "passkey")
+MAP_TASKS = ("kv", "kv-uuid", "mdqa", "niah", "passkey")
 MAP_MODES = ("teacher-forced", "both")
 DEFAULT_DEPTHS = tuple(round(i / 10, 1) for i in range(11))
 # Default lengths: these fractions of the model's window, the window counted as at most DEFAULT_WINDOW_CAP
@@ -52,7 +58,7 @@ DEFAULT_LENGTHS = ("0.0625w", "0.125w", "0.25w", "0.5w")
 DEFAULT_WINDOW_CAP = 8192
 # Settings that must match when a map folder is resumed; methods, n and repeats may grow.
 MAP_RESUME_KEYS = ("model", "task", "lengths", "depths", "seed", "mode", "task_options", "method_options",
-                   "max_new_tokens")
+                   "max_new_tokens", "attention")
 REPEAT_SEED_STRIDE = 1000  # repeat r draws its instances with seed + 1000 r
 # A KV context's number of keys is fitted on this many contexts whatever n is, so that instance i
 # is the same for every n (a larger n resumes and scores only the new contexts).
@@ -87,6 +93,7 @@ class MapConfig:
     batch_size: int = 8
     max_new_tokens: int | None = None  # greedy generation of wrong answers (mode both); None: generation_budget
     bootstrap: int = 1000
+    attention: bool = False
 
     def settings(self) -> dict:
         """The run folder's recorded settings (everything but ``out``)."""
@@ -152,15 +159,20 @@ def check_map(cfg: MapConfig) -> None:
         check_int(name, getattr(cfg, name))
     if cfg.max_new_tokens is not None:
         check_int("max_new_tokens", cfg.max_new_tokens)
-    if "length" in cfg.task_options or "num_keys" in cfg.task_options:
-        raise ValueError("the map sets each prompt's length itself: give --lengths, not a length or num_keys option")
+    if {"length", "num_keys", "num_docs"} & set(cfg.task_options):
+        raise ValueError("the map sets each prompt's length itself: give --lengths, not a length, num_keys or num_docs "
+                         "option")
+    if cfg.attention:
+        check_records(cfg.task)
     if not cfg.lengths:
         raise ValueError("--lengths is empty")
     for spec in cfg.lengths:
         parse_length(spec)
     check_request(cfg.task, n=cfg.n, depths=list(cfg.depths), seed=cfg.seed, **task_options_for(cfg, 64))
-    if cfg.task_options.get("path") is not None:
+    if cfg.task == "kv-uuid" and cfg.task_options.get("path") is not None:
         _file_keys(cfg.task_options["path"])  # a missing or malformed data file fails here
+    if cfg.task == "mdqa":  # the data file, read and checked (and n against its examples) before any model loads
+        make_instances("mdqa", n=cfg.n, depths=[0.0], seed=cfg.seed, **{**cfg.task_options, "num_docs": 3})
     check_method_list(list(cfg.methods))
     for label in cfg.methods:
         check_method(*variant_options(label, cfg.method_options))
@@ -179,16 +191,18 @@ def task_options_for(cfg: MapConfig, tokens: int) -> dict[str, Any]:
     return {**opts, **cfg.task_options}
 
 
-def fit_kv_keys(make: Callable[[int], list], tokenizer, length: int, max_keys: int) -> int:
-    """The largest number of keys (>= 2) whose longest prompt + answer fits ``length`` tokens.
-
-    ``make(num_keys)`` builds the instances the fit looks at (one per context is enough).
-    ``fit_units`` searches the count of keys beyond the minimum of two."""
+def fit_items(make: Callable[[int], list], tokenizer, length: int, max_items: int | None, minimum: int = 2,
+              what: str = "keys") -> int:
+    """The largest number of items (keys, documents; at least ``minimum``) whose longest prompt + answer fits
+    ``length`` tokens. ``make(count)`` builds the instances the fit looks at (one per context is enough);
+    ``fit_units`` searches the count beyond the minimum."""
     def tokens(extra: int) -> int:
-        encoded = (encode(tokenizer, i, False) for i in make(extra + 2))
+        encoded = (encode(tokenizer, i, False) for i in make(extra + minimum))
         return max(len(e.prompt_ids) + len(e.answer_ids) for e in encoded)
 
-    return 2 + fit_units(tokens, length, max_units=max_keys - 2, what="the KV prompt with two keys")
+    top = None if max_items is None else max_items - minimum
+    return minimum + fit_units(tokens, length, max_units=top, what="the prompt",
+                                 smallest=f"with its fewest {what} ({minimum})")
 
 
 def grid_instances(cfg: MapConfig, tokenizer, length: Length, repeat: int) -> list:
@@ -196,15 +210,22 @@ def grid_instances(cfg: MapConfig, tokenizer, length: Length, repeat: int) -> li
     seed = cfg.seed + REPEAT_SEED_STRIDE * repeat
     opts = task_options_for(cfg, length.tokens)
 
-    def make(num_keys: int | None = None, n: int = cfg.n, depths=tuple(cfg.depths)) -> list:
-        extra = {} if num_keys is None else {"num_keys": num_keys}
+    option = {"kv": "num_keys", "kv-uuid": "num_keys", "mdqa": "num_docs"}.get(cfg.task)
+
+    def make(count: int | None = None, n: int = cfg.n, depths=tuple(cfg.depths)) -> list:
+        extra = {} if count is None else {option: count}
         return make_instances(cfg.task, tokenizer=tokenizer, n=n, depths=list(depths), seed=seed, **opts, **extra)
 
-    if cfg.task in ("kv", "kv-uuid"):
+    if option is None:
+        return make()
+    if cfg.task == "mdqa":
+        top, minimum, what = None, 3 if is_hotpotqa(opts.get("path", "")) else 2, "documents"
+    else:
         top = len(WORDS) // int(opts.get("key_words", 1)) if cfg.task == "kv" else _file_keys(opts.get("path"))
-        keys = fit_kv_keys(lambda k: make(k, n=FIT_CONTEXTS, depths=(cfg.depths[-1],)), tokenizer, length.tokens, top)
-        return make(keys)
-    return make()
+        minimum, what = 2, "keys"
+    count = fit_items(lambda k: make(k, n=FIT_CONTEXTS, depths=(cfg.depths[-1],)), tokenizer, length.tokens, top,
+                      minimum, what)
+    return make(count)
 
 
 def _file_keys(path) -> int:
@@ -231,17 +252,6 @@ def record_key(rec: dict) -> tuple:
     return (rec["method"], int(rec["repeat"]), int(rec["length"]), rec["id"])
 
 
-def question_groups(instances: Sequence, batch_size: int, shared: bool) -> list[list]:
-    """Instances in scoring units: every question of one shared context together (one prefill), the
-    rest in batches of ``batch_size``."""
-    groups: dict[str, list] = {}
-    singles = []
-    for inst in instances:
-        cid = inst.meta.get("context_id") if shared else None
-        (groups.setdefault(cid, []) if cid is not None else singles).append(inst)
-    return list(groups.values()) + [singles[i:i + batch_size] for i in range(0, len(singles), batch_size)]
-
-
 def score_group(model, tokenizer, group: Sequence, cfg: MapConfig, *, shared: bool = True) -> list[dict]:
     """Teacher-forced records of one scoring unit (:func:`question_groups`); with ``mode="both"``
     the wrong answers are generated greedily and classified (:mod:`posbias.evaluation.map_failures`)."""
@@ -253,7 +263,8 @@ def score_group(model, tokenizer, group: Sequence, cfg: MapConfig, *, shared: bo
                         "prompt_tokens": int(s["prompt_tokens"]), "gold_index": inst.gold_index,
                         "num_items": inst.num_items,
                         "distance_tokens": gold_distance(tokenizer, inst, int(s["prompt_tokens"])),
-                        **({"em_form": s["em_form"]} if "em_form" in s else {})})
+                        **({"em_form": s["em_form"]} if "em_form" in s else {}),
+                        **{k: v for k, v in s.items() if k.startswith("attn_")}})
     if cfg.mode == "both":
         classify_group(model, tokenizer, group, records, cfg)
     return records
@@ -282,6 +293,7 @@ def upgrade_map_settings(old: dict) -> dict:
     limit of 16, which the default budget (:func:`~posbias.evaluation.generation.generation_budget`, at
     least 16) equals for every answer but a UUID's; a kv-uuid map that generated keeps 16 (resuming it
     under a larger limit would mix cut and whole answers) and is refused."""
+    old = {"attention": False, **old}  # folders from before the attention diagnostic ran without it
     if old.get("max_new_tokens") == 16 and not (old.get("task") == "kv-uuid" and old.get("mode") == "both"):
         return {**old, "max_new_tokens": None}
     return old
@@ -324,7 +336,8 @@ def score_grid(cfg: MapConfig, folder, model, tokenizer, lengths: list[Length],
     counts = Counter((r["method"], r["repeat"], r["length"]) for r in existing
                      if r["index"] < cfg.n and round(float(r["depth"]), 6) in depths)
     for label in cfg.methods:
-        with applied_method(model, *variant_options(label, cfg.method_options)) as scored:
+        with (applied_method(model, *variant_options(label, cfg.method_options)) as scored,
+              AttentionProbe(scored) if cfg.attention else contextlib.nullcontext()):
             for repeat in range(cfg.repeats):
                 for length in lengths:
                     if counts[(label, repeat, length.tokens)] >= per_row:  # resumed: nothing left to build

@@ -7,7 +7,9 @@ completion put in one class.
   needle's), with its ``offset`` in items from the gold one (negative: an earlier item): position
   confusion rather than loss;
 * ``not_in_context``: a value of the answer's shape that the context does not hold;
-* ``format``: no value at all (the model wrote something else).
+* ``format``: no value at all (the model wrote something else);
+* ``wrong_answer``: a free-text answer the task's metric scores wrong (multi-document QA, whose answers have
+  no shape to look for: ``worded`` there means the reference metric, best_subspan_em, finds an alias).
 """
 from __future__ import annotations
 
@@ -17,14 +19,16 @@ from typing import Sequence
 
 import torch
 
+from posbias.architecture.layers import cache_of
 from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions, pad_id_of
 from posbias.evaluation.generation import generation_budget, greedy_continue, greedy_generate
-from posbias.evaluation.scoring import cache_of, prefill, prompt_dependent, repeat_cache
+from posbias.evaluation.metrics import score
+from posbias.evaluation.scoring import prefill, prompt_dependent, repeat_cache
 
-FAILURE_CLASSES = ("correct", "worded", "other_item", "not_in_context", "format")
+FAILURE_CLASSES = ("correct", "worded", "other_item", "not_in_context", "format", "wrong_answer")
 FAILURE_NAMES = {"correct": "correct", "worded": "right answer, worded differently",
                  "other_item": "another item of the context", "not_in_context": "a value not in the context",
-                 "format": "format failure (no value)"}
+                 "format": "format failure (no value)", "wrong_answer": "a wrong free-text answer"}
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 # The context's items, in order, as (pattern, group holding the value) per task.
 ITEM_PATTERNS = {"kv": (re.compile(r"^\S+: (\d+)$", re.M), 1),
@@ -74,8 +78,12 @@ def classify_group(model, tokenizer, group: Sequence, records: list[dict], cfg) 
     else:
         preds = greedy_generate(model, tokenizer, insts, max_new_tokens=budget, batch_size=cfg.batch_size)
     for (inst, rec), pred in zip(wrong, preds):
-        rec.update(prediction=pred, **classify(inst.task if inst.task in ITEM_PATTERNS else cfg.task, inst.prompt,
-                                               str(inst.answers[0]), pred))
+        task = inst.task if inst.task in ITEM_PATTERNS else cfg.task
+        if task not in ITEM_PATTERNS:  # free-text answers (mdqa): the task's own metric decides
+            right = score(inst.metric, pred, inst.answers) >= 1
+            rec.update(prediction=pred, failure="worded" if right else "wrong_answer")
+            continue
+        rec.update(prediction=pred, **classify(task, inst.prompt, str(inst.answers[0]), pred))
 
 
 @torch.no_grad()

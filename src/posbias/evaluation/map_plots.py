@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import NullFormatter
 
+from posbias.evaluation.attention_summary import plot_attention
 from posbias.evaluation.compare import method_folder
 from posbias.evaluation.plots import short_label
 from posbias.utils.figures import pyplot, save_figure
@@ -33,6 +34,10 @@ def plot_map(cfg, out: Path, summary: dict) -> list[Path]:
         paths.append(plot_distance(summary, out / "accuracy_by_distance.png"))
     if summary.get("failures"):
         paths.append(plot_failure_offsets(summary, out / "failure_offsets.png"))
+    for m, a in (summary.get("attention") or {}).items():
+        paths.append(plot_attention(a["by_length"][str(a["longest"])], a["top1_by_layer"],
+                                    out / f"attention_{method_folder(m)}.png",
+                                    title=f"{short_label(m)} at {a['longest']} tokens: {subtitle(summary)}"))
     return paths
 
 
@@ -88,7 +93,7 @@ def plot_heatmaps(s: dict, path: Path, method: str) -> Path:
 
 def plot_difference(s: dict, path: Path, method: str) -> Path:
     """``method`` minus the first method per cell (points); cells whose paired 95% interval excludes 0
-    are outlined and starred."""
+    are outlined and starred, the others greyed and hatched (a difference within their questions' noise)."""
     rows = s["cell_differences"][method]
     fig, ax = pyplot().subplots(figsize=(7.5, 0.5 * len(s["lengths"]) + 3))
     diff = 100 * _grid(s, rows, "diff")
@@ -97,13 +102,17 @@ def plot_difference(s: dict, path: Path, method: str) -> Path:
     lengths = [x["tokens"] for x in s["lengths"]]
     depths = [round(float(d), 6) for d in s["depths"]]
     for r in rows:
+        i, j = lengths.index(r["length"]), depths.index(round(float(r["depth"]), 6))
         if r["significant"]:
-            i, j = lengths.index(r["length"]), depths.index(round(float(r["depth"]), 6))
             ax.add_patch(pyplot().Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, lw=2, ec="black"))
             ax.text(j + 0.3, i + 0.25, "*", ha="center", va="center", fontsize=9)
+        else:  # within the noise of its few questions: greyed, not painted red or blue
+            ax.add_patch(pyplot().Rectangle((j - 0.5, i - 0.5), 1, 1, fc="lightgrey", alpha=0.85, hatch="//",
+                                            ec="grey", lw=0))
+            ax.text(j, i, f"{100 * r['diff']:+.0f}", ha="center", va="center", fontsize=8, color="dimgrey")
     ref = short_label(s["methods"][0])
-    ax.set_title(f"{short_label(method)} minus {ref} (outlined *: paired 95% interval excludes 0)\n{subtitle(s)}",
-                 fontsize=9)
+    ax.set_title(f"{short_label(method)} minus {ref} (outlined *: paired 95% interval excludes 0; grey: it "
+                 f"includes 0)\n{subtitle(s)}", fontsize=9)
     fig.tight_layout()
     return save_figure(fig, path)
 

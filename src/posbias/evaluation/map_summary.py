@@ -32,6 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
+from posbias.evaluation.attention_summary import attention_by_depth, attention_records, top1_by_layer
 from posbias.evaluation.map_failures import failure_markdown, failure_summary
 from posbias.evaluation.stats import paired_difference, wilson_interval
 from posbias.utils.io import atomic_write_json, atomic_write_text, read_jsonl
@@ -267,9 +268,40 @@ def write_summary(cfg, out: Path, lengths) -> dict:
                "by_distance": distance_rows(records, methods), "cost": cost_of(out, cfg)}
     if cfg.mode == "both":
         summary["failures"] = failure_summary(records, methods)
+    if attention_records(records):
+        summary["attention"] = map_attention(records, methods)
     atomic_write_json(out / "summary.json", _finite(summary))
     atomic_write_text(out / "map.md", map_markdown(summary) + "\n")
     return summary
+
+
+def map_attention(records: Sequence[dict], methods: Sequence[str]) -> dict:
+    """Per method: per length (tokens, as a string key) the attention diagnostic by depth
+    (:func:`~posbias.evaluation.attention_summary.attention_by_depth`), and the layer x depth shares at the
+    longest length (:func:`~posbias.evaluation.attention_summary.top1_by_layer`)."""
+    out = {}
+    for m in methods:
+        rs = [r for r in attention_records(records) if r["method"] == m]
+        if not rs:
+            continue
+        lengths = sorted({r["length"] for r in rs})
+        out[m] = {"by_length": {str(L): attention_by_depth([r for r in rs if r["length"] == L]) for L in lengths},
+                  "longest": lengths[-1],
+                  "top1_by_layer": top1_by_layer([r for r in rs if r["length"] == lengths[-1]])}
+    return out
+
+
+def attention_markdown(s: dict) -> list[str]:
+    """The attention section of ``map.md``: per method a length x depth grid of "gold record most attended
+    (%) / median rank"."""
+    lines = ["", "## Where the last prompt position's attention went", "",
+             "Per cell: % of questions whose gold record is the most attended record (head- and layer-averaged "
+             "attention of the last prompt position) / the gold record's median rank among the records.", ""]
+    for m, a in s["attention"].items():
+        cells = {(int(L), r["depth"]): f"{100 * r['top1']:.0f}% / {r['median_rank']:g}"
+                 for L, rows in a["by_length"].items() for r in rows}
+        lines += [f"### {m}", ""] + _grid(s, cells) + [""]
+    return lines
 
 
 def _finite(obj):
@@ -355,6 +387,8 @@ def map_markdown(s: dict) -> str:
                            f"{'~' if r.get('within_noise') else ''}" for r in rows})
     if "failures" in s:
         lines += ["", failure_markdown(s["failures"])]
+    if s.get("attention"):
+        lines += attention_markdown(s)
     c = s["cost"]["total"]
     lines += ["", f"Scoring: {c['questions']} questions from {c['prefills']} prompt prefills in {c['seconds']:.0f} s "
                   "(all invocations of this folder)."]

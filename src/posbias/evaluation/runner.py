@@ -8,18 +8,26 @@ run stopped part-way has scored every depth about equally.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from posbias.evaluation.attention_probe import AttentionProbe
+from posbias.evaluation.attention_summary import (
+    attention_by_depth,
+    format_attention_table,
+    plot_attention,
+    top1_by_layer,
+)
 from posbias.evaluation.batching import encode, model_max_positions
 from posbias.evaluation.generation import generation_budget, greedy_generate
 from posbias.evaluation.metrics import score
 from posbias.evaluation.modes import GENERATE, TEACHER_FORCED
 from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.stats import accuracy_by_depth, format_table
-from posbias.evaluation.teacher_forced import score_teacher_forced, teacher_forced_fields
+from posbias.evaluation.teacher_forced import question_groups, score_instances, teacher_forced_fields
 from posbias.tasks.base import Instance, check_int
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl
 from posbias.utils.progress import progress_bar
@@ -48,11 +56,12 @@ def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch
 
     Per-instance fields are those of the study grid's records: ``tf_em, tf_logprob, n_tokens,
     prompt_tokens, tf_hits`` (teacher-forced; ``tf_hits``: 1 / 0 per answer token) and ``prediction,
-    gen_score`` (generation)."""
+    gen_score`` (generation). The questions of a shared context (``meta["context_id"]``) are scored from
+    one prefill of it (:func:`~posbias.evaluation.teacher_forced.score_instances`)."""
     records = [{"id": i.id, "depth": i.depth, "gold_index": i.gold_index, "num_items": i.num_items,
                 "answers": i.answers} for i in chunk]
     if mode in (TEACHER_FORCED, "both"):
-        for rec, r in zip(records, score_teacher_forced(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
+        for rec, r in zip(records, score_instances(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
             rec.update(teacher_forced_fields(r))
     if mode in (GENERATE, "both"):
         preds = greedy_generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens, batch_size=batch_size,
@@ -82,9 +91,15 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
 
 
+def check_attention(mode: str, attention: bool) -> None:
+    """The attention diagnostic is taken while answers are teacher-forced: not in ``generate`` mode."""
+    if attention and mode == GENERATE:
+        raise ValueError("--attention is taken while answers are teacher-forced: use --mode teacher-forced or both")
+
+
 def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *, mode: str = "teacher-forced",
              batch_size: int = 8, chat: bool = False, max_new_tokens: int | None = None, label: str = "",
-             progress: bool = True, before_write: Callable[[], Any] | None = None) -> dict:
+             progress: bool = True, before_write: Callable[[], Any] | None = None, attention: bool = False) -> dict:
     """Evaluate ``instances`` into the run folder ``out`` (resuming), return the summary dict.
 
     ``before_write`` is called before the first file is written (and may be called again): a
@@ -92,8 +107,11 @@ def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *
     its first result, after every check (including the first batch's scoring) has passed.
     ``max_new_tokens`` None: enough for the longest gold answer of ``instances`` (all of them, so a
     resumed run generates under the same limit; :func:`~posbias.evaluation.generation.generation_budget`).
+    ``attention``: every teacher-forced record also says where the last prompt position's attention went
+    (:mod:`posbias.evaluation.attention_probe`); the summary gets ``attention_by_depth`` and ``attention.png``.
     """
     check_mode(mode)
+    check_attention(mode, attention)
     batch_size = check_int("batch_size", batch_size)
     if not instances:
         raise ValueError("no instances to evaluate")
@@ -112,15 +130,15 @@ def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *
     start = time.time()
     bar = progress_bar(len(instances), initial=len(instances) - len(todo), desc=label or "eval", unit="inst",
                        enabled=progress)
-    for pos in range(0, len(todo), batch_size):
-        chunk = todo[pos:pos + batch_size]
-        chunk_start = time.time()
-        records = score_chunk(model, tokenizer, chunk, mode=mode, batch_size=batch_size, chat=chat,
-                              max_new_tokens=max_new_tokens)
-        commit()
-        for rec in records:  # seconds: the batch's wall time per instance (a resumed run keeps earlier ones)
-            append_jsonl(results_path, {**rec, "seconds": (time.time() - chunk_start) / len(chunk)})
-        bar.update(len(chunk))
+    with AttentionProbe(model) if attention and todo else contextlib.nullcontext():
+        for chunk in question_groups(todo, batch_size, shared=True):  # a shared context's questions together
+            chunk_start = time.time()
+            records = score_chunk(model, tokenizer, chunk, mode=mode, batch_size=batch_size, chat=chat,
+                                  max_new_tokens=max_new_tokens)
+            commit()
+            for rec in records:  # seconds: the batch's wall time per instance (a resumed run keeps earlier ones)
+                append_jsonl(results_path, {**rec, "seconds": (time.time() - chunk_start) / len(chunk)})
+            bar.update(len(chunk))
     bar.close()
     commit()
     return summarise(out, instances, mode=mode, label=label, seconds=time.time() - start)
@@ -138,10 +156,18 @@ def summarise(out: Path, instances: Sequence[Instance], *, mode: str, label: str
         summary["by_depth_generate"] = accuracy_by_depth(records, key="gen_score")
         summary["tf_vs_generate_agreement"] = sum(
             float(r["tf_em"]) == float(r["gen_score"] >= 1.0) for r in records) / max(1, len(records))
+    attention = attention_by_depth(records)
+    if attention:
+        summary["attention_by_depth"] = attention
+        summary["attention_top1_by_layer"] = top1_by_layer(records)
     atomic_write_json(out / "summary.json", summary)
     table = format_table(rows, title=f"{label} ({mode})")
     if mode == "both":
         table += "\n\n" + format_table(summary["by_depth_generate"], title=f"{label} (greedy generation)")
+    if attention:
+        table += "\n\n" + format_attention_table(attention, title=f"{label}: where the last prompt position's "
+                                                                  "attention went")
+        plot_attention(attention, summary["attention_top1_by_layer"], out / "attention.png", title=label)
     atomic_write_text(out / "summary.md", table + "\n")
     curves = {f"{label or 'model'} ({mode if mode != 'both' else 'teacher-forced'})": rows}
     if mode == "both":

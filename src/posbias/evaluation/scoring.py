@@ -34,7 +34,8 @@ from typing import Sequence
 
 import torch
 
-from posbias.architecture.layers import model_device
+from posbias.architecture.layers import cache_of, model_device
+from posbias.evaluation.attention_probe import capturing
 from posbias.evaluation.batching import left_pad
 from posbias.methods.registry import prompt_dependent
 
@@ -47,12 +48,6 @@ class Continuation:
     suffix_ids: list[int]
     n_answer: int
     prompt_tokens: int
-
-
-def cache_of(out):
-    """The KV cache of a model output (transformers >= 5.24 names it ``cache``)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
 @torch.no_grad()
@@ -84,8 +79,11 @@ def score_continuations(model, cache, mask: torch.Tensor, next_pos: torch.Tensor
     pos = next_pos + torch.arange(width, device=dev)[None]
     questions = [len(c.suffix_ids) - c.n_answer for c in items]
     first = max(0, min(questions) - 1)  # earliest suffix position whose logits predict an answer token
-    out = model(input_ids=ids, attention_mask=torch.cat([mask, smask], 1), position_ids=pos, cache=cache,
-                use_cache=True, logits_to_keep=width - first)
+    pads = (mask == 0).sum(1).tolist()  # the last prompt token of a row with question tokens is in the suffix
+    with capturing(model, [c.id if q else None for c, q in zip(items, questions)], [max(q - 1, 0) for q in questions],
+                   pads, [mask.shape[1] - p + q for p, q in zip(pads, questions)], mask.shape[1] + width, dev):
+        out = model(input_ids=ids, attention_mask=torch.cat([mask, smask], 1), position_ids=pos, cache=cache,
+                    use_cache=True, logits_to_keep=width - first)
     logits = out.logits  # (B, width - first, V): suffix positions first .. width - 1
     results = []
     for b, (c, q) in enumerate(zip(items, questions)):
@@ -123,8 +121,11 @@ def score_token_rows(model, prompts: Sequence[Sequence[int]], answers: Sequence[
     tokens, mask, pos = left_pad([list(p) + list(a) for p, a in zip(prompts, answers)], pad_id)
     dev = model_device(model)
     keep = max(len(a) for a in answers) + 1
-    out = model(input_ids=tokens.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                logits_to_keep=keep, use_cache=False)
+    width = tokens.shape[1]
+    starts = [width - len(p) - len(a) for p, a in zip(prompts, answers)]  # each row's prompt, left-padded
+    with capturing(model, ids, [width - len(a) - 1 for a in answers], starts, [len(p) for p in prompts], width, dev):
+        out = model(input_ids=tokens.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                    logits_to_keep=keep, use_cache=False)
     results = []
     for b, (i, p, a) in enumerate(zip(ids, prompts, answers)):
         results.append(answer_record(i, out.logits[b, keep - 1 - len(a): keep - 1], a, len(p)))
@@ -133,7 +134,10 @@ def score_token_rows(model, prompts: Sequence[Sequence[int]], answers: Sequence[
 
 def score_rows_via_cache(model, prompts, answers, pad_id: int, ids: Sequence[str]) -> list[dict]:
     """Teacher-forced scores with each prompt prefilled alone, then its answer fed through the cache."""
-    last, cache, mask, next_pos = prefill(model, prompts, pad_id)
+    width = max(len(p) for p in prompts)  # the prefill ends with each prompt's last token
+    with capturing(model, ids, [width - 1] * len(prompts), [width - len(p) for p in prompts], [len(p) for p in prompts],
+                   width, model_device(model)):
+        last, cache, mask, next_pos = prefill(model, prompts, pad_id)
     items = [Continuation(i, list(a), len(a), len(p)) for i, p, a in zip(ids, prompts, answers)]
     return score_continuations(model, cache, mask, next_pos, last, items, pad_id)
 

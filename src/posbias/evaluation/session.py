@@ -16,7 +16,7 @@ from typing import Any
 
 from posbias.evaluation.batching import model_max_positions
 from posbias.evaluation.modes import TEACHER_FORCED, canonical_mode
-from posbias.evaluation.runner import check_mode, evaluate
+from posbias.evaluation.runner import check_attention, check_mode, evaluate
 from posbias.methods import apply_method
 from posbias.methods.registry import check_option_names
 from posbias.models import load_model, model_identity
@@ -25,6 +25,7 @@ from posbias.models.options import LoadOptions, load_settings, options_for
 from posbias.patching.rope_scaling import load_factors_file
 from posbias.tasks import check_length, check_request, make_instances, precheck_instances
 from posbias.tasks.base import check_int
+from posbias.tasks.registry import check_records
 from posbias.utils.run_folder import RunFolder, open_run
 
 # Settings that must match when a run folder is reused (otherwise results would be mixed). The
@@ -32,7 +33,7 @@ from posbias.utils.run_folder import RunFolder, open_run
 # another depth list can give another prompt under the same instance id. ``n`` may change: instance
 # ``i`` is the same for every ``n``, so a larger ``n`` scores only the new instances.
 RESUME_KEYS = ("model", "model_path", "task", "depths", "seed", "split", "mode", "chat", "max_new_tokens", "method",
-               "method_options", "task_options", "dtype")
+               "method_options", "task_options", "dtype", "attention")
 # Method options naming a file or folder that must exist.
 PATH_OPTIONS = {"lpes": "factors", "moice": "routers"}
 
@@ -51,6 +52,8 @@ class EvalConfig:
             :func:`~posbias.evaluation.generation.generation_budget`).
         batch_size: instances per forward pass; ``chat``: wrap prompts in the tokenizer's chat template.
         method / method_options: the inference method applied while scoring (``none``: the model as it is).
+        attention: record where the last prompt position's attention went (gold record's mass, rank and
+            retrieval-head hits per layer; tasks made of records: kv, kv-uuid, mdqa).
     """
 
     model: str
@@ -67,6 +70,7 @@ class EvalConfig:
     method: str = "none"
     method_options: dict = field(default_factory=dict)
     task_options: dict = field(default_factory=dict)
+    attention: bool = False
 
 
 @dataclass
@@ -94,7 +98,10 @@ def plan_eval(cfg: EvalConfig, *, parent: RunFolder | None = None, instances: li
         check_int("max_new_tokens", cfg.max_new_tokens)
     mode = canonical_mode(cfg.mode)
     check_mode(mode)
+    check_attention(mode, cfg.attention)
     depths = check_request(cfg.task, n=cfg.n, depths=cfg.depths, seed=cfg.seed, split=cfg.split, **task_options)
+    if cfg.attention:
+        check_records(cfg.task)
     if instances is None:
         instances = precheck_instances(cfg.task, n=cfg.n, depths=depths, seed=cfg.seed, split=cfg.split,
                                        **task_options)
@@ -109,7 +116,7 @@ def plan_eval(cfg: EvalConfig, *, parent: RunFolder | None = None, instances: li
               "n": cfg.n, "seed": cfg.seed, "split": cfg.split, "mode": mode,
               "batch_size": cfg.batch_size, "chat": cfg.chat,
               "max_new_tokens": None if mode == TEACHER_FORCED else cfg.max_new_tokens, "method": method,
-              "method_options": method_options, "task_options": task_options,
+              "method_options": method_options, "task_options": task_options, "attention": bool(cfg.attention),
               "out": str(cfg.out),  # not compared on resume; makes config.json usable as --config
               **load_settings(cfg.model, load)}
     if adapter is not None:  # the model loads with the method active: recorded, not applied again
@@ -120,7 +127,9 @@ def plan_eval(cfg: EvalConfig, *, parent: RunFolder | None = None, instances: li
 
 def upgrade_eval_settings(old: dict) -> dict:
     """An eval folder's settings as this posbias records them: a teacher-forced run generates nothing,
-    so its generation limit is None (older versions recorded their default, 16)."""
+    so its generation limit is None (older versions recorded their default, 16); folders from before the
+    attention diagnostic ran without it."""
+    old = {"attention": False, **old}
     return {**old, "max_new_tokens": None} if old.get("mode") == TEACHER_FORCED else old
 
 
@@ -162,7 +171,7 @@ def run_planned(plan: EvalPlan, loaded=None, progress: bool = True) -> dict:
     with applied_method(lm, method, options) as scored_model:
         return evaluate(scored_model, tok, instances, plan.folder.path, mode=c["mode"], batch_size=c["batch_size"],
                         chat=c["chat"], max_new_tokens=c["max_new_tokens"], label=f"{c['method']} / {c['task']}",
-                        progress=progress, before_write=plan.folder.commit)
+                        progress=progress, before_write=plan.folder.commit, attention=c.get("attention", False))
 
 
 def run_eval(cfg: EvalConfig, *, loaded=None, load: LoadOptions | None = None) -> dict:

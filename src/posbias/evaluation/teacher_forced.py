@@ -24,7 +24,8 @@ from dataclasses import replace
 from functools import partial
 from typing import Sequence
 
-from posbias.evaluation.batching import encode, length_sorted_batches, model_max_positions, pad_id_of
+from posbias.evaluation.attention_probe import gold_attention, probe_of
+from posbias.evaluation.batching import encode, item_token_spans, length_sorted_batches, model_max_positions, pad_id_of
 from posbias.evaluation.scoring import (  # noqa: F401
     Continuation,
     prompt_dependent,
@@ -113,6 +114,7 @@ def teacher_forced_fields(record: dict) -> dict:
         out["prompt_tokens"] = int(record["prompt_tokens"])
     if "em_form" in record:
         out["tf_em_form"] = record["em_form"]
+    out.update({k: v for k, v in record.items() if k.startswith("attn_")})  # the attention diagnostic
     return out
 
 
@@ -135,7 +137,36 @@ def score_instances(model, tokenizer, instances, *, batch_size: int = 8, chat: b
         for r in accept_alternatives(model, tokenizer, members, one_prefill(members), batch_size=batch_size,
                                      chat=False, scorer=one_prefill):
             by_id[r["id"]] = r
-    return [by_id[inst.id] for inst in instances]
+    return with_attention(model, tokenizer, instances, [by_id[inst.id] for inst in instances], chat)
+
+
+def with_attention(model, tokenizer, instances: Sequence[Instance], records: list[dict], chat: bool) -> list[dict]:
+    """``records`` with the attention diagnostic's fields (``attn_*``, :func:`~posbias.evaluation.attention_probe.
+    gold_attention`) when an :class:`~posbias.evaluation.attention_probe.AttentionProbe` is active on
+    ``model``; the probe's captures are cleared."""
+    probe = probe_of(model)
+    if probe is None:
+        return records
+    out = []
+    for inst, r in zip(instances, records):
+        att = probe.pop(inst.id)
+        if att is None:
+            raise RuntimeError(f"the attention diagnostic captured nothing for instance {inst.id}")
+        gold = inst.meta.get("gold_items", [inst.gold_index])
+        out.append({**r, **gold_attention(att, item_token_spans(tokenizer, inst, chat), gold)})
+    probe.clear()
+    return out
+
+
+def question_groups(instances: Sequence[Instance], batch_size: int, shared: bool) -> list[list[Instance]]:
+    """Instances in scoring units: every question of one shared context together (one prefill), the
+    rest in batches of ``batch_size``, in the order their first member comes in ``instances``."""
+    groups: dict[str, list] = {}
+    singles = []
+    for inst in instances:
+        cid = inst.meta.get("context_id") if shared else None
+        (groups.setdefault(cid, []) if cid is not None else singles).append(inst)
+    return list(groups.values()) + [singles[i:i + batch_size] for i in range(0, len(singles), batch_size)]
 
 
 def score_context_questions(model, tokenizer, cid: str, questions: Sequence[Instance], batch_size: int) -> list[dict]:

@@ -1,0 +1,229 @@
+"""Where attention went: each layer's attention from the last prompt position over the task's records.
+
+Accuracy by depth says *that* a model loses the middle; this says *how*. For every scored question, at
+the last prompt position (the one whose logits predict the answer's first token), each layer's
+attention weights over the prompt (heads x prompt tokens) are taken while the scoring forward runs, and
+reduced to the task's records (``meta["item_spans"]``: KV records, MDQA documents):
+
+* ``gold_mass[l]``: attention on the gold record's tokens, averaged over heads (a share of the whole
+  row, attention sinks included);
+* ``gold_rank[l]``: the gold record's rank among the records by that head-averaged mass (1 = the
+  most attended record); with several gold items (HotpotQA's two paragraphs) the best of them;
+* ``hit[l]``: the share of heads whose largest attention over record tokens lands inside a gold record
+  (the retrieval-head criterion of Wu et al., ICLR 2025, applied to the prompt's last position).
+
+A gold record that is never among the most attended is "never looked at"; one that is attended while
+the answer is wrong was "looked at and copied wrong" (the failure classes of ``posbias map --mode both``
+tell the two apart by the answer; this tells them apart by the attention). Hsieh et al. (ACL Findings
+2024, "Found in the middle") rank documents by the same head- and layer-averaged attention.
+
+How it is computed: :class:`AttentionProbe` gives every attention module a private config naming
+:data:`PROBE_NAME`, a function that returns the model's own attention (its kernel, SDPA or eager, so
+scores are unchanged) and, for the one query row a scorer asked for per batch row
+(:meth:`AttentionProbe.expect`), evaluates the modeling file's eager attention on that row alone:
+``(B, H, 1, kv)`` weights, never an ``L x L`` matrix. Methods that compute attention themselves
+(Ms-PoE, MoICE, Attention Buckets' parallel passes) are refused with one line.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from transformers import AttentionInterface
+
+from posbias.architecture.layers import get_decoder_layers
+from posbias.methods.rope_attention import float_mask
+
+PROBE_NAME = "posbias_attention_probe"
+NOT_PROBED = "the attention diagnostic needs a model whose attention modules call their model's own attention "
+
+_PROBES: weakref.WeakKeyDictionary[torch.nn.Module, "AttentionProbe"] = weakref.WeakKeyDictionary()
+_MODULE_PROBE: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref] = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class Pending:
+    """What the next forward captures: per batch row ``b``, the query row ``query_rows[b]``, and the keys
+    ``[key_starts[b], key_starts[b] + key_lengths[b])`` of its prompt (absolute cache positions; a layer
+    whose cache keeps only its last ``kv`` keys, a sliding window, holds positions ``total - kv ..``)."""
+
+    ids: list[str | None]  # None: a row not captured in this forward
+    query_rows: torch.Tensor  # (B,) long
+    key_starts: list[int]
+    key_lengths: list[int]
+    total: int  # keys the forward sees in a full-attention layer
+
+
+class AttentionProbe:
+    """Capture each layer's attention from one query row per batch row (module docstring).
+
+    Use as a context manager around scoring; ``remove()`` restores every module's config. Results:
+    :meth:`pop` ``(id) -> (L, H, P)`` float32 on the CPU (P: the row's prompt tokens)."""
+
+    def __init__(self, model):
+        AttentionInterface.register(PROBE_NAME, _dispatch)
+        self.model = model
+        self.pending: Pending | None = None
+        self._rows: dict[str, dict[int, torch.Tensor]] = {}
+        self._saved: list[tuple[torch.nn.Module, object]] = []
+        self._native: dict[int, object] = {}
+        try:
+            layers = get_decoder_layers(model)
+        except Exception as e:  # noqa: BLE001 (a wrapper model: Attention Buckets)
+            raise ValueError(f"{NOT_PROBED}({e})") from None
+        for layer in layers:
+            attn = layer.self_attn
+            implementation = attn.config._attn_implementation
+            if implementation == PROBE_NAME or attn in _MODULE_PROBE:
+                self.remove()
+                raise ValueError("the attention diagnostic is already active on this model")
+            eager = getattr(sys.modules[type(attn).__module__], "eager_attention_forward", None)
+            if eager is None or implementation not in ("eager", "sdpa", "flash_attention_2", "flex_attention"):
+                self.remove()
+                raise ValueError(f"{NOT_PROBED}(layer {attn.layer_idx} uses {implementation!r}: a method that "
+                                 "computes attention itself, such as ms-poe or moice)")
+            self._native[id(attn)] = (AttentionInterface().get_interface(implementation, eager), eager)
+            self._saved.append((attn, attn.config))
+            cfg = copy.copy(attn.config)
+            cfg.__dict__["_attn_implementation_internal"] = PROBE_NAME
+            attn.config = cfg
+            _MODULE_PROBE[attn] = weakref.ref(self)
+        _PROBES[model] = self
+
+    def __enter__(self) -> "AttentionProbe":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        for attn, cfg in reversed(self._saved):
+            attn.config = cfg
+            _MODULE_PROBE.pop(attn, None)
+        self._saved = []
+        if _PROBES.get(self.model) is self:
+            del _PROBES[self.model]
+
+    def expect(self, ids: Sequence[str], query_rows: Sequence[int], key_starts: Sequence[int],
+               key_lengths: Sequence[int], total: int, device) -> None:
+        """Capture, in the next forward, query row ``query_rows[b]`` of batch row ``b`` over its prompt keys
+        (see :class:`Pending`)."""
+        self.pending = Pending(list(ids), torch.tensor(list(query_rows), dtype=torch.long, device=device),
+                               [int(s) for s in key_starts], [int(n) for n in key_lengths], int(total))
+
+    def done(self) -> None:
+        """The forward the last :meth:`expect` was for has run."""
+        self.pending = None
+
+    def pop(self, id_: str) -> torch.Tensor | None:
+        """The captured attention of row ``id_`` as ``(L, H, P)`` float32 (None if it was not captured)."""
+        layers = self._rows.pop(id_, None)
+        return None if not layers else torch.stack([layers[k] for k in sorted(layers)])
+
+    def clear(self) -> None:
+        self._rows.clear()
+
+    def capture(self, module, query, key, value, attention_mask, kwargs) -> None:
+        """Record the pending rows of ``module``'s attention (called by :func:`_dispatch`)."""
+        p = self.pending
+        batch, q_len, kv = query.shape[0], query.shape[2], key.shape[2]
+        if batch != len(p.ids):
+            raise ValueError(f"{NOT_PROBED}(batch of {batch} rows where {len(p.ids)} were expected: a method "
+                             "that runs the model in parallel passes, such as attention-buckets)")
+        rows = torch.arange(batch, device=query.device)
+        q = query[rows, :, p.query_rows][:, :, None]  # (B, H, 1, d)
+        mask = row_mask(attention_mask, q_len, kv, query.dtype, query.device, batch)
+        if mask is not None:
+            mask = mask[rows, :, p.query_rows][:, :, None]  # (B, 1, 1, kv)
+        eager = self._native[id(module)][1]
+        extra = {k: v for k, v in kwargs.items() if k != "dropout"}
+        _, weights = eager(module, q, key, value, mask, dropout=0.0, **extra)
+        weights = weights[:, :, 0].float()  # (B, H, kv)
+        shift = p.total - kv  # a sliding-window cache keeps only the last kv keys
+        for b, id_ in enumerate(p.ids):
+            if id_ is None:  # a row whose last prompt token is not in this forward
+                continue
+            start, length = p.key_starts[b], p.key_lengths[b]
+            row = torch.zeros(weights.shape[1], length, dtype=torch.float32)
+            lo = max(start, shift)
+            if lo < start + length:
+                row[:, lo - start:] = weights[b, :, lo - shift: start + length - shift].cpu()
+            self._rows.setdefault(id_, {})[int(module.layer_idx)] = row
+
+
+def row_mask(mask, q_len: int, kv: int, dtype, device, batch: int) -> torch.Tensor | None:
+    """The additive float mask ``(B, 1, q, kv)`` of an attention call, from the model's own format (float,
+    boolean, or None for plain causal attention); None when there is nothing to mask (one query)."""
+    out = float_mask(mask, q_len, kv, dtype, device)
+    return None if out is None else out.expand(batch, 1, q_len, kv)
+
+
+def _dispatch(module, query, key, value, attention_mask, **kwargs):
+    ref = _MODULE_PROBE.get(module)
+    probe = None if ref is None else ref()
+    if probe is None:  # pragma: no cover - only reachable if a probe was half-removed
+        raise RuntimeError(f"{PROBE_NAME} called on a module without an attention probe")
+    native = probe._native[id(module)][0]
+    out = native(module, query, key, value, attention_mask, **kwargs)
+    if probe.pending is not None:
+        probe.capture(module, query, key, value, attention_mask, kwargs)
+    return out
+
+
+@contextlib.contextmanager
+def capturing(model, ids: Sequence[str | None], query_rows: Sequence[int], key_starts: Sequence[int],
+              key_lengths: Sequence[int], total: int, device):
+    """The block's one forward captures these rows when a probe is active on ``model``
+    (:meth:`AttentionProbe.expect`); nothing otherwise."""
+    probe = probe_of(model)
+    if probe is None:
+        yield
+        return
+    probe.expect(ids, query_rows, key_starts, key_lengths, total, device)
+    try:
+        yield
+    finally:
+        probe.done()
+
+
+def probe_of(model) -> AttentionProbe | None:
+    """The attention probe active on ``model`` (None: scoring without the diagnostic)."""
+    return _PROBES.get(model)
+
+
+def gold_attention(att: torch.Tensor, spans: Sequence[tuple[int, int]], gold: Sequence[int]) -> dict:
+    """The diagnostic of one question from its captured attention ``att`` (L, H, P) over the prompt, the
+    records' token spans ``[(start, end), ...]`` and the gold record indices (module docstring):
+    ``attn_gold_mass`` / ``attn_gold_rank`` (from the layer-averaged masses), ``attn_hit_rate`` (over all
+    heads of all layers) and per layer ``attn_layers`` = ``{gold_mass, gold_rank, hit}``."""
+    layers, heads, length = att.shape
+    starts = torch.tensor([s for s, _ in spans])
+    ends = torch.tensor([e for _, e in spans])
+    cum = torch.nn.functional.pad(att.cumsum(-1), (1, 0))  # (L, H, P + 1)
+    mass = cum[..., ends] - cum[..., starts]  # (L, H, R)
+    per_layer = mass.mean(1)  # (L, R)
+    gold = list(gold)
+    others = torch.ones(mass.shape[-1], dtype=torch.bool)
+    others[gold] = False
+
+    def rank(m: torch.Tensor) -> torch.Tensor:  # (..., R) -> rank of the best gold record
+        best = m[..., gold].max(-1).values
+        return 1 + (m[..., others] > best[..., None]).sum(-1)
+
+    owner = torch.full((length,), -1, dtype=torch.long)  # the record each token belongs to (-1: none)
+    for r, (s, e) in enumerate(spans):
+        owner[s:e] = r
+    in_records = owner >= 0
+    top = att.masked_fill(~in_records, -1.0).argmax(-1)  # (L, H): the most attended record token
+    hit = torch.isin(owner[top], torch.tensor(gold)).float()  # (L, H)
+    return {"attn_gold_mass": round(float(per_layer[:, gold].sum(-1).mean()), 6),
+            "attn_gold_rank": int(rank(per_layer.mean(0))),
+            "attn_hit_rate": round(float(hit.mean()), 6),
+            "attn_layers": {"gold_mass": [round(float(v), 6) for v in per_layer[:, gold].sum(-1)],
+                            "gold_rank": [int(v) for v in rank(per_layer)],
+                            "hit": [round(float(v), 6) for v in hit.mean(-1)]}}
