@@ -53,15 +53,43 @@ def format_table(rows: list[dict], title: str = "") -> str:
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float], bounds: tuple[float, float] = (-1.0, 1.0)) -> dict:
-    """Mean of ``b - a`` over paired items (the same questions under two methods) with a 95% normal
-    interval, clipped to ``bounds``: the differences of scores in [0, 1] lie in [-1, 1] (+-100 points),
-    which the normal approximation overshoots for few items; ``n`` 0 gives NaN."""
+    """Mean of ``b - a`` over paired items (the same questions under two methods) with a 95% interval.
+
+    Right / wrong outcomes (every value 0 or 1, accuracy bounds): Newcombe's hybrid score interval for a
+    difference of paired proportions (:func:`newcombe_paired`), which is never of zero width and stays
+    inside [-1, 1], so a handful of questions that all agree give a wide interval, not ``+0 [+0, +0]``.
+    Other scores (log-probs, partial credit): the normal interval, clipped to ``bounds``. ``n`` 0 gives
+    NaN; ``interval`` names the method used."""
     d = [y - x for x, y in zip(a, b)]
     n = len(d)
     if not n:
-        return {"n": 0, "diff": float("nan"), "ci95": [float("nan"), float("nan")]}
+        return {"n": 0, "diff": float("nan"), "ci95": [float("nan"), float("nan")], "interval": "none"}
     mean = sum(d) / n
+    binary = all(float(v) in (0.0, 1.0) for v in (*a, *b))
+    if binary and tuple(bounds) == (-1.0, 1.0):
+        return {"n": n, "diff": mean, "ci95": list(newcombe_paired(a, b)), "interval": "newcombe"}
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
-    half = 1.96 * sd / math.sqrt(n) if n else 0.0
+    half = 1.96 * sd / math.sqrt(n)
     low, high = bounds
-    return {"n": n, "diff": mean, "ci95": [max(low, mean - half), min(high, mean + half)]}
+    return {"n": n, "diff": mean, "ci95": [max(low, mean - half), min(high, mean + half)], "interval": "normal"}
+
+
+def newcombe_paired(a: Sequence[float], b: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """95% interval of ``mean(b) - mean(a)`` for paired right / wrong outcomes: Newcombe's method 10 (Stat.
+    Med. 1998, 17:2635), built from the two Wilson score intervals and the correlation of the pairs (with
+    Newcombe's continuity correction of that correlation)."""
+    n = len(a)
+    both = sum(x == 1 and y == 1 for x, y in zip(a, b))
+    gained = sum(x == 0 and y == 1 for x, y in zip(a, b))
+    lost = sum(x == 1 and y == 0 for x, y in zip(a, b))
+    neither = n - both - gained - lost
+    p1, p2 = (both + gained) / n, (both + lost) / n  # b's accuracy, a's accuracy
+    l1, u1 = wilson_interval(both + gained, n, z)
+    l2, u2 = wilson_interval(both + lost, n, z)
+    cross = both * neither - gained * lost
+    denom = math.sqrt((both + gained) * (lost + neither) * (both + lost) * (gained + neither))
+    phi = 0.0 if denom == 0 else (max(cross - n / 2, 0.0) if cross > 0 else cross) / denom
+    diff = p1 - p2
+    low = diff - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    high = diff + math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
+    return max(-1.0, low), min(1.0, high)
