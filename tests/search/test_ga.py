@@ -316,6 +316,7 @@ def test_search_apply_analyze_cli_on_tiny_model(tmp_path, tiny_tokenizer, saved_
     assert r.exit_code == 2 and "other settings" in r.output
     doc = json.loads((out / "best_factors.json").read_text())
     assert doc["num_layers"] == 4 and doc["curve"]["type"] == "linear" and doc["task"] == "kv"
+    assert doc["below_unpatched"] == (doc["score"] < doc["unpatched_accuracy"])  # the search summary says it
 
     patched = tmp_path / "patched"
     r = runner.invoke(app, ["apply", "--model", str(src), "--factors", str(out / "best_factors.json"),
@@ -371,3 +372,30 @@ def test_a_resumed_search_says_how_far_it_was(tmp_path, capsys):
     run_ga(SerialEvaluator(SyntheticFitness(bump_objective)), cfg, num_layers=6, generations=3, seed=0, out=tmp_path,
            resume=True)
     assert f"resuming 2 of 3 generations already in {tmp_path}" in capsys.readouterr().err
+
+
+def test_a_winner_below_the_unpatched_model_is_said_in_one_line(tmp_path, monkeypatch):
+    """A log-prob winner can answer fewer search-split questions than the model without it: say so."""
+    import typer
+    from typer.testing import CliRunner
+
+    from posbias.cli import lpes_cmd
+    from posbias.search import runner as search_runner
+
+    def fake(cfg, **kw):
+        return search_runner.SearchResult(out=tmp_path, factors_path=tmp_path / "best_factors.json", factors=[1.0],
+                                          control_points=[], curve="bezier", accuracy=0.0, per_depth={},
+                                          baseline_accuracy=1 / 3, generations=1, history=[], objective="logprob")
+
+    monkeypatch.setattr(search_runner, "run_search", fake)
+    monkeypatch.setattr(search_runner, "check_search_model", lambda cfg: None)
+    app = typer.Typer()
+    lpes_cmd.register(app)
+    r = CliRunner().invoke(app, ["search", "--model", "smollm2-135m", "--task", "kv", "--out", str(tmp_path / "s"),
+                                 "--heldout-n", "0"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "warning: the winner answers fewer search-split questions than the unpatched model (0.000 < 0.333)" in text
+    assert not search_runner.SearchResult(out=tmp_path, factors_path=tmp_path, factors=[1.0], control_points=[],
+                                          curve="bezier", accuracy=0.5, per_depth={}, baseline_accuracy=0.5,
+                                          generations=1, history=[]).below_unpatched

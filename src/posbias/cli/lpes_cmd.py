@@ -113,6 +113,10 @@ def search_command(
     chosen = "log-prob (accuracy breaks ties)" if res.objective == "logprob" else "accuracy (log-prob breaks ties)"
     console.print(f"winner chosen by {chosen}; its search-split accuracy {res.accuracy:.3f} (unpatched {base}); "
                   f"factors: {res.factors_path}")
+    if res.below_unpatched:
+        console.print(f"[yellow]warning: the winner answers fewer search-split questions than the unpatched model "
+                      f"({res.accuracy:.3f} < {base}): chosen by {res.objective}, it is no better at answering here; "
+                      "read the held-out table before using it[/yellow]")
     console.print("factors: " + ", ".join(f"{f:.3f}" for f in res.factors))
     if res.temperatures is not None:
         console.print("temperatures: " + ", ".join(f"{t:.3f}" for t in res.temperatures))

@@ -91,6 +91,11 @@ class SearchResult:
     objective: str = "accuracy"  # what chose the winner (FitnessResult.key: accuracy, or weighted log-prob)
     temperatures: list[float] | None = None  # a joint search's per-layer temperatures (factors: its RoPE half)
 
+    @property
+    def below_unpatched(self) -> bool:
+        """The winner answers fewer search-split questions than the unpatched model (a log-prob winner can)."""
+        return self.baseline_accuracy is not None and self.accuracy < self.baseline_accuracy
+
 
 def build_fitness(cfg: SearchConfig, *, n_per_depth: int, batch_size: int = 4,
                   depths: Sequence[float] = DEFAULT_DEPTHS, model=None, tokenizer=None, load=None):
@@ -139,7 +144,7 @@ def run_search(cfg: SearchConfig, *, resume: bool = False, log: Callable[[dict],
             "task_options": cfg.task_options, "n_per_depth": settings["n_per_depth"],
             "generations_planned": settings["generations"], "curve": cfg.curve,
             "round_to_grid": [list(g) for g in (ga.grid, *ga.extra_grids)] if cfg.round_to_grid else None,
-            "target": cfg.target}
+            "target": cfg.target, "identity": identity_genome(ga)}
     write_outputs = functools.partial(_write_factors, out / BEST, meta=meta)
     try:
         res = run_ga(evaluator, ga, num_layers=num_layers, generations=settings["generations"], seed=cfg.seed,
@@ -266,6 +271,10 @@ def _write_factors(path: Path, res: GAResult, *, meta: dict) -> None:
 
     (_, factors, points), *more = curves_of(res, meta["target"])
     joint = {"temperatures": more[0][1], "temperature_curve": curve(more[0][2], grids[1])} if more else {}
+    ident = res.memo.get(meta["identity"])
+    unpatched = ident.accuracy if ident is not None and ident.complete else None
+    against = {} if unpatched is None else {"unpatched_accuracy": unpatched,
+                                             "below_unpatched": bool(best.accuracy < unpatched)}
     save_factors_file(
         path, factors=factors, curve=curve(points, grids[0]),
         model=meta["model"], task=meta["task"], score=best.accuracy, objective=best.objective, value=best.value,
@@ -273,5 +282,5 @@ def _write_factors(path: Path, res: GAResult, *, meta: dict) -> None:
         generations=res.generations, seed=meta["seed"], preset=meta["preset"], task_options=meta["task_options"],
         search_split="search", n_per_depth=meta["n_per_depth"],
         interim=res.generations < meta["generations_planned"], generations_planned=meta["generations_planned"],
-        **({"target": meta["target"]} if meta["target"] != "rope" else {}), **joint,
+        **({"target": meta["target"]} if meta["target"] != "rope" else {}), **joint, **against,
     )
