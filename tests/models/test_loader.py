@@ -75,7 +75,7 @@ def _fake_parts(root, chunks):
 
 
 def _packaged(n, sha):
-    from posbias.models.loader import PackagedModel
+    from posbias.models.packaged import PackagedModel
 
     return PackagedModel("fake", tuple((f"fakepart{i}", "data/part.bin") for i in range(1, n + 1)),
                          tuple(f"fakepart{i}==1.0" for i in range(1, n + 1)), "fake.gguf", sha)
@@ -84,7 +84,7 @@ def _packaged(n, sha):
 def test_parts_are_assembled_and_checked_without_importing_them(tmp_path, monkeypatch):
     import hashlib
 
-    from posbias.models.loader import assemble_parts
+    from posbias.models.packaged import assemble_parts
 
     chunks = [b"GGUF" + bytes(range(200)), b"second" * 50, b"end"]
     _fake_parts(tmp_path / "site", chunks)
@@ -97,7 +97,7 @@ def test_parts_are_assembled_and_checked_without_importing_them(tmp_path, monkey
 
 
 def test_checksum_mismatch_leaves_no_file(tmp_path, monkeypatch):
-    from posbias.models.loader import assemble_parts
+    from posbias.models.packaged import assemble_parts
 
     _fake_parts(tmp_path / "site", [b"a" * 100, b"b" * 100])
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
@@ -109,7 +109,7 @@ def test_checksum_mismatch_leaves_no_file(tmp_path, monkeypatch):
 
 
 def test_missing_part_names_the_install_command(tmp_path, monkeypatch):
-    from posbias.models.loader import locate_parts
+    from posbias.models.packaged import locate_parts
 
     _fake_parts(tmp_path / "site", [b"x", b"y"])  # part 3 is not installed
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
@@ -166,7 +166,7 @@ def test_gguf_cache_is_keyed_on_content_hashed_once_per_file_version(tmp_path, m
     import hashlib
     import os
 
-    from posbias.models import loader
+    from posbias.models import gguf_cache as loader
 
     monkeypatch.setenv("POSBIAS_CACHE", str(tmp_path / "cache"))
     converted = []
@@ -176,7 +176,7 @@ def test_gguf_cache_is_keyed_on_content_hashed_once_per_file_version(tmp_path, m
         (target / ".complete").write_text(str(gguf))
         converted.append(gguf.read_bytes())
 
-    monkeypatch.setattr(loader, "_convert_gguf", convert)
+    monkeypatch.setattr(loader, "convert_gguf", convert)
     hashed = []
     real_sha = hashlib.sha256
     monkeypatch.setattr(hashlib, "sha256", lambda *a: hashed.append(a) or real_sha(*a))
@@ -198,7 +198,7 @@ def test_an_old_style_cache_entry_is_removed_when_the_new_one_is_created(tmp_pat
     """A conversion cached under the old ``<stem>-<size>`` name is removed, in one line, once the file's
     content-keyed entry is created; when that entry already exists the old one is named as deletable
     (once per process) and left alone. Only the temporary cache is touched."""
-    from posbias.models import loader
+    from posbias.models import gguf_cache as loader
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("POSBIAS_CACHE", str(cache))
@@ -208,7 +208,7 @@ def test_an_old_style_cache_entry_is_removed_when_the_new_one_is_created(tmp_pat
         target.mkdir(parents=True)
         (target / ".complete").write_text(str(gguf))
 
-    monkeypatch.setattr(loader, "_convert_gguf", convert)
+    monkeypatch.setattr(loader, "convert_gguf", convert)
 
     def old_entry(gguf):
         old = cache / "models" / f"{gguf.stem}-{gguf.stat().st_size}"
@@ -240,15 +240,15 @@ def test_a_conversion_that_finds_another_process_finished_first_keeps_its_copy(t
     the finished copy and leaves it (no error, no half folder)."""
     import os
 
-    from posbias.models import loader
+    from posbias.models import gguf_cache as loader
 
     monkeypatch.setattr(loader, "_read_gguf", lambda gguf: (make_tiny_model("llama"), tiny_tokenizer))
     target = tmp_path / "models" / "m-abc"
     other = tmp_path / "models" / f"m-abc.partial-{os.getpid() + 1}"  # the other process, still writing
     other.mkdir(parents=True)
-    loader._convert_gguf(tmp_path / "m.gguf", target)
+    loader.convert_gguf(tmp_path / "m.gguf", target)
     first = (target / "model.safetensors").stat().st_mtime_ns
-    loader._convert_gguf(tmp_path / "m.gguf", target)  # finished meanwhile by "another process": kept
+    loader.convert_gguf(tmp_path / "m.gguf", target)  # finished meanwhile by "another process": kept
     assert (target / ".complete").exists() and (target / "model.safetensors").stat().st_mtime_ns == first
     assert sorted(p.name for p in target.parent.iterdir()) == ["m-abc", other.name]
     load_model(str(target))

@@ -28,7 +28,7 @@ CONFIG_HELP = ("settings file (JSON, TOML or YAML; a run folder's config.json to
 
 # What every run folder's config.json records beside the settings (the commit, the resolved model
 # path, how the model was loaded, an adapter's method): read back, they are derived, not settings.
-RECORDED_KEYS = ("git", "model_path", "load", "dtype", "adapter")
+RECORDED_KEYS = ("git", "model_path", "load", "dtype", "adapter", "model_content")
 
 
 def ConfigFileOption():

@@ -27,6 +27,7 @@ from typing import Any
 
 from posbias.methods import apply_method
 from posbias.models.modeling_posbias import base_config
+from posbias.models.packaged import ALIASES
 from posbias.utils.io import read_json
 
 ADAPTER_FILE = "posbias_adapter.json"
@@ -64,8 +65,6 @@ class Adapter:
     def base_spec(self) -> str:
         """What to load as the base model: the recorded spec when it is an alias, else the recorded
         path when it still exists, else the spec (a Hugging Face id, or a path that moved)."""
-        from posbias.models.loader import ALIASES  # noqa: PLC0415 (cycle: posbias.models.loader imports this module)
-
         spec, path = self.base_model.get("spec"), self.base_model.get("path")
         if spec in ALIASES or not path:
             return str(spec)

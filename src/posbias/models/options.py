@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from posbias.models.fingerprint import model_content
 from posbias.models.hub import looks_like_hub_id, resolve_hub_model
 from posbias.utils.devices import Placement, ResolvedPlacement, dtype_name
 
@@ -62,6 +63,8 @@ def resume_dtype(record: dict) -> str:
 
 def load_settings(spec: str, load: LoadOptions | None) -> dict:
     """The settings a run folder's config gains from how its model loads: ``load`` (the record of
-    :meth:`LoadOptions.check`) and ``dtype`` (the resolved dtype, one of its resume keys)."""
-    record = (load or LoadOptions()).check(spec)
-    return {"dtype": resume_dtype(record), "load": record}
+    :meth:`LoadOptions.check`), ``dtype`` (the resolved dtype, one of its resume keys) and ``model_content``
+    (:func:`~posbias.models.fingerprint.model_content`, compared on every resume that recorded it)."""
+    load = load or LoadOptions()
+    record = load.check(spec)
+    return {"dtype": resume_dtype(record), "load": record, "model_content": model_content(spec, load.revision)}

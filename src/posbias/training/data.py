@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from posbias.models import loader
+from posbias.models import gguf_cache, loader
 from posbias.tasks.fitting import fit_units
 from posbias.tasks.haystack import NOISE, split_sentences
 from posbias.tasks.kv import random_numbers
@@ -51,7 +51,7 @@ def paul_graham_dir() -> Path:
 def smollm2_tokenizer_dir() -> Path:
     """Folder of the cached SmolLM2-135M-Instruct conversion (created on first use by the loader)."""
 
-    return loader.cached_from_gguf(loader.resolve_spec("smollm2-135m"))
+    return gguf_cache.cached_from_gguf(loader.resolve_spec("smollm2-135m"))
 
 
 def load_tokenizer(spec: str | None = None):

@@ -49,6 +49,9 @@ KINDS = ("eval", "compare", "search", "analyze", "apply", "train", "study", "tun
 # Configs written before ``kind`` was recorded: the key that only that kind's settings have.
 _LEGACY_MARKERS = (("search", "ga"), ("compare", "methods"), ("study", "schemes"), ("train", "pe"),
                    ("analyze", "controls"), ("eval", "method"))
+# Settings that say what content a run used (posbias.models.fingerprint.model_content): compared on every resume
+# where both the folder and the new run recorded them, whatever the command's own resume keys.
+CONTENT_KEYS = ("model_content",)
 _APPLY_MARKER = "posbias_factors.json"  # posbias.patching.rope_scaling.SAVED_FACTORS_NAME
 _ADAPTER_MARKER = "posbias_adapter.json"  # posbias.models.adapter.ADAPTER_FILE
 
@@ -159,6 +162,11 @@ def _check_folder(path: Path, kind: str, config: dict, check_keys: tuple[str, ..
         old = read_run_settings(path, required=bool(check_keys))
         if upgrade is not None:
             old = upgrade(old)
+        changed = [k for k in CONTENT_KEYS if k in old and k in config and old[k] != config[k]]
+        if changed:
+            raise ValueError(f"{path} holds a run of {old.get('model', 'a model')} whose content has changed since "
+                             f"(its weights, files or commit): resuming would mix two models' results; use another "
+                             f"--out")
         diff = settings_diff(old, _roundtrip(config), check_keys)
         if diff:
             raise ValueError(f"{path} holds a run with other settings ({'; '.join(diff)}); "
