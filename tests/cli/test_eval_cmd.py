@@ -172,3 +172,14 @@ def test_reading_a_cache_never_touches_the_deprecated_name():
         past_key_values = "old cache"
 
     assert cache_of(Output()) is None and cache_of(Old()) == "old cache"
+
+
+def test_factors_messages_say_what_to_do(tiny_folder, tmp_path, factors):
+    res = _eval(tiny_folder, tmp_path / "a", "--factors", factors)
+    assert res.exit_code == 2 and "add --method lpes" in res.output
+    folder = tmp_path / "search"
+    folder.mkdir()
+    (folder / "best_factors.json").write_text(open(factors).read())
+    res = _eval(tiny_folder, tmp_path / "b", "--method", "lpes", "--factors", str(folder))
+    assert res.exit_code == 2 and f"give {folder / 'best_factors.json'}" in res.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

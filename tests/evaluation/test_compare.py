@@ -171,3 +171,15 @@ def test_a_large_log_prob_difference_keeps_its_interval():
     assert acc.startswith("-100 [-100, -")  # every answer lost: the interval still reaches towards 0
     mean, half = lp.split(" +- ")
     assert float(mean) == pytest.approx(-3.5, abs=1e-3) and float(half) > 0
+
+
+def test_default_methods_are_the_ones_a_user_can_read(tiny_folder, tmp_path, factors):
+    """Without --methods: the model and PI, plus LPES with --factors; Ms-PoE (0% at its published ratios on the
+    packaged models) and Attention Buckets (7 passes) only when named."""
+    base = ["compare", "--model", tiny_folder, "--task", "kv", "--num-keys", "4", "--n", "1", "--depths", "0"]
+    r = runner.invoke(app, [*base, "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "a").iterdir() if p.is_dir()) == ["none", "pi"]
+    r = runner.invoke(app, [*base, "--factors", factors, "--out", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "b").iterdir() if p.is_dir()) == ["lpes", "none", "pi"]

@@ -86,8 +86,10 @@ DEFAULT_MODEL = "smollm2-135m"  # the packaged model a command uses without --mo
 
 def ModelOption(default: str = DEFAULT_MODEL):
     """The ``--model`` option of every command that loads a model: a Hugging Face folder, a .gguf
-    file or a packaged alias (``posbias.models.loader``: smollm2-135m, qwen2.5-coder-0.5b, gemma-3-270m)."""
-    return typer.Option(default, help="HF folder, .gguf file or alias")
+    file, a Hub id or a packaged alias (``posbias.models.packaged``)."""
+    return typer.Option(default, help="the model: a Hugging Face model folder, a .gguf file, a Hub id (org/name; "
+                                      "--revision pins it) or an alias (smollm2-135m, qwen2.5-coder-0.5b, "
+                                      "qwen2.5-coder-1.5b, gemma-3-270m)")
 
 
 # How every command that loads a model places it (posbias.utils.devices; train and study take --device).

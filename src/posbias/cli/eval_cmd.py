@@ -66,6 +66,9 @@ def eval_command(
     load = load_options(device, dtype, revision)
     method_opts = parse_key_values(method_opt, "method-opt")
     if factors:
+        if config is None and method.split("@")[0].strip().lower() != "lpes":  # a --config may name lpes itself
+            raise ValueError(f"--factors is the factors file of --method lpes, and --method is {method}: add "
+                             "--method lpes (an apply folder given as --model carries its factors itself)")
         method_opts["factors"] = factors
     flags = dict(
         model=model, task=task, depths=parse_depths(depths), n=n, out=out, seed=seed, split=split,
@@ -84,7 +87,10 @@ def compare_command(
     ctx: typer.Context,
     model: str = ModelOption(),
     task: str = typer.Option("kv"),
-    methods: str = typer.Option("none,pi,ms-poe,attention-buckets,moice,lpes", help="comma-separated methods"),
+    methods: Optional[str] = typer.Option(None, help="comma-separated methods or variants (default: none,pi, plus lpes "
+                                                     "with --factors and moice with --routers; Ms-PoE and Attention "
+                                                     "Buckets on request: at their published settings Ms-PoE scores "
+                                                     "0% on the packaged models, Buckets costs 7 passes)"),
     factors: Optional[str] = typer.Option(None, help=FACTORS_HELP),
     pi_factor: float = typer.Option(1.1, help="global factor for pi"),
     routers: Optional[str] = typer.Option(None, help="router weights for moice (posbias train-moice)"),
@@ -109,7 +115,8 @@ def compare_command(
     from posbias.evaluation.compare import CompareConfig, compare_methods
 
     load = load_options(device, dtype, revision)
-    flags = dict(model=model, task=task, methods=parse_names(methods), depths=parse_depths(depths), n=n,
+    flags = dict(model=model, task=task, methods=parse_names(methods) if methods else default_methods(factors, routers),
+                 depths=parse_depths(depths), n=n,
                  out=out, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
                  task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))
     settings = settings_with_file(ctx, config, "compare", flags, field_names(CompareConfig))
@@ -121,6 +128,12 @@ def compare_command(
         settings=settings_file, recorded=settings.get("method_options"))
     compare_methods(CompareConfig(**settings), load=load)
     typer.echo((Path(settings["out"]).expanduser() / "comparison.md").read_text())
+
+
+def default_methods(factors: str | None, routers: str | None) -> list[str]:
+    """``compare``'s methods when ``--methods`` is not given: the model and PI, plus LPES and MoICE when their
+    files are given (the methods a user can read something from without tuning first)."""
+    return ["none", "pi", *(["lpes"] if factors else []), *(["moice"] if routers else [])]
 
 
 def register(app: typer.Typer) -> None:

@@ -367,6 +367,11 @@ def load_factors_file(path: str | Path, num_layers: int | None = None) -> dict:
     path = Path(path)
     if not path.exists():
         raise FactorsFileError(f"factors file not found: {path}")
+    if path.is_dir():
+        inside = [p.name for p in (path / "best_factors.json", path / SAVED_FACTORS_NAME) if p.is_file()]
+        hint = f" (it holds {inside[0]}: give {path / inside[0]})" if inside else ""
+        raise FactorsFileError(f"{path} is a folder, not a factors file{hint}; a factors file is the "
+                               "best_factors.json that posbias search writes")
     try:
         doc = read_json(path)
     except ValueError as e:
