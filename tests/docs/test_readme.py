@@ -79,3 +79,36 @@ def test_readme_snippet_runs_and_remove_restores_the_model(tiny_folder):
         with apply_layer_scaling(model, scaling[0].factors):
             assert not torch.equal(probe_logits(model), expected)
         assert torch.equal(probe_logits(model), expected)
+
+
+def test_the_readme_states_no_figure_that_drifts_with_every_change():
+    """Test counts and the commits a timing was taken on go stale with every change: they live in CHANGELOG.md."""
+    text = README.read_text()
+    assert not re.search(r"\b\d[\d,]* (passed|tests)\b", text), "a test count in README.md"
+    assert not re.search(r"fresh clone of [0-9a-f]{7}", text), "a commit-bound timing in README.md"
+
+
+def test_the_quickstart_runs_posbias_from_its_virtual_environment():
+    """`posbias: command not found` after `make demo`: the quickstart activates the venv before its first command."""
+    text = README.read_text()
+    quick = text[text.index("## Quickstart"):]
+    block = quick[quick.index("```bash"):quick.index("```", quick.index("```bash") + 3)]
+    lines = [line for line in re.sub(r"\\\n\s*", " ", block).splitlines()[1:] if line.strip()]
+    assert lines[0] == "source .venv/bin/activate"
+    assert all("# ~" in line or "# seconds" in line for line in lines[1:] if line.startswith("posbias "))
+
+
+def test_every_quickstart_command_takes_the_options_it_is_given():
+    from typer.testing import CliRunner
+
+    from posbias.cli.main import app
+
+    text = README.read_text()
+    quick = text[text.index("## Quickstart"):]
+    block = quick[quick.index("```bash") + 7:quick.index("```", quick.index("```bash") + 3)]
+    commands = re.sub(r"\\\n\s*", " ", block).splitlines()
+    for line in (c.split("#")[0].split() for c in commands if c.startswith("posbias ")):
+        sub = line[1]
+        known = CliRunner().invoke(app, [sub, "--help"], env={"COLUMNS": "300"}).output
+        for option in (w for w in line[2:] if w.startswith("--")):
+            assert option in known, f"posbias {sub} has no option {option}"

@@ -39,7 +39,7 @@ REFERENCE_BUDGET = {"sequences": 900, "max_tokens": 4608, "lr": 1e-4, "aux_coef"
 
 @dataclass(frozen=True)
 class RouterBudget:
-    """What router training may spend. Defaults: about 30 minutes for SmolLM2-135M on this 2-core CPU
+    """What router training may spend. Defaults: about 30 minutes for SmolLM2-135M on a 2-core CPU
     (measured: 11.7 s per 512-token step on 1 thread beside another job, README "Baselines"); the
     reference's is :data:`REFERENCE_BUDGET`."""
 
