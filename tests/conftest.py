@@ -18,6 +18,9 @@ torch.set_num_threads(1)
 # The busy-core warning of `posbias` (posbias.utils.threads) would depend on what else this machine runs;
 # tests/utils/test_threads.py checks it with the load given.
 os.environ["POSBIAS_NO_LOAD_HINT"] = "1"
+# --dtype auto is bfloat16 on a CPU with native bfloat16 (posbias.utils.devices): the tests compare against float32
+# references, so they keep auto at float32 on every machine; tests/utils/test_devices.py checks the rule itself.
+os.environ["POSBIAS_CPU_AUTO_DTYPE"] = "float32"
 
 TINY_VOCAB = 512
 ARCHS = ["llama", "qwen2", "qwen3", "mistral"]

@@ -97,7 +97,9 @@ Device = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N | mps
                                                "GPU, else the CPU; shard: the model's layers split over every "
                                                "visible GPU, for a model one GPU cannot hold)")
 Dtype = typer.Option("auto", "--dtype", help="weights and compute: auto | float32 | bfloat16 | float16 "
-                                             "(auto: bfloat16 on a GPU, float32 on the CPU)")
+                                             "(auto: bfloat16 on a GPU and on a CPU with native bfloat16, "
+                                             "else float32; POSBIAS_CPU_AUTO_DTYPE=float32 keeps float32 on the "
+                                             "CPU)")
 Revision = typer.Option(None, "--revision", help="branch, tag or commit of a Hugging Face Hub id given as --model")
 
 

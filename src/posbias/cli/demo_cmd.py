@@ -14,7 +14,6 @@ import typer
 from posbias.cli.common import (
     Count,
     Device,
-    Dtype,
     ModelOption,
     Revision,
     Seed,
@@ -40,7 +39,10 @@ def demo_command(
     preset: str = typer.Option("quick", help="--search: search preset: quick | standard | paper"),
     n: int = Count(10, help="map: contexts per length (questions per cell); --search: held-out instances per depth"),
     seed: int = Seed,
-    device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
+    device: str = Device,
+    dtype: str = typer.Option("float32", "--dtype", help="weights and compute (float32: the README's figures; auto, "
+                                                         "bfloat16 or float16 for speed)"),
+    revision: Optional[str] = Revision,
 ):
     """A small position-bias map of the default model (none beside pi), or with --search the LPES search demo."""
     load = load_options(device, dtype, revision)

@@ -170,7 +170,7 @@ def _check_folder(path: Path, kind: str, config: dict, check_keys: tuple[str, ..
         diff = settings_diff(old, _roundtrip(config), check_keys)
         if diff:
             raise ValueError(f"{path} holds a run with other settings ({'; '.join(diff)}); "
-                             "rerun with its settings to resume, or use another --out")
+                             f"rerun with its settings to resume, or use another --out{_auto_dtype_hint(old, config)}")
     return True
 
 
@@ -219,6 +219,16 @@ def remove_temporaries(folder: Path) -> int:
     for p in stale:
         p.unlink(missing_ok=True)
     return len(stale)
+
+
+def _auto_dtype_hint(old: dict, new: dict) -> str:
+    """What to say when ``--dtype auto`` resolves to another dtype than the folder's run did (``auto`` picks
+    bfloat16 on a CPU with native bfloat16 since this posbias; a folder begun in float32 resumes with
+    ``--dtype float32``)."""
+    was, now = old.get("dtype"), new.get("dtype")
+    if was == now or (new.get("load") or {}).get("dtype") != "auto" or not was:
+        return ""
+    return f" (--dtype auto gives {now} here; --dtype {was} resumes this folder)"
 
 
 def settings_diff(old: dict, new: dict, keys: Iterable[str]) -> list[str]:
