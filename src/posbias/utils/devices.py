@@ -2,7 +2,7 @@
 
 ``--device``: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` | ``mps`` | ``shard``; ``--dtype``: ``auto`` |
 ``float32`` | ``bfloat16`` | ``float16``. ``auto`` is the first CUDA device in bfloat16 when one is present,
-else the CPU: in bfloat16 when the CPU computes it natively (``avx512_bf16`` or ``amx_bf16``: ~2.5x faster
+else the CPU: in bfloat16 when the CPU computes it natively (``avx512_bf16`` or ``amx_bf16``: ~2x faster
 prefill there, and on a 4K-token test bed 149 of 150 verdicts equal float32's,
 docs/results/where-the-middle-is-lost), in float32 otherwise or with ``POSBIAS_CPU_AUTO_DTYPE=float32``
 (:func:`resolve_placement`); the run folder records which and why (``dtype_reason``). ``shard`` splits a
