@@ -178,3 +178,17 @@ def test_item_spans_cover_each_record(task, opts):
         assert all("\n" not in line for line in lines)
         assert x.answers[0] in lines[x.gold_index]
         assert sum(x.answers[0] in line for line in lines) == 1
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_closing_line_after_the_records(shared):
+    plain = make_instances("kv", n=1, depths=[1.0], num_keys=5, shared_context=shared)[0]
+    closed = make_instances("kv", n=1, depths=[1.0], num_keys=5, shared_context=shared,
+                            closing="That is the whole {list}.")[0]
+    last = plain.prompt[slice(*plain.meta["item_spans"][-1])]
+    assert closed.prompt == plain.prompt.replace(f"{last}\n\n", f"{last}\nThat is the whole {{list}}.\n\n")
+    assert closed.meta["item_spans"] == plain.meta["item_spans"] and closed.answers == plain.answers
+    if shared:
+        assert closed.prompt[:closed.meta["context_chars"]].endswith("That is the whole {list}.\n\n")
+    with pytest.raises(ValueError, match="one line"):
+        make_instances("kv", n=1, depths=[1.0], num_keys=5, closing="a\nb")

@@ -147,8 +147,11 @@ def _kv_instances(task: str, samples: list[dict[str, Any]], *, depths, split, se
 
 
 def make_kv(*, tokenizer=None, n, depths, seed, split, num_keys=30, value_digits=7, key_words=1,
-            shared_context=False) -> list[Instance]:
+            shared_context=False, closing="") -> list[Instance]:
     """Word keys -> ``value_digits``-digit numbers, one ``key: value`` per line.
+
+    ``closing``: a line put after the records, before the question (e.g. ``"That is the whole list."``): a
+    control for whether the last record's adjacency to the question matters.
 
     ``shared_context=True``: ``n`` record lists, each asked once per depth about the record that
     already sits there (nothing moves), so the questions of one list share its context and can be
@@ -176,28 +179,38 @@ def make_kv(*, tokenizer=None, n, depths, seed, split, num_keys=30, value_digits
         gold = int(rng.integers(num_keys))
         samples.append({"records": list(zip(keys, values)), "gold": gold, "key": keys[gold],
                         "value": values[gold], "meta": {}})
+    template = words_template(closing)
     if shared_context:
-        return _kv_shared_instances(samples, depths=depths, split=split, seed=seed)
-    return _kv_instances(task, samples, depths=depths, split=split, seed=seed,
-                         template=KV_WORDS_PROMPT, lines=word_record_lines)
+        return _kv_shared_instances(samples, depths=depths, split=split, seed=seed, template=template)
+    return _kv_instances(task, samples, depths=depths, split=split, seed=seed, template=template,
+                         lines=word_record_lines)
 
 
-def _kv_shared_instances(samples, *, depths, split, seed) -> list[Instance]:
+def words_template(closing: str = "") -> str:
+    """The word-KV prompt, with ``closing`` on its own line after the records when given."""
+    if not isinstance(closing, str) or "\n" in closing:
+        raise ValueError(f"closing must be one line of text, got {closing!r}")
+    if not closing:
+        return KV_WORDS_PROMPT
+    return KV_WORDS_PROMPT.replace("{records}", "{records}\n" + closing.replace("{", "{{").replace("}", "}}"))
+
+
+def _kv_shared_instances(samples, *, depths, split, seed, template: str = KV_WORDS_PROMPT) -> list[Instance]:
     """One context per sample (instruction + records), one question per depth after it.
 
     ``meta["context_id"]`` names the context and ``meta["context_chars"]`` is its length in the
     prompt: ``prompt[:context_chars]`` is identical for every question of that context.
     """
     task = "kv"
-    head, tail = KV_WORDS_PROMPT.split("{records}")
+    head, tail = template.split("{records}")
     out = []
     for depth in depths:
         for i, s in enumerate(samples):
             records = s["records"]
             idx = depth_to_index(depth, len(records))
             key, value = records[idx]
-            context = head + format_word_records(records) + tail.split("Key:")[0]
-            prompt, spans = render_items(KV_WORDS_PROMPT, "records", word_record_lines(records), key=key)
+            context = head + format_word_records(records) + tail.split("Key:")[0].format()
+            prompt, spans = render_items(template, "records", word_record_lines(records), key=key)
             assert prompt == context + "Key:" + tail.split("Key:")[1].format(key=key)
             out.append(Instance(
                 id=instance_id("kv-shared", split, seed, depth, i), task=task, prompt=prompt, answers=[value],

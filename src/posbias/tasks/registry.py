@@ -23,9 +23,11 @@ class TaskSpec:
 
 
 TASKS: dict[str, TaskSpec] = {
-    "kv": TaskSpec("kv", make_kv, {"num_keys": 30, "value_digits": 7, "key_words": 1, "shared_context": False},
+    "kv": TaskSpec("kv", make_kv, {"num_keys": 30, "value_digits": 7, "key_words": 1, "shared_context": False,
+                                   "closing": ""},
                    False, "substring", "word keys -> 7-digit numbers, one 'key: value' per line "
-                   "(key_words=2: compound keys; shared_context: one list asked at every depth)", records=True),
+                   "(key_words=2: compound keys; shared_context: one list asked at every depth; closing: a line after "
+                   "the records)", records=True),
     "kv-uuid": TaskSpec("kv-uuid", make_kv_uuid, {"num_keys": None, "path": None}, False, "substring",
                         "lost-in-the-middle JSON of UUIDs (generated, 75 keys by default, or from path)", records=True),
     "mdqa": TaskSpec("mdqa", make_mdqa, {"path": None, "num_docs": 10}, False, "best_subspan_em",
