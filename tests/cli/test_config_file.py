@@ -255,3 +255,47 @@ def test_positional_dims_config_round_trip(tmp_path):
     again = json.loads((out / "positional_dims.json").read_text())
     assert {**again, "seconds": 0} == {**dims, "seconds": 0}  # the same dimensions from the same settings
     one_line_error(cli("positional-dims", "--config", out / "config.json", "--samples", "3"), "other settings")
+
+
+def test_a_written_search_file_gives_the_preset_keys_as_the_flags_name_them(tmp_path):
+    """``generations = 2`` at the top of a settings file was dropped without a word (a run's config.json
+    records it beside its overrides); it is now an override, as --generations is."""
+    from conftest import save_tiny_folder
+
+    tiny = save_tiny_folder(tmp_path / "tiny", max_positions=4096)
+    (tmp_path / "s.toml").write_text(f'model = "{tiny}"\ntask = "kv"\ntask_options = {{num_keys = 4}}\n'
+                                     'curve = "linear"\nheldout_n = 0\npopulation = 3\ngenerations = 2\n'
+                                     'n_per_depth = 1\nbatch_size = 3\n[ga]\nmutation_rate = 0.5\n')
+    out = tmp_path / "s"
+    res = cli("search", "--config", tmp_path / "s.toml", "--generations", "1", "--out", out)
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((out / "config.json").read_text())["config"]
+    assert cfg["overrides"] == {"population": 3, "generations": 1, "n_per_depth": 1, "batch_size": 3,
+                                "mutation_rate": 0.5}  # the flag wins over the file
+    assert cfg["ga"]["population"] == 3 and cfg["ga"]["mutation_rate"] == 0.5
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"task_options": "x"}, "task_options must be a table of key: value pairs, got 'x'"),
+    ({"method_options": 3}, "method_options must be a table of key: value pairs, got 3"),
+    ({"chat": "yes"}, "chat must be true or false, got 'yes'"),
+    ({"depths": [0, "a"]}, "depths must be a number, got 'a'"),
+    ({"n": 2.5}, "n must be an integer, got 2.5"),
+])
+def test_a_settings_file_value_of_the_wrong_type_is_one_line(tmp_path, settings, message):
+    (tmp_path / "c.json").write_text(json.dumps({"model": "smollm2-135m", "out": str(tmp_path / "x"), **settings}))
+    one_line_error(cli("eval", "--config", tmp_path / "c.json"), message)
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_partial_config_json_is_not_a_run_that_resumes(tmp_path):
+    """A run folder whose config.json says only ``{"seed": 0}`` would match any eval and mix its results."""
+    from conftest import save_tiny_folder
+
+    tiny = save_tiny_folder(tmp_path / "tiny", max_positions=4096)
+    out = tmp_path / "ev"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"kind": "eval", "config": {"seed": 0}}))
+    (out / "results.jsonl").write_text("")
+    res = cli("eval", "--model", tiny, "--task", "kv", "--num-keys", "4", "--n", "1", "--depths", "0", "--out", out)
+    one_line_error(res, "records too few of the eval run's settings")

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping
 import typer
 
 from posbias.utils.io import read_text
-from posbias.utils.options import refuse_unknown
+from posbias.utils.options import check_shape, refuse_unknown
 
 CONFIG_HELP = ("settings file (JSON, TOML or YAML; a run folder's config.json too): its values apply where no "
                "flag is given, flags override them")
@@ -40,6 +40,22 @@ def read_settings_file(path: str | Path, kind: str | None) -> dict[str, Any]:
     """The settings in ``path`` (by suffix: ``.toml``, ``.yaml`` / ``.yml``, else JSON); a run
     folder's ``config.json`` gives its ``config`` after checking that it is a ``kind`` run (any kind
     for None)."""
+    doc = read_settings_doc(path)
+    if is_run_config(doc):
+        if kind is not None and doc["kind"] != kind:
+            raise ValueError(f"--config {path} is the config of a {doc['kind']} run; posbias {kind} needs "
+                             f"the settings of a {kind} run")
+        doc = doc["config"]
+    return doc
+
+
+def is_run_config(doc: dict) -> bool:
+    """Whether a settings document is a run folder's ``config.json`` (its settings under ``config``)."""
+    return isinstance(doc.get("config"), dict) and isinstance(doc.get("kind"), str)
+
+
+def read_settings_doc(path: str | Path) -> dict[str, Any]:
+    """The parsed settings file as it is (a run folder's ``config.json`` not unwrapped)."""
     path = Path(path).expanduser()
     text = read_text(path)
     suffix = path.suffix.lower()
@@ -54,11 +70,6 @@ def read_settings_file(path: str | Path, kind: str | None) -> dict[str, Any]:
         raise ValueError(f"--config {path}: not valid {_format(suffix)} ({e})") from None
     if not isinstance(doc, dict):
         raise ValueError(f"--config {path}: expected settings as key: value pairs, got {type(doc).__name__}")
-    if isinstance(doc.get("config"), dict) and isinstance(doc.get("kind"), str):  # a run folder's config.json
-        if kind is not None and doc["kind"] != kind:
-            raise ValueError(f"--config {path} is the config of a {doc['kind']} run; posbias {kind} needs "
-                             f"the settings of a {kind} run")
-        doc = doc["config"]
     return doc
 
 
@@ -69,8 +80,10 @@ def settings_with_file(ctx: typer.Context | None, path: str | Path | None, kind:
     user gave no flag: the parameters of the command ``ctx`` given on the command line (``fields_of`` names the
     field a parameter sets when their names differ) keep their values; dict-valued settings are merged
     key by key (given keys win). ``ignore``: keys a run folder records beside the settings (derived
-    ones); any other key not in ``known`` is refused. Without ``path``: ``flags`` unchanged; without
-    ``ctx`` (a Python call) every setting in ``flags`` counts as given."""
+    ones); any other key not in ``known`` is refused, and where ``known`` maps names to types
+    (:func:`~posbias.utils.options.field_types`) a value of another type is refused in one line naming the file
+    and the key. Without ``path``: ``flags`` unchanged; without ``ctx`` (a Python call) every setting in
+    ``flags`` counts as given."""
     settings = dict(flags)
     if not path:
         return settings
@@ -80,6 +93,8 @@ def settings_with_file(ctx: typer.Context | None, path: str | Path | None, kind:
         refuse_unknown(values, known, f"{kind} setting")
     except ValueError as e:
         raise ValueError(f"--config {path}: {e}") from None
+    if isinstance(known, Mapping):
+        values = {k: check_shape(v, known[k], f"--config {path}: {k}") for k, v in values.items()}
     names = given_parameters(ctx)
     given = set(settings) if names is None else {(fields_of or {}).get(name, name) for name in names}
     for key, value in values.items():

@@ -31,7 +31,7 @@ from posbias.cli.common import (
     task_options,
 )
 from posbias.cli.config_file import ConfigFileOption, given_parameters, require, settings_with_file
-from posbias.utils.options import field_names, parse_depths, parse_names
+from posbias.utils.options import field_types, parse_depths, parse_names
 
 
 def eval_command(
@@ -76,7 +76,7 @@ def eval_command(
         method_options=method_opts, attention=attention,
         task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
     )
-    settings = settings_with_file(ctx, config, "eval", flags, field_names(EvalConfig))
+    settings = settings_with_file(ctx, config, "eval", flags, field_types(EvalConfig))
     require(settings, "out", "--out")
     summary = run_eval(EvalConfig(**settings), load=load)
     typer.echo((Path(settings["out"]).expanduser() / "summary.md").read_text())
@@ -119,7 +119,7 @@ def compare_command(
                  depths=parse_depths(depths), n=n,
                  out=out, seed=seed, mode=mode, batch_size=batch_size, chat=chat,
                  task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt))
-    settings = settings_with_file(ctx, config, "compare", flags, field_names(CompareConfig))
+    settings = settings_with_file(ctx, config, "compare", flags, field_types(CompareConfig))
     require(settings, "out", "--out")
     settings["methods"] = ready_methods(settings["methods"], routers)
     pi_factor_given = config is None or "pi_factor" in (given_parameters(ctx) or ())

@@ -29,7 +29,7 @@ from posbias.cli.common import (
     task_options,
 )
 from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
-from posbias.utils.options import field_names
+from posbias.utils.options import field_types
 
 
 def search_command(
@@ -97,8 +97,11 @@ def search_command(
                  grid=parse_numbers(grid, "grid") if grid else None, round_to_grid=round_to_grid,
                  overrides=overrides, prune=prune, backend=backend, ray_address=ray_address, objective=objective,
                  shared_context=shared_context, heldout_n=heldout_n, target=target)
+    # a written settings file may give the preset's keys as the flags name them: they are overrides
+    flags["overrides"] = {**file_overrides(config), **overrides}
     # the GA overrides and task options are dicts: merged key by key with the file's
-    flags = settings_with_file(ctx, config, "search", flags, field_names(SearchConfig), ignore=DERIVED_KEYS)
+    flags = settings_with_file(ctx, config, "search", flags, field_types(SearchConfig),
+                               ignore=(*DERIVED_KEYS, *PRESET_KEYS))
     require(flags, "out", "--out")
     cfg = SearchConfig(**flags)
     check_search_model(cfg)
@@ -128,6 +131,22 @@ def search_command(
         before_after(cfg, res.factors_path, heldout, load=load)
         console.print((heldout / "comparison.md").read_text())
     return res
+
+
+PRESET_KEYS = ("population", "generations", "n_per_depth", "batch_size")
+
+
+def file_overrides(path: str | None) -> dict:
+    """The preset settings a written search settings file gives at its top level (``generations = 8``, as the
+    flags name them) or in a ``ga`` table, as overrides; none from a run folder's config.json, which records
+    them beside its own overrides (derived from those, and read back from there)."""
+    from posbias.cli.config_file import is_run_config, read_settings_doc
+
+    doc = read_settings_doc(path) if path else {}
+    if is_run_config(doc):
+        return {}
+    ga = doc.get("ga") if isinstance(doc.get("ga"), dict) else {}
+    return {**ga, **{k: doc[k] for k in PRESET_KEYS if k in doc}}
 
 
 def generation_line(m: dict) -> str:

@@ -22,7 +22,7 @@ from posbias.cli.common import (
     method_options_from_flags,
 )
 from posbias.cli.config_file import ConfigFileOption, given_parameters, require, settings_with_file
-from posbias.utils.options import field_names, parse_depths, parse_key_values, parse_names
+from posbias.utils.options import field_types, parse_depths, parse_key_values, parse_names
 
 DEPTHS_TEXT = ",".join(f"{i / 10:g}" for i in range(11))
 
@@ -72,7 +72,7 @@ def map_command(
     flags = dict(model=model, out=out, task=task, lengths=parse_names(lengths), depths=parse_depths(depths),
                  methods=parse_names(methods), n=n, seed=seed, repeats=repeats, mode=mode, threshold=threshold,
                  task_options=task_opts, batch_size=batch_size, bootstrap=bootstrap, attention=attention)
-    values = settings_with_file(ctx, config, "map", flags, field_names(MapConfig), fields_of={"data": "task"})
+    values = settings_with_file(ctx, config, "map", flags, field_types(MapConfig), fields_of={"data": "task"})
     require(values, "out", "--out")
     pi_factor_given = config is None or "pi_factor" in (given_parameters(ctx) or ())
     values["method_options"] = method_options_from_flags(  # the flags given over the file's options

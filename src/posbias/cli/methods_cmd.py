@@ -28,7 +28,7 @@ from posbias.cli.common import (
     task_options,
 )
 from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
-from posbias.utils.options import field_names, parse_names
+from posbias.utils.options import field_types, parse_names
 
 # The settings of a train-moice run, as its config.json records them (and --config reads them).
 TRAIN_MOICE_SETTINGS = ("model", "corpus", "steps", "seq_len", "lr", "aux_coef", "top_k", "multipliers", "hidden",
@@ -145,7 +145,7 @@ def tune_command(
                  batch_size=batch_size, base_options=base, objective=objective,
                  task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
                  workers=workers)
-    settings = settings_with_file(ctx, config, "tune", flags, field_names(TuneConfig))
+    settings = settings_with_file(ctx, config, "tune", flags, field_types(TuneConfig))
     out = Path(require(settings, "out", "--out")).expanduser()
     best = tune_methods(TuneConfig(**settings), log=typer.echo, load=load)
     typer.echo((out / "tune.md").read_text())

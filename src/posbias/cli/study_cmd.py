@@ -17,7 +17,7 @@ from posbias.cli.common import (
     parse_numbers,
 )
 from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
-from posbias.utils.options import field_names, field_types, parse_depths, parse_names, parse_typed_options
+from posbias.utils.options import field_types, parse_depths, parse_names, parse_typed_options
 
 STUDY_DERIVED = ("ppl_eval_tokens", "resume")  # recorded beside a study's settings, not read back
 
@@ -112,7 +112,7 @@ def study_command(
     )
     from posbias.utils.run_folder import out_path
 
-    flags = settings_with_file(ctx, config, "study", flags, field_names(StudyConfig), ignore=STUDY_DERIVED,
+    flags = settings_with_file(ctx, config, "study", flags, field_types(StudyConfig), ignore=STUDY_DERIVED,
                                fields_of={"train_opt": "train_options", "model_opt": "model_options",
                                           "niah_opt": "niah_options"})
     require(flags, "out", "--out")

@@ -10,7 +10,7 @@ import typer
 
 from posbias.cli.common import Count, Device, Seed, check_training_run, friendly_errors
 from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
-from posbias.utils.options import field_names, field_types, parse_typed_options
+from posbias.utils.options import field_types, parse_typed_options
 
 
 def train_command(
@@ -90,7 +90,7 @@ def train_command(
         probe_n=probe_n, probe_tasks=probe_tasks, probe_target=probe_target, probe_patience=probe_patience,
         final_step=final_step, log_every=log_every,
         precision=precision, device=device)
-    settings = settings_with_file(ctx, config, "train", flags, field_names(TrainConfig), ignore=("resume",),
+    settings = settings_with_file(ctx, config, "train", flags, field_types(TrainConfig), ignore=("resume",),
                                   fields_of={"warmup": "warmup_steps", "model_opt": "model_overrides"})
     require(settings, "out", "--out")
     cfg = TrainConfig(**settings)

@@ -113,6 +113,44 @@ def convert_value(text: str, tp: Any, name: str) -> Any:
     return parse_value(text)
 
 
+def check_shape(value: Any, tp: Any, name: str) -> Any:
+    """A value read from a settings file (JSON, TOML or YAML: already typed) checked against its field's type
+    ``tp`` (bool, int, float, str, ``X | None``, ``list[X]``, ``tuple[X, ...]``, ``dict``; anything else as
+    it is); returns it (a float field's integer as a float); a one-line ``ValueError`` naming ``name``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is None or tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        first = None
+        for kind in (a for a in args if a is not type(None)):
+            try:
+                return check_shape(value, kind, name)
+            except ValueError as e:
+                first = first or e
+        raise first or ValueError(f"{name} has the wrong type ({value!r})")
+    checks = {bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str),
+              int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+              float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if tp in checks:
+        if not checks[tp](value):
+            raise ValueError(f"{name} must be {_KIND_NAMES[tp]}, got {value!r}")
+        return float(value) if tp is float else value
+    if origin in (list, tuple) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{name} must be a list, got {value!r}")
+        item = args[0] if args and (len(args) == 1 or args[-1] is Ellipsis) else None
+        return type(value)(check_shape(v, item, name) for v in value) if item is not None else value
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{name} must be a table of key: value pairs, got {value!r}")
+    return value
+
+
+_KIND_NAMES = {bool: "true or false", str: "text", int: "an integer", float: "a number"}
+
+
 def _convert_sequence(text: str, kind: type, args: tuple, name: str) -> list | tuple:
     """A comma-separated list (``list[X]``, ``tuple[X, ...]``) or fixed tuple (``tuple[X, Y]``)."""
     items = [x.strip() for x in text.split(",") if x.strip()]
