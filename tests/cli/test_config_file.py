@@ -299,3 +299,31 @@ def test_a_partial_config_json_is_not_a_run_that_resumes(tmp_path):
     (out / "results.jsonl").write_text("")
     res = cli("eval", "--model", tiny, "--task", "kv", "--num-keys", "4", "--n", "1", "--depths", "0", "--out", out)
     one_line_error(res, "records too few of the eval run's settings")
+
+
+@pytest.mark.parametrize("make", ["fifo", "dev_zero", "alias_bomb", "huge"])
+def test_settings_files_that_never_end_are_one_line(tmp_path, make):
+    """A FIFO blocked, /dev/zero filled memory, a YAML alias bomb expanded without end: each is refused."""
+    import os
+
+    if make == "fifo":
+        path = tmp_path / "s.json"
+        os.mkfifo(path)
+    elif make == "dev_zero":
+        path = "/dev/zero"
+    elif make == "alias_bomb":
+        pytest.importorskip("yaml")
+        lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+        lines += [f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 9) + "]" for i in range(8)]
+        path = tmp_path / "s.yaml"
+        path.write_text("\n".join(lines) + "\n")
+    else:  # a file larger than the limit (here 1 KiB instead of 256 MiB)
+        from posbias.utils.io import read_text
+
+        path = tmp_path / "s.json"
+        path.write_text('{"steps": 1, "pad": "' + "x" * 2048 + '"}')
+        with pytest.raises(ValueError, match="larger than the 1,024 bytes"):
+            read_text(path, max_bytes=1024)
+        return
+    res = cli("train", "--config", path, "--out", tmp_path / "x")
+    one_line_error(res, "--config" if make == "alias_bomb" else "not a regular file")

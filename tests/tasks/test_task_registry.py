@@ -78,3 +78,23 @@ def test_prompt_tokens(tiny_tokenizer):
     text = "The grass is green."
     assert prompt_tokens(tiny_tokenizer, text) == len(tiny_tokenizer(text, add_special_tokens=False)["input_ids"])
     assert prompt_tokens(tiny_tokenizer, text + " " + text) > prompt_tokens(tiny_tokenizer, text)
+
+
+@pytest.mark.parametrize("task, options, message", [
+    ("kv", {"n": 10 ** 11}, "n must be <= 100000"),
+    ("kv", {"n": 10 ** 400}, "n must be <= 100000, got a number of 401 digits"),
+    ("kv-uuid", {"n": 1, "num_keys": 10 ** 8}, "num_keys must be <= 100000"),
+    ("passkey", {"n": 1, "length": 10 ** 11}, "length must be <= 16777216"),
+    ("niah", {"n": 1, "num_needles": 10 ** 8}, "num_needles must be <= 100000"),
+])
+def test_counts_beyond_any_use_are_refused_before_any_work(task, options, message):
+    """--n 100000000000 or --num-keys 100000000 spun and filled memory; they are one line now, at once."""
+    import time
+
+    from conftest import make_tiny_tokenizer
+
+    start = time.perf_counter()
+    n = options.pop("n")
+    with pytest.raises(ValueError, match=message):
+        make_instances(task, tokenizer=make_tiny_tokenizer(), n=n, depths=[0.0], **options)
+    assert time.perf_counter() - start < 5

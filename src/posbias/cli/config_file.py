@@ -139,8 +139,17 @@ def _load_yaml(text: str, path: Path) -> Any:
     except ImportError:
         raise ValueError(f"--config {path}: reading YAML needs PyYAML (pip install pyyaml); "
                          "or give the settings as JSON or TOML") from None
+    class NoAliases(yaml.SafeLoader):
+        """YAML without aliases: settings never need them, and an alias bomb (aliases of aliases) expands
+        without end once the settings are walked."""
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.YAMLError("aliases (*name) are not read in a settings file")
+            return super().compose_node(parent, index)
+
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=NoAliases)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         raise ValueError(f"--config {path}: not valid YAML ({' '.join(str(e).split())})") from None
 

@@ -81,6 +81,11 @@ def render_items(template: str, placeholder: str, items: list[str], sep: str = "
 # Helpers shared by the generators (seeds, ids, option checks).
 
 SPLITS = ("search", "eval")
+# Bounds on counts a user gives: beyond them a request would only spin and fill memory (1e11 instances).
+MAX_PER_DEPTH = 100_000  # instances per depth
+MAX_ITEMS = 100_000  # keys, needles
+MAX_DOCUMENTS = 10_000
+MAX_LENGTH = 1 << 24  # prompt tokens
 _SPLIT_CODE = {"search": 1, "eval": 2}
 
 

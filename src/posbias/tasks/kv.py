@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from posbias.tasks.base import (
+    MAX_ITEMS,
     Instance,
     check_file,
     check_int,
@@ -162,7 +163,7 @@ def make_kv(*, tokenizer=None, n, depths, seed, split, num_keys=30, value_digits
     lost-in-the-middle U: Gemma 3 270M reads only the beginning of single-word keys.
     """
     task = "kv"
-    num_keys = check_int("num_keys", num_keys)
+    num_keys = check_int("num_keys", num_keys, maximum=MAX_ITEMS)
     value_digits = check_int("value_digits", value_digits, maximum=18)
     key_words = check_int("key_words", key_words, maximum=8)
     if num_keys * key_words > len(WORDS):
@@ -282,7 +283,7 @@ def make_kv_uuid(*, tokenizer=None, n, depths, seed, split, num_keys=None, path=
     """
     task = "kv-uuid"
     if num_keys is not None:
-        num_keys = check_int("num_keys", num_keys)
+        num_keys = check_int("num_keys", num_keys, maximum=MAX_ITEMS)
     samples = []
     if path is None:
         num_keys = 75 if num_keys is None else num_keys

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from posbias.tasks.base import (
+    MAX_DOCUMENTS,
     Instance,
     check_depth,
     check_file,
@@ -122,7 +123,7 @@ def make_mdqa(*, tokenizer=None, n, depths, seed, split, path=None, num_docs=10)
         raise ValueError("task 'mdqa' needs the option path=... (an nq-open-*.jsonl.gz file, e.g. "
                          "nq-open-oracle.jsonl.gz from the lost-in-the-middle data, or hotpotqa for HotpotQA's "
                          "hard distractors)")
-    num_docs = check_int("num_docs", num_docs)
+    num_docs = check_int("num_docs", num_docs, maximum=MAX_DOCUMENTS)
     if is_hotpotqa(path):
         samples = hotpot_samples(path, n=n, seed=seed, split=split, num_docs=num_docs)
     else:

@@ -24,7 +24,7 @@ string match, which finds the value either way, and some models (Gemma 3) answer
 """
 from __future__ import annotations
 
-from posbias.tasks.base import Instance, check_int, derive_rng, instance_id, realised_depth
+from posbias.tasks.base import MAX_ITEMS, MAX_LENGTH, Instance, check_int, derive_rng, instance_id, realised_depth
 from posbias.tasks.chat import apply_chat, prompt_tokens
 from posbias.tasks.fitting import fit_units
 from posbias.tasks.haystack import NOISE, haystack_units
@@ -145,8 +145,9 @@ def _check_options(haystack: str, num_needles, num_values, num_queries, length, 
     """``(K, V, Q, length)`` checked: needles, values per needle, queried keys, prompt tokens."""
     if haystack != "needle":
         haystack_units(haystack)  # one line naming a bad haystack, or missing essays / corpus, before any fitting
-    return (check_int("num_needles", num_needles, minimum=min_needles), check_int("num_values", num_values),
-            check_int("num_queries", num_queries), check_int("length", length))
+    return (check_int("num_needles", num_needles, minimum=min_needles, maximum=MAX_ITEMS),
+            check_int("num_values", num_values, maximum=MAX_ITEMS),
+            check_int("num_queries", num_queries, maximum=MAX_ITEMS), check_int("length", length, maximum=MAX_LENGTH))
 
 
 def _niah_sample(tokenizer, rng, K: int, V: int, Q: int, haystack: str, length: int, depths) -> dict:

@@ -16,7 +16,7 @@ depth 0 (``sampling='beginning'``), ``n = 10``, with ``given_digits`` 0 or 1 (do
 """
 from __future__ import annotations
 
-from posbias.tasks.base import Instance, check_int, depth_to_index, derive_rng, instance_id, realised_depth
+from posbias.tasks.base import MAX_LENGTH, Instance, check_int, depth_to_index, derive_rng, instance_id, realised_depth
 from posbias.tasks.chat import apply_chat, prompt_tokens
 from posbias.tasks.fitting import fit_units
 from posbias.tasks.haystack import haystack_units
@@ -84,8 +84,8 @@ def make_passkey(*, tokenizer=None, n, depths, seed, split, length=1024, digits=
     ``given_digits`` (keys of ``digits + given_digits`` digits, the first ones given, the last ``digits``
     scored): see the module docstring."""
     task = "passkey"
-    length = check_int("length", length)
-    digits = check_int("digits", digits)
+    length = check_int("length", length, maximum=MAX_LENGTH)
+    digits = check_int("digits", digits, maximum=18)
     given_digits = check_int("given_digits", given_digits, minimum=0, maximum=18 - digits)
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown passkey protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from posbias.tasks.base import Instance, check_depth, check_int, check_split
+from posbias.tasks.base import MAX_PER_DEPTH, Instance, check_depth, check_int, check_split
 from posbias.tasks.kv import make_kv, make_kv_uuid
 from posbias.tasks.mdqa import make_mdqa
 from posbias.tasks.niah import make_niah
@@ -59,7 +59,7 @@ def check_request(name: str, *, n: int, depths: list[float], seed: int = 0, spli
     for key, value in options.items():
         if isinstance(spec.options[key], bool) and not isinstance(value, bool):
             raise ValueError(f"task option {key} must be true or false, got {value!r}")
-    check_int("n", n)
+    check_int("n", n, maximum=MAX_PER_DEPTH)
     check_int("seed", seed, minimum=0)
     check_split(split)
     if isinstance(depths, (int, float)) or isinstance(depths, str):

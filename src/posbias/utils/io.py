@@ -179,10 +179,19 @@ def versions() -> dict[str, str]:
     return out
 
 
-def read_text(path: str | Path) -> str:
-    """A UTF-8 text file; a file that is not UTF-8 is a ``ValueError`` naming it."""
+MAX_TEXT_BYTES = 256 << 20  # a settings, factors, adapter or data file read whole: at most this many bytes
+
+
+def read_text(path: str | Path, max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """A UTF-8 text file read whole; a ``ValueError`` naming it when it is not UTF-8, not a regular file (a
+    FIFO would block, ``/dev/zero`` never ends) or larger than ``max_bytes``."""
     path = Path(path)
-    data = path.read_bytes()
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path}: not a regular file (a folder, a pipe or a device); give a file")
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path}: larger than the {max_bytes:,} bytes posbias reads of such a file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

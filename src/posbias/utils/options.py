@@ -175,10 +175,16 @@ def parse_value(text: str) -> Any:
             return text
     for cast in (int, float):
         try:
-            return cast(text)
+            value = cast(text)
         except ValueError:
-            pass
+            continue
+        if isinstance(value, int) and abs(value) > MAX_INT_OPTION:
+            raise ValueError(f"{text[:12]}... ({len(text)} digits) is too large for an option value")
+        return value
     return text
+
+
+MAX_INT_OPTION = 2 ** 63  # an integer option beyond this cannot be a count, a seed or a float factor
 
 
 def parse_names(text: str | None) -> list[str]:
@@ -230,7 +236,8 @@ def check_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = 
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+        shown = str(value) if value < 10 ** 20 else f"a number of {len(str(value))} digits"
+        raise ValueError(f"{name} must be <= {maximum}, got {shown}")
     return value
 
 

@@ -164,9 +164,9 @@ def _check_folder(path: Path, kind: str, config: dict, check_keys: tuple[str, ..
             old = upgrade(old)
         missing = [k for k in check_keys if k not in old]
         if check_keys and len(missing) > len(check_keys) / 2:  # e.g. {"seed": 0}: it would match any run
-            raise ValueError(f"{path / CONFIG} records too few of the {kind} run's settings (no {', '.join(missing[:4])}"
-                             f"{', ...' if len(missing) > 4 else ''}): not a folder posbias can resume; use another "
-                             "--out")
+            raise ValueError(f"{path / CONFIG} records too few of the {kind} run's settings (no "
+                             f"{', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}): not a folder posbias "
+                             "can resume; use another --out")
         changed = [k for k in CONTENT_KEYS if k in old and k in config and old[k] != config[k]]
         if changed:
             raise ValueError(f"{path} holds a run of {old.get('model', 'a model')} whose content has changed since "
