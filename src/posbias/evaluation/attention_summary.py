@@ -12,6 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
+from matplotlib.ticker import NullFormatter
+
 from posbias.evaluation.stats import wilson_interval
 from posbias.utils.figures import pyplot, save_figure
 
@@ -97,6 +99,10 @@ def plot_attention(rows: list[dict], layers: dict, path: str | Path, title: str 
     rank.plot(x, [r["median_rank"] for r in rows], marker="o", color="tab:green")
     rank.fill_between(x, [r["rank_q1"] for r in rows], [r["rank_q3"] for r in rows], alpha=0.15, color="tab:green")
     rank.set_yscale("log")
+    top = max([r["rank_q3"] for r in rows] + [2])
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top * 1.5]
+    rank.set_yticks(ticks, [str(t) for t in ticks])
+    rank.yaxis.set_minor_formatter(NullFormatter())
     rank.invert_yaxis()
     rank.set_ylabel("gold record's attention rank (1 = most attended)")
     for ax in (acc, rank):
