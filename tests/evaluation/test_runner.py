@@ -98,3 +98,35 @@ def test_a_shared_context_is_prefilled_once_and_scores_as_its_own_prompts(tmp_pa
     for inst, want in zip(insts, score_teacher_forced(model, tok, insts, batch_size=1)):
         assert got[inst.id]["tf_em"] == want["em"]
         assert got[inst.id]["tf_logprob"] == pytest.approx(want["logprob"], abs=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_both_modes_come_from_one_prefill_per_prompt(tmp_path, monkeypatch, arch):
+    """--mode both prefills each prompt once (teacher forcing through the cache, then greedy decoding from it),
+    with the records of the two separate passes; the attention diagnostic is taken from that prefill."""
+    from conftest import make_variant_model
+
+    from posbias.evaluation import generation, scoring
+    from posbias.evaluation.attention_probe import AttentionProbe
+    from posbias.evaluation.generation import greedy_generate
+    from posbias.evaluation.teacher_forced import score_teacher_forced
+
+    model, tok = make_variant_model(arch), make_tiny_tokenizer()
+    insts = _kv(2, [0.0, 1.0])
+    prefills = []
+    real = scoring.prefill
+    for module in (scoring, generation):
+        monkeypatch.setattr(module, "prefill", lambda *a, **k: prefills.append(1) or real(*a, **k))
+    evaluate(model, tok, insts, tmp_path / "a", mode="both", batch_size=2, max_new_tokens=4, progress=False,
+             attention=True)
+    assert len(prefills) == len(insts)  # (an unmatched target's other forms would add one each)
+    monkeypatch.undo()
+    got = {r["id"]: r for r in read_jsonl(tmp_path / "a" / "results.jsonl")}
+    tf = score_teacher_forced(model, tok, insts, batch_size=1)
+    gen = greedy_generate(model, tok, insts, max_new_tokens=4, batch_size=1)
+    for inst, t, g in zip(insts, tf, gen):
+        r = got[inst.id]
+        assert r["tf_em"] == t["em"] and r["tf_logprob"] == pytest.approx(t["logprob"], abs=1e-4)
+        assert r["prediction"] == g and "attn_gold_rank" in r
+    with AttentionProbe(model):  # the probe is gone after the run
+        pass

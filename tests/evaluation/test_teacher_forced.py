@@ -98,7 +98,7 @@ def test_an_accepted_form_counts_where_the_target_fails(tiny_tokenizer, monkeypa
     model's own continuation counts as exact match (named in em_form), a wrong form does not, the
     log-prob stays the first target's, and a matched first target scores no alternative."""
     import posbias.evaluation.teacher_forced as tf
-    from posbias.evaluation.long_context import score_shared_prefill
+    from posbias.evaluation.generation import score_shared_prefill
 
     model = make_tiny_model("llama", seed=3)
     base = [_inst(i, p, "zzz") for i, p in enumerate(PROMPTS[:3])]

@@ -221,7 +221,7 @@ def test_shared_prefill_equals_two_pass_scorers(which, tiny_tokenizer):
     """One prefill for both modes gives the lead scorers' results (teacher-forced em / logprob,
     greedy text)."""
     from posbias.evaluation.generation import greedy_generate
-    from posbias.evaluation.long_context import score_shared_prefill
+    from posbias.evaluation.generation import score_shared_prefill
     from posbias.evaluation.teacher_forced import score_teacher_forced
     from posbias.tasks import make_instances
 
@@ -240,7 +240,7 @@ def test_shared_prefill_equals_two_pass_scorers(which, tiny_tokenizer):
 def test_shared_prefill_em_for_a_model_that_knows_the_answer(tiny_tokenizer):
     """A model that copies the gold digits scores tf_em = True and generates the key."""
     from posbias.evaluation.batching import encode
-    from posbias.evaluation.long_context import score_shared_prefill
+    from posbias.evaluation.generation import score_shared_prefill
     from posbias.tasks import make_instances
 
     inst = make_instances("passkey", tokenizer=tiny_tokenizer, n=1, depths=[0.5], seed=0, length=200)[0]

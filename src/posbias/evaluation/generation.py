@@ -6,9 +6,11 @@ from typing import Sequence
 
 import torch
 
-from posbias.architecture.layers import cache_of
+from posbias.architecture.layers import cache_of, model_device
+from posbias.evaluation.attention_probe import capturing
 from posbias.evaluation.batching import encode, eos_ids_of, length_sorted_batches, model_max_positions, pad_id_of
-from posbias.evaluation.scoring import prefill
+from posbias.evaluation.scoring import Continuation, prefill, repeat_cache, score_continuations
+from posbias.evaluation.teacher_forced import accept_alternatives, teacher_forced_fields
 from posbias.tasks.base import Instance
 from posbias.utils.progress import progress_bar
 
@@ -95,6 +97,37 @@ def greedy_generate(model, tokenizer, instances: Sequence[Instance], *, max_new_
         bar.update(len(batch))
     bar.close()
     return [texts[inst.id] for inst in instances]
+
+
+def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: int) -> dict | None:
+    """Teacher-forced score *and* greedy completion of one instance from a single prompt prefill.
+
+    At long lengths the prefill is nearly all the cost, so this halves the grid's run time
+    against ``score_teacher_forced`` + ``greedy_generate`` (two prefills). The prompt is
+    prefilled once with a KV cache (``logits_to_keep=1``); the gold answer tokens are then fed
+    through a copy of that cache (teacher forcing: the argmax at every answer position must equal the gold
+    token, as in :func:`posbias.evaluation.teacher_forced.score_batch`), and greedy decoding continues
+    from the prefill's own cache and logits (stopping at EOS, as :func:`greedy_batch`; a copy rather than
+    cropping the cache back: a sliding-window layer cannot be cropped once its window is full). Same
+    tokenisation (``encode``) as the lead scorers; an unmatched target is retried on the task's other accepted forms
+    (:func:`~posbias.evaluation.teacher_forced.accept_alternatives`, one more prefill each).
+    Returns ``None`` for a cache that cannot be copied layer by layer (the caller then falls back to the
+    two-pass scorers).
+    """
+
+    enc = encode(tokenizer, inst, chat, model_max_positions(model))
+    P, A = list(enc.prompt_ids), list(enc.answer_ids)
+    pad_id = pad_id_of(tokenizer)
+    with capturing(model, [inst.id], [len(P) - 1], [0], [len(P)], len(P), model_device(model)):
+        last, cache, mask, next_pos = prefill(model, [P], pad_id)  # its last position: the diagnostic's row
+    if cache is None or not hasattr(cache, "layers"):
+        return None
+    answer = Continuation(inst.id, A, len(A), len(P))  # teacher-forced through a copy of the prompt's cache
+    tf = score_continuations(model, repeat_cache(cache, 1), mask, next_pos, last, [answer], pad_id)[0]
+    generated = greedy_continue(model, cache, mask, next_pos, last, eos_ids_of(tokenizer), max_new_tokens)[0]
+    tf = accept_alternatives(model, tokenizer, [inst], [tf], batch_size=1, chat=chat)[0]
+    return {**teacher_forced_fields({**tf, "n_tokens": len(A), "prompt_tokens": len(P)}),
+            "prediction": tokenizer.decode(generated, skip_special_tokens=True)}
 
 
 def greedy_token_ids(model, tokenizer, instances: Sequence[Instance], *, max_new_tokens: int,

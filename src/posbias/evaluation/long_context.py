@@ -34,12 +34,11 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from posbias.architecture.layers import model_device
-from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions, pad_id_of
-from posbias.evaluation.generation import generation_budget, greedy_continue, greedy_generate
+from posbias.evaluation.batching import model_max_positions
+from posbias.evaluation.generation import generation_budget, greedy_generate, score_shared_prefill
 from posbias.evaluation.metrics import score
 from posbias.evaluation.modes import GENERATE, TEACHER_FORCED, canonical_mode
-from posbias.evaluation.scoring import Continuation, prefill, score_continuations
-from posbias.evaluation.teacher_forced import accept_alternatives, score_teacher_forced, teacher_forced_fields
+from posbias.evaluation.teacher_forced import score_teacher_forced, teacher_forced_fields
 from posbias.tasks import make_instances
 from posbias.tasks.base import depth_seed
 from posbias.utils.io import append_jsonl, read_jsonl
@@ -261,39 +260,6 @@ def _score_chunk(model, tokenizer, chunk: list, *, modes: Sequence[str], batch_s
         for o, inst, p in zip(out, chunk, preds):
             o.update(prediction=p, gen_score=float(score(inst.metric, p, inst.answers)))
     return out
-
-
-def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: int) -> dict | None:
-    """Teacher-forced score *and* greedy completion of one instance from a single prompt prefill.
-
-    At long lengths the prefill is nearly all the cost, so this halves the grid's run time
-    against ``score_teacher_forced`` + ``greedy_generate`` (two prefills). The prompt is
-    prefilled once with a KV cache (``logits_to_keep=1``); the gold answer tokens are then fed
-    through the cache (teacher forcing: the argmax at every answer position must equal the gold
-    token, as in :func:`posbias.evaluation.teacher_forced.score_batch`); the cache is cropped
-    back to the prompt and greedy decoding continues from the prefill's logits (stopping at EOS,
-    as :func:`posbias.evaluation.generation.greedy_batch`). Same tokenisation (``encode``) as the
-    lead scorers; an unmatched target is retried on the task's other accepted forms
-    (:func:`~posbias.evaluation.teacher_forced.accept_alternatives`, one more prefill each).
-    Returns ``None`` when the model's cache cannot be cropped (the caller then
-    falls back to the two-pass scorers).
-    """
-
-    enc = encode(tokenizer, inst, chat, model_max_positions(model))
-    P, A = list(enc.prompt_ids), list(enc.answer_ids)
-    pad_id = pad_id_of(tokenizer)
-    last, cache, mask, next_pos = prefill(model, [P], pad_id)
-    if cache is None or not hasattr(cache, "crop"):
-        return None
-    tf = score_continuations(model, cache, mask, next_pos, last, [Continuation(inst.id, A, len(A), len(P))],
-                             pad_id)[0]
-    extra = cache.get_seq_length() - len(P)
-    if extra > 0:
-        cache.crop(-extra)  # negative: drop the last `extra` positions (all transformers versions)
-    generated = greedy_continue(model, cache, mask, next_pos, last, eos_ids_of(tokenizer), max_new_tokens)[0]
-    tf = accept_alternatives(model, tokenizer, [inst], [tf], batch_size=1, chat=chat)[0]
-    return {**teacher_forced_fields({**tf, "n_tokens": len(A), "prompt_tokens": len(P)}),
-            "prediction": tokenizer.decode(generated, skip_special_tokens=True)}
 
 
 def summarize_grid(records: Iterable[dict]) -> list[dict]:

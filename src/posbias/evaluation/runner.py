@@ -22,12 +22,12 @@ from posbias.evaluation.attention_summary import (
     top1_by_layer,
 )
 from posbias.evaluation.batching import encode, model_max_positions
-from posbias.evaluation.generation import generation_budget, greedy_generate
+from posbias.evaluation.generation import generation_budget, greedy_generate, score_shared_prefill
 from posbias.evaluation.metrics import score
 from posbias.evaluation.modes import GENERATE, TEACHER_FORCED
 from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.stats import accuracy_by_depth, format_table
-from posbias.evaluation.teacher_forced import question_groups, score_instances, teacher_forced_fields
+from posbias.evaluation.teacher_forced import question_groups, score_instances, teacher_forced_fields, with_attention
 from posbias.tasks.base import Instance, check_int
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, repair_jsonl
 from posbias.utils.progress import progress_bar
@@ -60,6 +60,10 @@ def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch
     one prefill of it (:func:`~posbias.evaluation.teacher_forced.score_instances`)."""
     records = [{"id": i.id, "depth": i.depth, "gold_index": i.gold_index, "num_items": i.num_items,
                 "answers": i.answers} for i in chunk]
+    if mode == "both" and not any("context_id" in i.meta for i in chunk):
+        both = [score_shared_prefill(model, tokenizer, i, chat=chat, max_new_tokens=max_new_tokens) for i in chunk]
+        if all(b is not None for b in both):  # each prompt prefilled once for both scores
+            return both_records(model, tokenizer, chunk, records, both, chat)
     if mode in (TEACHER_FORCED, "both"):
         for rec, r in zip(records, score_instances(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
             rec.update(teacher_forced_fields(r))
@@ -70,6 +74,17 @@ def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch
             rec.update(prediction=pred, gen_score=score(inst.metric, pred, inst.answers))
     for rec in records:
         rec["correct"] = float(rec["tf_em"]) if "tf_em" in rec else rec["gen_score"]
+    return records
+
+
+def both_records(model, tokenizer, chunk, records: list[dict], both: list[dict], chat: bool) -> list[dict]:
+    """The records of ``mode="both"`` from :func:`~posbias.evaluation.generation.score_shared_prefill`'s results
+    (teacher-forced fields, prediction), with the attention diagnostic where it is active."""
+    tf = with_attention(model, tokenizer, chunk, [{"id": i.id, "em": b["tf_em"]} for i, b in zip(chunk, both)], chat)
+    for rec, inst, b, t in zip(records, chunk, both, tf):
+        rec.update(b, gen_score=score(inst.metric, b["prediction"], inst.answers),
+                   **{k: v for k, v in t.items() if k.startswith("attn_")})
+        rec["correct"] = float(rec["tf_em"])
     return records
 
 
