@@ -220,8 +220,7 @@ def test_raw_prompt_matches_the_training_passkey_documents(tiny_tokenizer):
 def test_shared_prefill_equals_two_pass_scorers(which, tiny_tokenizer):
     """One prefill for both modes gives the lead scorers' results (teacher-forced em / logprob,
     greedy text)."""
-    from posbias.evaluation.generation import greedy_generate
-    from posbias.evaluation.generation import score_shared_prefill
+    from posbias.evaluation.generation import greedy_generate, score_shared_prefill
     from posbias.evaluation.teacher_forced import score_teacher_forced
     from posbias.tasks import make_instances
 

@@ -33,6 +33,7 @@ from posbias.evaluation.compare import check_method_list
 from posbias.evaluation.map_failures import classify_group
 from posbias.evaluation.map_plots import plot_map
 from posbias.evaluation.map_summary import write_summary
+from posbias.evaluation.modes import MAP_MODES
 from posbias.evaluation.scoring import prompt_dependent
 from posbias.evaluation.session import applied_method, check_method
 from posbias.evaluation.teacher_forced import question_groups, score_instances
@@ -50,7 +51,6 @@ from posbias.utils.io import append_jsonl, repair_jsonl
 from posbias.utils.run_folder import open_run
 
 MAP_TASKS = ("kv", "kv-uuid", "mdqa", "niah", "passkey")
-MAP_MODES = ("teacher-forced", "both")
 DEFAULT_DEPTHS = tuple(round(i / 10, 1) for i in range(11))
 # Default lengths: these fractions of the model's window, the window counted as at most DEFAULT_WINDOW_CAP
 # tokens (512 .. 4,096 tokens for an 8K or longer window).

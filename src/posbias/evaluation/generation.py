@@ -128,11 +128,3 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
     tf = accept_alternatives(model, tokenizer, [inst], [tf], batch_size=1, chat=chat)[0]
     return {**teacher_forced_fields({**tf, "n_tokens": len(A), "prompt_tokens": len(P)}),
             "prediction": tokenizer.decode(generated, skip_special_tokens=True)}
-
-
-def greedy_token_ids(model, tokenizer, instances: Sequence[Instance], *, max_new_tokens: int,
-                     chat: bool = False) -> list[list[int]]:
-    """Raw greedy token ids (no EOS stop), for equivalence tests with teacher forcing."""
-    encoded = [encode(tokenizer, inst, chat) for inst in instances]
-    pad_id = pad_id_of(tokenizer)
-    return [greedy_batch(model, [e.prompt_ids], pad_id, set(), max_new_tokens)[0] for e in encoded]

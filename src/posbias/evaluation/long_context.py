@@ -37,7 +37,7 @@ from posbias.architecture.layers import model_device
 from posbias.evaluation.batching import model_max_positions
 from posbias.evaluation.generation import generation_budget, greedy_generate, score_shared_prefill
 from posbias.evaluation.metrics import score
-from posbias.evaluation.modes import GENERATE, TEACHER_FORCED, canonical_mode
+from posbias.evaluation.modes import GRID_MODES, TEACHER_FORCED, canonical_mode
 from posbias.evaluation.teacher_forced import score_teacher_forced, teacher_forced_fields
 from posbias.tasks import make_instances
 from posbias.tasks.base import depth_seed
@@ -45,7 +45,7 @@ from posbias.utils.io import append_jsonl, read_jsonl
 from posbias.utils.memory import peak_rss_mb, reset_peak_rss
 from posbias.utils.progress import progress_bar
 
-MODES = (TEACHER_FORCED, GENERATE)
+MODES = GRID_MODES
 
 
 class LengthBeyondModelError(ValueError):

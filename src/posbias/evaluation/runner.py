@@ -24,7 +24,7 @@ from posbias.evaluation.attention_summary import (
 from posbias.evaluation.batching import encode, model_max_positions
 from posbias.evaluation.generation import generation_budget, greedy_generate, score_shared_prefill
 from posbias.evaluation.metrics import score
-from posbias.evaluation.modes import GENERATE, TEACHER_FORCED
+from posbias.evaluation.modes import EVAL_MODES, GENERATE, TEACHER_FORCED
 from posbias.evaluation.plots import plot_accuracy_by_depth
 from posbias.evaluation.stats import accuracy_by_depth, format_table
 from posbias.evaluation.teacher_forced import question_groups, score_instances, teacher_forced_fields, with_attention
@@ -33,7 +33,7 @@ from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text,
 from posbias.utils.progress import progress_bar
 from posbias.utils.run_folder import announce_resume
 
-MODES = (TEACHER_FORCED, GENERATE, "both")
+MODES = EVAL_MODES
 
 
 def check_fits(model, tokenizer, instances: Sequence[Instance], chat: bool, extra_tokens: int = 0) -> int:

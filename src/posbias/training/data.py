@@ -62,11 +62,6 @@ def load_tokenizer(spec: str | None = None):
     return tok
 
 
-def tokenizer_vocab_size(tokenizer) -> int:
-    """Number of token ids the tokenizer can emit (including added tokens)."""
-    return len(tokenizer)
-
-
 class PackedDataset:
     """Documents packed into blocks of ``context`` tokens with document ids.
 
