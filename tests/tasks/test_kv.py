@@ -192,3 +192,17 @@ def test_a_closing_line_after_the_records(shared):
         assert closed.prompt[:closed.meta["context_chars"]].endswith("That is the whole {list}.\n\n")
     with pytest.raises(ValueError, match="one line"):
         make_instances("kv", n=1, depths=[1.0], num_keys=5, closing="a\nb")
+
+
+def test_query_aware_puts_the_key_before_the_records_too():
+    shared = make_instances("kv", n=2, depths=[0.0, 1.0], num_keys=5, shared_context=True)
+    aware = make_instances("kv", n=2, depths=[0.0, 1.0], num_keys=5, shared_context=True, query_aware=True)
+    for a, b in zip(shared, aware):
+        key = a.meta["key"]
+        assert b.id == a.id and b.answers == a.answers and b.gold_index == a.gold_index  # the same questions
+        assert b.prompt.startswith(a.prompt.split("\n\n")[0] + f"\n\nKey: {key}\n\n")
+        assert b.prompt.endswith(a.prompt[a.prompt.rindex("\n\nKey:"):])
+        assert "context_id" in a.meta and "context_id" not in b.meta  # each its own prompt now
+        assert [b.prompt[x:y] for x, y in b.meta["item_spans"]] == [a.prompt[x:y] for x, y in a.meta["item_spans"]]
+    moved = make_instances("kv", n=1, depths=[0.5], num_keys=5, query_aware=True)[0]
+    assert moved.prompt.count(f"Key: {moved.meta['key']}\n") == 2

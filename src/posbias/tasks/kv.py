@@ -148,11 +148,15 @@ def _kv_instances(task: str, samples: list[dict[str, Any]], *, depths, split, se
 
 
 def make_kv(*, tokenizer=None, n, depths, seed, split, num_keys=30, value_digits=7, key_words=1,
-            shared_context=False, closing="") -> list[Instance]:
+            shared_context=False, closing="", query_aware=False) -> list[Instance]:
     """Word keys -> ``value_digits``-digit numbers, one ``key: value`` per line.
 
     ``closing``: a line put after the records, before the question (e.g. ``"That is the whole list."``): a
     control for whether the last record's adjacency to the question matters.
+    ``query_aware``: the key also stated before the records (query-aware contextualization, Liu et al., TACL
+    2024), so the records are read knowing what is asked: a prompt change, the bound of what query-awareness
+    buys, not a model fix. With ``shared_context`` the questions keep their ids and records but, the key
+    being part of the context now, each is its own prompt.
 
     ``shared_context=True``: ``n`` record lists, each asked once per depth about the record that
     already sits there (nothing moves), so the questions of one list share its context and can be
@@ -180,20 +184,25 @@ def make_kv(*, tokenizer=None, n, depths, seed, split, num_keys=30, value_digits
         gold = int(rng.integers(num_keys))
         samples.append({"records": list(zip(keys, values)), "gold": gold, "key": keys[gold],
                         "value": values[gold], "meta": {}})
-    template = words_template(closing)
+    template = words_template(closing, query_aware)
     if shared_context:
         return _kv_shared_instances(samples, depths=depths, split=split, seed=seed, template=template)
     return _kv_instances(task, samples, depths=depths, split=split, seed=seed, template=template,
                          lines=word_record_lines)
 
 
-def words_template(closing: str = "") -> str:
-    """The word-KV prompt, with ``closing`` on its own line after the records when given."""
+def words_template(closing: str = "", query_aware: bool = False) -> str:
+    """The word-KV prompt, with ``closing`` on its own line after the records when given, and the key also
+    before the records with ``query_aware``."""
     if not isinstance(closing, str) or "\n" in closing:
         raise ValueError(f"closing must be one line of text, got {closing!r}")
-    if not closing:
-        return KV_WORDS_PROMPT
-    return KV_WORDS_PROMPT.replace("{records}", "{records}\n" + closing.replace("{", "{{").replace("}", "}}"))
+    template = KV_WORDS_PROMPT
+    if closing:
+        template = template.replace("{records}", "{records}\n" + closing.replace("{", "{{").replace("}", "}}"))
+    return template.replace("{records}", QUERY_FIRST + "{records}") if query_aware else template
+
+
+QUERY_FIRST = "Key: {key}\n\n"  # query-aware contextualization: the question before the records too
 
 
 def _kv_shared_instances(samples, *, depths, split, seed, template: str = KV_WORDS_PROMPT) -> list[Instance]:
@@ -210,14 +219,15 @@ def _kv_shared_instances(samples, *, depths, split, seed, template: str = KV_WOR
             records = s["records"]
             idx = depth_to_index(depth, len(records))
             key, value = records[idx]
-            context = head + format_word_records(records) + tail.split("Key:")[0].format()
             prompt, spans = render_items(template, "records", word_record_lines(records), key=key)
-            assert prompt == context + "Key:" + tail.split("Key:")[1].format(key=key)
+            context = prompt[:prompt.rindex("Key:")]
+            shared = {} if "{key}" in head else {"context_id": f"kv-shared_{split}_s{int(seed)}_c{i}",
+                                                 "context_chars": len(context)}  # query-aware: its own prompt
             out.append(Instance(
                 id=instance_id("kv-shared", split, seed, depth, i), task=task, prompt=prompt, answers=[value],
                 gold_index=idx, num_items=len(records), depth=float(depth), metric="substring",
                 meta={"key": key, "realised_depth": realised_depth(idx, len(records)), "item_spans": spans,
-                      "context_id": f"kv-shared_{split}_s{int(seed)}_c{i}", "context_chars": len(context)},
+                      **shared},
             ))
     return out
 

@@ -109,7 +109,7 @@ def oracle_distractors(data: list[dict[str, Any]], ex: int, k: int, rng) -> list
     raise ValueError(f"only {len(out)} usable distractors for example {ex} (num_docs needs {k})")
 
 
-def make_mdqa(*, tokenizer=None, n, depths, seed, split, path=None, num_docs=10) -> list[Instance]:
+def make_mdqa(*, tokenizer=None, n, depths, seed, split, path=None, num_docs=10, query_aware=False) -> list[Instance]:
     """Multi-document QA: ``num_docs`` documents, the gold moved to each depth (module docstring).
 
     The gold block (one document; HotpotQA's two supporting paragraphs, kept adjacent in supporting-fact
@@ -117,6 +117,8 @@ def make_mdqa(*, tokenizer=None, n, depths, seed, split, path=None, num_docs=10)
     numbered 1 .. ``num_docs`` in the order shown (the lost-in-the-middle layout), so a label never tells
     where the gold came from. Teacher forcing scores the shortest answer alias (``meta["tf_target"]``) and
     accepts the others (``meta["tf_alternatives"]``); generation is scored by ``best_subspan_em``.
+    ``query_aware``: the question also before the documents (query-aware contextualization, Liu et al., TACL
+    2024): a prompt change, not a model fix.
     """
     task = "mdqa"
     if path is None:
@@ -131,17 +133,18 @@ def make_mdqa(*, tokenizer=None, n, depths, seed, split, path=None, num_docs=10)
     out = []
     for depth in depths:
         for i, s in enumerate(samples):
-            out.append(mdqa_instance(s, depth, instance_id(task, split, seed, depth, i)))
+            out.append(mdqa_instance(s, depth, instance_id(task, split, seed, depth, i), query_aware))
     return out
 
 
-def mdqa_instance(sample: dict[str, Any], depth: float, id_: str) -> Instance:
+def mdqa_instance(sample: dict[str, Any], depth: float, id_: str, query_aware: bool = False) -> Instance:
     """One instance: the sample's gold block at ``depth`` among its distractors."""
     golds, others = sample["golds"], sample["distractors"]
     slots = len(others)  # the block can start before any of the distractors or after all of them
     idx = int(round(check_float_depth(depth) * slots))
     docs = others[:idx] + golds + others[idx:]
-    prompt, spans = render_items(QA_PROMPT, "docs", doc_lines(docs), question=sample["question"])
+    template = QA_PROMPT.replace("{docs}", "Question: {question}\n\n{docs}") if query_aware else QA_PROMPT
+    prompt, spans = render_items(template, "docs", doc_lines(docs), question=sample["question"])
     answers = list(sample["answers"])
     target = min(answers, key=len)
     return Instance(

@@ -24,15 +24,16 @@ class TaskSpec:
 
 TASKS: dict[str, TaskSpec] = {
     "kv": TaskSpec("kv", make_kv, {"num_keys": 30, "value_digits": 7, "key_words": 1, "shared_context": False,
-                                   "closing": ""},
+                                   "closing": "", "query_aware": False},
                    False, "substring", "word keys -> 7-digit numbers, one 'key: value' per line "
                    "(key_words=2: compound keys; shared_context: one list asked at every depth; closing: a line after "
-                   "the records)", records=True),
+                   "the records; query_aware: the key before the records too)", records=True),
     "kv-uuid": TaskSpec("kv-uuid", make_kv_uuid, {"num_keys": None, "path": None}, False, "substring",
                         "lost-in-the-middle JSON of UUIDs (generated, 75 keys by default, or from path)", records=True),
-    "mdqa": TaskSpec("mdqa", make_mdqa, {"path": None, "num_docs": 10}, False, "best_subspan_em",
+    "mdqa": TaskSpec("mdqa", make_mdqa, {"path": None, "num_docs": 10, "query_aware": False}, False,
+                     "best_subspan_em",
                      "multi-document QA, gold document moved (path: an NQ-Open file, or hotpotqa for HotpotQA's "
-                     "hard distractors)", records=True),
+                     "hard distractors; query_aware: the question before the documents too)", records=True),
     "passkey": TaskSpec("passkey", make_passkey, {"length": 1024, "digits": 5, "haystack": "noise",
                                                   "protocol": "posbias", "given_digits": 0}, True, "passkey",
                         "Landmark passkey in the grass-is-green filler (haystack=essay: Paul Graham "
