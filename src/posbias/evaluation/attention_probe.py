@@ -20,43 +20,28 @@ tell the two apart by the answer; this tells them apart by the attention). Hsieh
 How it is computed: :class:`AttentionProbe` gives every attention module a private config naming
 :data:`PROBE_NAME`, a function that returns the model's own attention (its kernel, SDPA or eager, so
 scores are unchanged) and, for the one query row a scorer asked for per batch row
-(:meth:`AttentionProbe.expect`), evaluates the modeling file's eager attention on that row alone:
+(:mod:`posbias.methods.forward_rows`), evaluates the modeling file's eager attention on that row alone:
 ``(B, H, 1, kv)`` weights, never an ``L x L`` matrix. Methods that compute attention themselves
 (Ms-PoE, MoICE, Attention Buckets' parallel passes) are refused with one line.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import sys
 import weakref
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 from transformers import AttentionInterface
 
 from posbias.architecture.layers import get_decoder_layers
-from posbias.methods.rope_attention import float_mask
+from posbias.methods.attention_rows import KERNELS, eager_function, weights_at
+from posbias.methods.forward_rows import ForwardRows, rows_of
 
 PROBE_NAME = "posbias_attention_probe"
 NOT_PROBED = "the attention diagnostic needs a model whose attention modules call their model's own attention "
 
 _PROBES: weakref.WeakKeyDictionary[torch.nn.Module, "AttentionProbe"] = weakref.WeakKeyDictionary()
 _MODULE_PROBE: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref] = weakref.WeakKeyDictionary()
-
-
-@dataclass
-class Pending:
-    """What the next forward captures: per batch row ``b``, the query row ``query_rows[b]``, and the keys
-    ``[key_starts[b], key_starts[b] + key_lengths[b])`` of its prompt (absolute cache positions; a layer
-    whose cache keeps only its last ``kv`` keys, a sliding window, holds positions ``total - kv ..``)."""
-
-    ids: list[str | None]  # None: a row not captured in this forward
-    query_rows: torch.Tensor  # (B,) long
-    key_starts: list[int]
-    key_lengths: list[int]
-    total: int  # keys the forward sees in a full-attention layer
 
 
 class AttentionProbe:
@@ -68,7 +53,6 @@ class AttentionProbe:
     def __init__(self, model):
         AttentionInterface.register(PROBE_NAME, _dispatch)
         self.model = model
-        self.pending: Pending | None = None
         self._rows: dict[str, dict[int, torch.Tensor]] = {}
         self._saved: list[tuple[torch.nn.Module, object]] = []
         self._native: dict[int, object] = {}
@@ -82,12 +66,12 @@ class AttentionProbe:
             if implementation == PROBE_NAME or attn in _MODULE_PROBE:
                 self.remove()
                 raise ValueError("the attention diagnostic is already active on this model")
-            eager = getattr(sys.modules[type(attn).__module__], "eager_attention_forward", None)
-            if eager is None or implementation not in ("eager", "sdpa", "flash_attention_2", "flex_attention"):
+            eager = eager_function(attn)
+            if eager is None or implementation not in KERNELS:
                 self.remove()
                 raise ValueError(f"{NOT_PROBED}(layer {attn.layer_idx} uses {implementation!r}: a method that "
                                  "computes attention itself, such as ms-poe or moice)")
-            self._native[id(attn)] = (AttentionInterface().get_interface(implementation, eager), eager)
+            self._native[id(attn)] = AttentionInterface().get_interface(implementation, eager)
             self._saved.append((attn, attn.config))
             cfg = copy.copy(attn.config)
             cfg.__dict__["_attn_implementation_internal"] = PROBE_NAME
@@ -109,17 +93,6 @@ class AttentionProbe:
         if _PROBES.get(self.model) is self:
             del _PROBES[self.model]
 
-    def expect(self, ids: Sequence[str], query_rows: Sequence[int], key_starts: Sequence[int],
-               key_lengths: Sequence[int], total: int, device) -> None:
-        """Capture, in the next forward, query row ``query_rows[b]`` of batch row ``b`` over its prompt keys
-        (see :class:`Pending`)."""
-        self.pending = Pending(list(ids), torch.tensor(list(query_rows), dtype=torch.long, device=device),
-                               [int(s) for s in key_starts], [int(n) for n in key_lengths], int(total))
-
-    def done(self) -> None:
-        """The forward the last :meth:`expect` was for has run."""
-        self.pending = None
-
     def pop(self, id_: str) -> torch.Tensor | None:
         """The captured attention of row ``id_`` as ``(L, H, P)`` float32 (None if it was not captured)."""
         layers = self._rows.pop(id_, None)
@@ -128,39 +101,25 @@ class AttentionProbe:
     def clear(self) -> None:
         self._rows.clear()
 
-    def capture(self, module, query, key, value, attention_mask, kwargs) -> None:
-        """Record the pending rows of ``module``'s attention (called by :func:`_dispatch`)."""
-        p = self.pending
-        batch, q_len, kv = query.shape[0], query.shape[2], key.shape[2]
-        if batch != len(p.ids):
-            raise ValueError(f"{NOT_PROBED}(batch of {batch} rows where {len(p.ids)} were expected: a method "
+    def capture(self, module, query, key, value, attention_mask, kwargs, fr: ForwardRows) -> None:
+        """Record, for each described row, its prompt's last token's attention over its prompt (called by
+        :func:`_dispatch`)."""
+        batch, kv = query.shape[0], key.shape[2]
+        if batch != len(fr.rows):
+            raise ValueError(f"{NOT_PROBED}(batch of {batch} rows where {len(fr.rows)} were expected: a method "
                              "that runs the model in parallel passes, such as attention-buckets)")
-        rows = torch.arange(batch, device=query.device)
-        q = query[rows, :, p.query_rows][:, :, None]  # (B, H, 1, d)
-        mask = row_mask(attention_mask, q_len, kv, query.dtype, query.device, batch)
-        if mask is not None:
-            mask = mask[rows, :, p.query_rows][:, :, None]  # (B, 1, 1, kv)
-        eager = self._native[id(module)][1]
-        extra = {k: v for k, v in kwargs.items() if k != "dropout"}
-        _, weights = eager(module, q, key, value, mask, dropout=0.0, **extra)
-        weights = weights[:, :, 0].float()  # (B, H, kv)
-        shift = p.total - kv  # a sliding-window cache keeps only the last kv keys
-        for b, id_ in enumerate(p.ids):
-            if id_ is None:  # a row whose last prompt token is not in this forward
+        rows = torch.tensor([[max(r.query_row, 0)] for r in fr.rows])
+        weights = weights_at(module, query, key, value, attention_mask, rows, kwargs)[:, :, 0].float()  # (B, H, kv)
+        shift = fr.total - kv  # a sliding-window cache keeps only the last kv keys
+        for b, r in enumerate(fr.rows):
+            if r.id is None or r.query_row < 0:  # a row whose last prompt token is not in this forward
                 continue
-            start, length = p.key_starts[b], p.key_lengths[b]
+            start, length = r.key_start, r.key_length
             row = torch.zeros(weights.shape[1], length, dtype=torch.float32)
             lo = max(start, shift)
             if lo < start + length:
                 row[:, lo - start:] = weights[b, :, lo - shift: start + length - shift].cpu()
-            self._rows.setdefault(id_, {})[int(module.layer_idx)] = row
-
-
-def row_mask(mask, q_len: int, kv: int, dtype, device, batch: int) -> torch.Tensor | None:
-    """The additive float mask ``(B, 1, q, kv)`` of an attention call, from the model's own format (float,
-    boolean, or None for plain causal attention); None when there is nothing to mask (one query)."""
-    out = float_mask(mask, q_len, kv, dtype, device)
-    return None if out is None else out.expand(batch, 1, q_len, kv)
+            self._rows.setdefault(r.id, {})[int(module.layer_idx)] = row
 
 
 def _dispatch(module, query, key, value, attention_mask, **kwargs):
@@ -168,27 +127,11 @@ def _dispatch(module, query, key, value, attention_mask, **kwargs):
     probe = None if ref is None else ref()
     if probe is None:  # pragma: no cover - only reachable if a probe was half-removed
         raise RuntimeError(f"{PROBE_NAME} called on a module without an attention probe")
-    native = probe._native[id(module)][0]
-    out = native(module, query, key, value, attention_mask, **kwargs)
-    if probe.pending is not None:
-        probe.capture(module, query, key, value, attention_mask, kwargs)
+    out = probe._native[id(module)](module, query, key, value, attention_mask, **kwargs)
+    fr = rows_of(probe.model)
+    if fr is not None:
+        probe.capture(module, query, key, value, attention_mask, kwargs, fr)
     return out
-
-
-@contextlib.contextmanager
-def capturing(model, ids: Sequence[str | None], query_rows: Sequence[int], key_starts: Sequence[int],
-              key_lengths: Sequence[int], total: int, device):
-    """The block's one forward captures these rows when a probe is active on ``model``
-    (:meth:`AttentionProbe.expect`); nothing otherwise."""
-    probe = probe_of(model)
-    if probe is None:
-        yield
-        return
-    probe.expect(ids, query_rows, key_starts, key_lengths, total, device)
-    try:
-        yield
-    finally:
-        probe.done()
 
 
 def probe_of(model) -> AttentionProbe | None:

@@ -36,12 +36,15 @@ def answer_text(prompt: str, answer: str, joined: bool = False) -> str:
 @dataclass
 class Encoded:
     """Token ids of one instance: ``prompt_ids`` (P,) and ``answer_ids`` (A,); the first
-    ``context_len`` prompt ids are a context shared with other instances (0: none)."""
+    ``context_len`` prompt ids are a context shared with other instances (0: none); ``item_spans``: the token
+    spans ``[(start, end), ...]`` of the task's records in ``prompt_ids`` (None for a task without records or
+    a tokenizer without character offsets)."""
 
     inst: Instance
     prompt_ids: list[int]
     answer_ids: list[int]
     context_len: int = 0
+    item_spans: list[tuple[int, int]] | None = None
 
 
 def encode(tokenizer, inst: Instance, chat: bool, max_positions: int = 0) -> Encoded:
@@ -52,17 +55,24 @@ def encode(tokenizer, inst: Instance, chat: bool, max_positions: int = 0) -> Enc
 
     An instance of a shared context (``meta["context_chars"]``, see ``shared_context`` in the task
     generators) is tokenised as context + rest, so every question of one context starts with the
-    same context ids whichever scorer runs it.
+    same context ids whichever scorer runs it. The records' token spans come from the same tokenisation's
+    character offsets (the tokens whose characters overlap each record's, ``meta["item_spans"]``).
     """
     text = prompt_text(tokenizer, inst, chat)
     cut = inst.meta.get("context_chars")
-    if cut is not None:
-        if chat:
-            raise ValueError(f"instance {inst.id} belongs to a shared context, which is scored without a chat template")
-        context_ids = tokenizer(text[:cut], add_special_tokens=True)["input_ids"]
-        prompt_ids = context_ids + tokenizer(text[cut:], add_special_tokens=False)["input_ids"]
-    else:
-        context_ids, prompt_ids = [], tokenizer(text, add_special_tokens=not chat)["input_ids"]
+    if cut is not None and chat:
+        raise ValueError(f"instance {inst.id} belongs to a shared context, which is scored without a chat template")
+    pieces = [(0, len(text), not chat)] if cut is None else [(0, cut, True), (cut, len(text), False)]
+    offsets = getattr(tokenizer, "is_fast", False) and bool(inst.meta.get("item_spans"))
+    prompt_ids, starts, ends, lengths = [], [], [], []
+    for lo, hi, special in pieces:
+        enc = tokenizer(text[lo:hi], add_special_tokens=special, return_offsets_mapping=offsets)
+        prompt_ids += enc["input_ids"]
+        lengths.append(len(enc["input_ids"]))
+        for a, b in enc["offset_mapping"] if offsets else ():
+            starts.append(a + lo if b > a else -1)
+            ends.append(b + lo if b > a else -1)
+    context_len = lengths[0] if cut is not None else 0  # the context's own tokens
     target = inst.meta.get("tf_target", inst.answers[0])  # the gold continuation as the format writes it
     answer_ids = tokenizer(answer_text(text, target, inst.meta.get("answer_joined", False)),
                            add_special_tokens=False)["input_ids"]
@@ -72,35 +82,32 @@ def encode(tokenizer, inst: Instance, chat: bool, max_positions: int = 0) -> Enc
             f"instance {inst.id}: {total} tokens, longer than the model's maximum of {max_positions} positions; "
             "use a shorter task setting (fewer items / smaller --length)"
         )
-    return Encoded(inst, prompt_ids, answer_ids, len(context_ids))
+    spans = token_spans(inst, text.find(inst.prompt), starts, ends) if offsets else None
+    return Encoded(inst, prompt_ids, answer_ids, context_len, spans)
 
 
-def item_token_spans(tokenizer, inst: Instance, chat: bool) -> list[tuple[int, int]]:
-    """The token spans ``[(start, end), ...]`` of the instance's items (``meta["item_spans"]``, characters of
-    ``inst.prompt``) in its encoded prompt ids (:func:`encode`): the tokens whose characters overlap the
-    item's. Needs a fast tokenizer (character offsets)."""
-    spans = inst.meta.get("item_spans")
-    if not spans:
-        raise ValueError(f"instance {inst.id}: task {inst.task!r} gives no record spans (the attention diagnostic "
-                         "covers tasks made of records: kv, kv-uuid, mdqa)")
-    if not getattr(tokenizer, "is_fast", False):
-        raise ValueError("the attention diagnostic needs a fast tokenizer (character offsets)")
-    text = prompt_text(tokenizer, inst, chat)
-    at = text.find(inst.prompt)
-    cut = inst.meta.get("context_chars")
-    pieces = [(0, len(text), not chat)] if cut is None else [(0, cut, True), (cut, len(text), False)]
-    offsets = []
-    for lo, hi, special in pieces:
-        enc = tokenizer(text[lo:hi], add_special_tokens=special, return_offsets_mapping=True)
-        offsets += [(a + lo, b + lo) if b > a else (-1, -1) for a, b in enc["offset_mapping"]]
-    lows, highs = torch.tensor([a for a, _ in offsets]), torch.tensor([b for _, b in offsets])
+def token_spans(inst: Instance, at: int, starts: list[int], ends: list[int]) -> list[tuple[int, int]]:
+    """The token spans of ``inst``'s records (character spans of its prompt, which starts at ``at`` in the
+    text the tokens come from): for each record, the first and one past the last token overlapping it."""
+    lows, highs = torch.tensor(starts), torch.tensor(ends)
     out = []
-    for start, end in spans:
+    for start, end in inst.meta["item_spans"]:
         inside = torch.nonzero((lows < end + at) & (highs > start + at)).flatten()
         if not len(inside):
             raise ValueError(f"instance {inst.id}: an item covers no token")
         out.append((int(inside[0]), int(inside[-1]) + 1))
     return out
+
+
+def item_token_spans(tokenizer, inst: Instance, chat: bool) -> list[tuple[int, int]]:
+    """The token spans ``[(start, end), ...]`` of the instance's items in its encoded prompt ids
+    (:attr:`Encoded.item_spans`); a one-line error for a task without records or a slow tokenizer."""
+    if not inst.meta.get("item_spans"):
+        raise ValueError(f"instance {inst.id}: task {inst.task!r} gives no record spans (the attention diagnostic "
+                         "covers tasks made of records: kv, kv-uuid, mdqa)")
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("the attention diagnostic needs a fast tokenizer (character offsets)")
+    return encode(tokenizer, inst, chat).item_spans
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

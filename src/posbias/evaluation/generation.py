@@ -6,10 +6,9 @@ from typing import Sequence
 
 import torch
 
-from posbias.architecture.layers import cache_of, model_device
-from posbias.evaluation.attention_probe import capturing
+from posbias.architecture.layers import cache_of
 from posbias.evaluation.batching import encode, eos_ids_of, length_sorted_batches, model_max_positions, pad_id_of
-from posbias.evaluation.scoring import Continuation, prefill, repeat_cache, score_continuations
+from posbias.evaluation.scoring import Continuation, prefill, prefill_rows, repeat_cache, score_continuations
 from posbias.evaluation.teacher_forced import accept_alternatives, teacher_forced_fields
 from posbias.tasks.base import Instance
 from posbias.utils.progress import progress_bar
@@ -118,11 +117,10 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
     enc = encode(tokenizer, inst, chat, model_max_positions(model))
     P, A = list(enc.prompt_ids), list(enc.answer_ids)
     pad_id = pad_id_of(tokenizer)
-    with capturing(model, [inst.id], [len(P) - 1], [0], [len(P)], len(P), model_device(model)):
-        last, cache, mask, next_pos = prefill(model, [P], pad_id)  # its last position: the diagnostic's row
+    last, cache, mask, next_pos = prefill_rows(model, [P], pad_id, [inst.id], [enc.item_spans])
     if cache is None or not hasattr(cache, "layers"):
         return None
-    answer = Continuation(inst.id, A, len(A), len(P))  # teacher-forced through a copy of the prompt's cache
+    answer = Continuation(inst.id, A, len(A), len(P), enc.item_spans)  # teacher-forced through a copy of the cache
     tf = score_continuations(model, repeat_cache(cache, 1), mask, next_pos, last, [answer], pad_id)[0]
     generated = greedy_continue(model, cache, mask, next_pos, last, eos_ids_of(tokenizer), max_new_tokens)[0]
     tf = accept_alternatives(model, tokenizer, [inst], [tf], batch_size=1, chat=chat)[0]

@@ -35,8 +35,8 @@ from typing import Sequence
 import torch
 
 from posbias.architecture.layers import cache_of, model_device
-from posbias.evaluation.attention_probe import capturing
 from posbias.evaluation.batching import left_pad
+from posbias.methods.forward_rows import forward_rows
 from posbias.methods.registry import prompt_dependent
 
 
@@ -48,6 +48,7 @@ class Continuation:
     suffix_ids: list[int]
     n_answer: int
     prompt_tokens: int
+    spans: list[tuple[int, int]] | None = None  # the records' token spans in the prompt (context + question)
 
 
 @torch.no_grad()
@@ -79,9 +80,12 @@ def score_continuations(model, cache, mask: torch.Tensor, next_pos: torch.Tensor
     pos = next_pos + torch.arange(width, device=dev)[None]
     questions = [len(c.suffix_ids) - c.n_answer for c in items]
     first = max(0, min(questions) - 1)  # earliest suffix position whose logits predict an answer token
-    pads = (mask == 0).sum(1).tolist()  # the last prompt token of a row with question tokens is in the suffix
-    with capturing(model, [c.id if q else None for c, q in zip(items, questions)], [max(q - 1, 0) for q in questions],
-                   pads, [mask.shape[1] - p + q for p, q in zip(pads, questions)], mask.shape[1] + width, dev):
+    pads = (mask == 0).sum(1).tolist()
+    # each row's prompt's last token: among the suffix's queries after its question, or (no question: the
+    # suffix is the answer) in the prefill before (-1)
+    with forward_rows(model, [c.id for c in items], [q - 1 for q in questions], pads,
+                      [mask.shape[1] - p + q for p, q in zip(pads, questions)], mask.shape[1] + width,
+                      [c.spans for c in items]):
         out = model(input_ids=ids, attention_mask=torch.cat([mask, smask], 1), position_ids=pos, cache=cache,
                     use_cache=True, logits_to_keep=width - first)
     logits = out.logits  # (B, width - first, V): suffix positions first .. width - 1
@@ -110,20 +114,21 @@ def answer_record(id_: str, logits: torch.Tensor, gold_ids: Sequence[int], promp
 
 @torch.no_grad()
 def score_token_rows(model, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]], pad_id: int,
-                     ids: Sequence[str] | None = None) -> list[dict]:
+                     ids: Sequence[str] | None = None, spans: Sequence | None = None) -> list[dict]:
     """Teacher-forced scores of ``answers[b]`` after ``prompts[b]`` in one left-padded forward pass
     (logits only at the answer positions); a :func:`prompt_dependent` model is scored through the
     cache instead (:func:`score_via_cache`). Records as in the module docstring (``id`` = ``ids[b]``
-    or the row index)."""
+    or the row index). ``spans``: each prompt's records (token spans), for record-aware methods."""
     ids = [str(b) for b in range(len(prompts))] if ids is None else list(ids)
     if prompt_dependent(model):
-        return score_rows_via_cache(model, prompts, answers, pad_id, ids)
+        return score_rows_via_cache(model, prompts, answers, pad_id, ids, spans)
     tokens, mask, pos = left_pad([list(p) + list(a) for p, a in zip(prompts, answers)], pad_id)
     dev = model_device(model)
     keep = max(len(a) for a in answers) + 1
     width = tokens.shape[1]
     starts = [width - len(p) - len(a) for p, a in zip(prompts, answers)]  # each row's prompt, left-padded
-    with capturing(model, ids, [width - len(a) - 1 for a in answers], starts, [len(p) for p in prompts], width, dev):
+    with forward_rows(model, ids, [width - len(a) - 1 for a in answers], starts, [len(p) for p in prompts], width,
+                      spans):
         out = model(input_ids=tokens.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
                     logits_to_keep=keep, use_cache=False)
     results = []
@@ -132,20 +137,28 @@ def score_token_rows(model, prompts: Sequence[Sequence[int]], answers: Sequence[
     return results
 
 
-def score_rows_via_cache(model, prompts, answers, pad_id: int, ids: Sequence[str]) -> list[dict]:
+def score_rows_via_cache(model, prompts, answers, pad_id: int, ids: Sequence[str], spans: Sequence | None = None
+                         ) -> list[dict]:
     """Teacher-forced scores with each prompt prefilled alone, then its answer fed through the cache."""
-    width = max(len(p) for p in prompts)  # the prefill ends with each prompt's last token
-    with capturing(model, ids, [width - 1] * len(prompts), [width - len(p) for p in prompts], [len(p) for p in prompts],
-                   width, model_device(model)):
-        last, cache, mask, next_pos = prefill(model, prompts, pad_id)
-    items = [Continuation(i, list(a), len(a), len(p)) for i, p, a in zip(ids, prompts, answers)]
+    spans = list(spans) if spans is not None else [None] * len(prompts)
+    last, cache, mask, next_pos = prefill_rows(model, prompts, pad_id, ids, spans)
+    items = [Continuation(i, list(a), len(a), len(p), sp) for i, p, a, sp in zip(ids, prompts, answers, spans)]
     return score_continuations(model, cache, mask, next_pos, last, items, pad_id)
+
+
+def prefill_rows(model, prompts, pad_id: int, ids: Sequence[str], spans: Sequence | None = None):
+    """:func:`prefill` of whole prompts, described as rows that end with their prompt's last token
+    (:mod:`posbias.methods.forward_rows`: what record-aware methods and the attention diagnostic read)."""
+    width = max(len(p) for p in prompts)
+    with forward_rows(model, ids, [width - 1] * len(prompts), [width - len(p) for p in prompts],
+                      [len(p) for p in prompts], width, spans):
+        return prefill(model, prompts, pad_id)
 
 
 def score_via_cache(model, batch, pad_id: int) -> list[dict]:
     """:func:`score_rows_via_cache` of :class:`~posbias.evaluation.batching.Encoded` rows."""
     return score_rows_via_cache(model, [e.prompt_ids for e in batch], [e.answer_ids for e in batch], pad_id,
-                                [e.inst.id for e in batch])
+                                [e.inst.id for e in batch], [e.item_spans for e in batch])
 
 
 def score_shared_context(model, context_ids: Sequence[int], items: Sequence[Continuation], pad_id: int,

@@ -39,7 +39,7 @@ from posbias.utils.progress import progress_bar
 def score_batch(model, batch, pad_id: int) -> list[dict]:
     """Score one batch of :class:`Encoded` instances; returns one dict per row (batch order)."""
     return score_token_rows(model, [e.prompt_ids for e in batch], [e.answer_ids for e in batch], pad_id,
-                            ids=[e.inst.id for e in batch])
+                            ids=[e.inst.id for e in batch], spans=[e.item_spans for e in batch])
 
 
 def score_teacher_forced(model, tokenizer, instances: Sequence[Instance], *, batch_size: int = 8,
@@ -177,6 +177,6 @@ def score_context_questions(model, tokenizer, cid: str, questions: Sequence[Inst
     if any(e.prompt_ids[:e.context_len] != context for e in encoded):
         raise ValueError(f"instances of shared context {cid!r} do not start with the same context tokens")
     items = [Continuation(e.inst.id, e.prompt_ids[len(context):] + e.answer_ids, len(e.answer_ids),
-                          len(e.prompt_ids)) for e in encoded]
+                          len(e.prompt_ids), e.item_spans) for e in encoded]
     # questions are short: up to 16 of them share one batch whatever the prompt batch size
     return score_shared_context(model, context, items, pad_id_of(tokenizer), batch_size=max(batch_size, 16))
