@@ -62,3 +62,20 @@ def cache_of(out):
     if hasattr(out, "cache"):
         return out.cache
     return getattr(out, "past_key_values", None)
+
+
+def repeat_cache(cache, k: int):
+    """A copy of a one-row cache (or an Attention-Buckets cache of one row per base) with each row
+    repeated ``k`` times (``batch_repeat_interleave`` order)."""
+    import copy  # noqa: PLC0415 (this module imports nothing at load time)
+
+    import torch  # noqa: PLC0415
+
+    rep = copy.copy(cache)
+    rep.layers = [copy.copy(layer) for layer in cache.layers]
+    for layer in rep.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor):
+                setattr(layer, name, t.repeat_interleave(k, dim=0))
+    return rep

@@ -1,4 +1,5 @@
-"""``posbias train-moice`` (MoICE routers on general text) and ``posbias tune`` (baseline settings)."""
+"""``posbias train-moice`` (MoICE routers on general text), ``posbias tune`` (baseline settings) and
+``posbias attention-bias`` (the positional attention bias that ``calibration`` subtracts)."""
 from __future__ import annotations
 
 import json
@@ -153,6 +154,48 @@ def tune_command(
     return best
 
 
+def attention_bias_command(
+    model: str = ModelOption(),
+    task: str = typer.Option("kv", help="a task made of records: kv | kv-uuid | mdqa"),
+    n: int = Count(20, help="prompts per depth"),
+    depths: str = typer.Option("0,0.25,0.5,0.75,1", help="gold depths of the prompts (the bias averages the "
+                                                          "records that are not gold)"),
+    split: str = typer.Option("search", help="search (default: the split methods are tuned on) | eval"),
+    seed: int = Seed,
+    out: str = typer.Option(..., help="run folder: results.jsonl, attention_bias.json, attention_bias.png"),
+    batch_size: int = Count(8, help="prompts per forward pass"),
+    num_keys: Optional[int] = NumKeys, num_docs: Optional[int] = NumDocs, length: Optional[int] = Length,
+    path: Optional[str] = DataPath, haystack: Optional[str] = Haystack, num_needles: Optional[int] = NumNeedles,
+    opt: Optional[list[str]] = ExtraOpts,
+    device: str = Device, dtype: str = Dtype, revision: Optional[str] = Revision,
+):
+    """Estimate the positional attention bias of a task's prompts (per record slot), for --method calibration."""
+    from posbias.evaluation.attention_bias import score_record_attention, write_bias
+    from posbias.models import load_model, model_identity
+    from posbias.models.options import load_settings
+    from posbias.tasks import make_instances
+    from posbias.tasks.registry import check_records, check_request
+    from posbias.utils.options import parse_depths
+    from posbias.utils.run_folder import open_run
+
+    load = load_options(device, dtype, revision)
+    opts = task_options(num_keys, num_docs, length, path, haystack, num_needles, opt)
+    depth_list = check_request(task, n=n, depths=parse_depths(depths), seed=seed, split=split, **opts)
+    check_records(task)
+    settings = {"model": model, "model_path": model_identity(model), "task": task, "task_options": opts,
+                "depths": depth_list, "n": n, "seed": seed, "split": split, **load_settings(model, load)}
+    folder = open_run(out, "attention-bias", {**settings, "out": out},
+                      check_keys=("model", "task", "task_options", "depths", "seed", "split", "dtype"))
+    lm, tok = load_model(model, load)
+    instances = make_instances(task, tokenizer=tok, n=n, depths=depth_list, seed=seed, split=split, **opts)
+    records = score_record_attention(lm, tok, instances, folder.path, batch_size=batch_size, commit=folder.commit)
+    folder.commit()
+    doc = write_bias(folder.path, records, {k: settings[k] for k in ("model", "task", "task_options", "split", "seed")})
+    typer.echo(f"positional attention bias over {doc['prompts']} prompts, {doc['num_items']} record slots: "
+               f"{Path(out) / 'attention_bias.json'} (use --method calibration@bias=<that file>)")
+
+
 def register(app: typer.Typer) -> None:
     app.command("train-moice")(friendly_errors(train_moice_command))
     app.command("tune")(friendly_errors(tune_command))
+    app.command("attention-bias")(friendly_errors(attention_bias_command))

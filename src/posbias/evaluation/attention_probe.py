@@ -50,9 +50,10 @@ class AttentionProbe:
     Use as a context manager around scoring; ``remove()`` restores every module's config. Results:
     :meth:`pop` ``(id) -> (L, H, P)`` float32 on the CPU (P: the row's prompt tokens)."""
 
-    def __init__(self, model):
+    def __init__(self, model, record_means: bool = False):
         AttentionInterface.register(PROBE_NAME, _dispatch)
         self.model = model
+        self.record_means = record_means  # also every record's per-token attention (attention-bias estimates)
         self._rows: dict[str, dict[int, torch.Tensor]] = {}
         self._saved: list[tuple[torch.nn.Module, object]] = []
         self._native: dict[int, object] = {}
@@ -137,6 +138,13 @@ def _dispatch(module, query, key, value, attention_mask, **kwargs):
 def probe_of(model) -> AttentionProbe | None:
     """The attention probe active on ``model`` (None: scoring without the diagnostic)."""
     return _PROBES.get(model)
+
+
+def record_means(att: torch.Tensor, spans: Sequence[tuple[int, int]]) -> list[float]:
+    """Every record's attention per token (the mean over its tokens), averaged over layers and heads: the
+    document attention of Hsieh et al. 2024, from ``att`` (L, H, P)."""
+    row = att.mean((0, 1))  # (P,)
+    return [round(float(row[s:e].mean()), 9) for s, e in spans]
 
 
 def gold_attention(att: torch.Tensor, spans: Sequence[tuple[int, int]], gold: Sequence[int]) -> dict:

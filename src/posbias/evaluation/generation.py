@@ -2,14 +2,16 @@
 with the Hugging Face causal-LM call signature works, not only ``PreTrainedModel.generate``)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
 
-from posbias.architecture.layers import cache_of
+from posbias.architecture.layers import cache_of, repeat_cache
 from posbias.evaluation.batching import encode, eos_ids_of, length_sorted_batches, model_max_positions, pad_id_of
-from posbias.evaluation.scoring import Continuation, prefill, prefill_rows, repeat_cache, score_continuations
+from posbias.evaluation.scoring import Continuation, prefill, prefill_rows, score_continuations
 from posbias.evaluation.teacher_forced import accept_alternatives, teacher_forced_fields
+from posbias.methods.forward_rows import forward_rows
 from posbias.tasks.base import Instance
 from posbias.utils.progress import progress_bar
 
@@ -36,20 +38,29 @@ def generation_budget(tokenizer, instances: Sequence[Instance], max_new_tokens: 
 
 @torch.no_grad()
 def greedy_batch(model, prompts: list[list[int]], pad_id: int, eos_ids: set[int], max_new_tokens: int,
-                 stop=None) -> list[list[int]]:
+                 stop=None, ids: Sequence[str] | None = None, spans: Sequence | None = None) -> list[list[int]]:
     """Greedy-decode up to ``max_new_tokens`` for each prompt; returns the new token ids per row.
 
-    A row ends at an EOS token or when ``stop(row_tokens)`` returns True (e.g. a stop string).
+    A row ends at an EOS token or when ``stop(row_tokens)`` returns True (e.g. a stop string). With ``ids``
+    (and the records' ``spans``) the prefill and every decoding step are described to record-aware methods
+    (:mod:`posbias.methods.forward_rows`: the prompt's last token and each decoded token are answer rows).
     """
-    last, cache, mask, next_pos = prefill(model, prompts, pad_id)
-    return greedy_continue(model, cache, mask, next_pos, last, eos_ids, max_new_tokens, stop=stop)
+    if ids is None:
+        last, cache, mask, next_pos = prefill(model, prompts, pad_id)
+        return greedy_continue(model, cache, mask, next_pos, last, eos_ids, max_new_tokens, stop=stop)
+    last, cache, mask, next_pos = prefill_rows(model, prompts, pad_id, ids, spans)
+    width = max(len(p) for p in prompts)
+    rows = (list(ids), [width - len(p) for p in prompts], [len(p) for p in prompts], spans)
+    return greedy_continue(model, cache, mask, next_pos, last, eos_ids, max_new_tokens, stop=stop, rows=rows)
 
 
 @torch.no_grad()
 def greedy_continue(model, cache, mask: torch.Tensor, next_pos: torch.Tensor, last_logits: torch.Tensor,
-                    eos_ids: set[int], max_new_tokens: int, stop=None) -> list[list[int]]:
+                    eos_ids: set[int], max_new_tokens: int, stop=None, rows: tuple | None = None) -> list[list[int]]:
     """Greedy decoding from a prefill (:func:`posbias.evaluation.scoring.prefill`): ``last_logits``
-    (B, V) of its last position, its ``cache``, ``mask`` (B, T) and ``next_pos`` (B, 1)."""
+    (B, V) of its last position, its ``cache``, ``mask`` (B, T) and ``next_pos`` (B, 1). ``rows``: ``(ids,
+    prompt starts, prompt lengths, spans)`` to describe each step to record-aware methods (every decoded
+    token is an answer row)."""
     generated: list[list[int]] = [[] for _ in range(last_logits.shape[0])]
     done = torch.zeros(len(generated), dtype=torch.bool)
     logits = last_logits
@@ -65,8 +76,11 @@ def greedy_continue(model, cache, mask: torch.Tensor, next_pos: torch.Tensor, la
         if bool(done.all()):
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=next_pos,
-                    cache=cache, use_cache=True, logits_to_keep=1)
+        described = forward_rows(model, rows[0], [-1] * len(rows[0]), rows[1], rows[2], mask.shape[1], rows[3]) \
+            if rows is not None else contextlib.nullcontext()
+        with described:
+            out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=next_pos,
+                        cache=cache, use_cache=True, logits_to_keep=1)
         cache = cache_of(out) or cache
         logits = out.logits[:, -1]
         next_pos = next_pos + 1
@@ -90,7 +104,8 @@ def greedy_generate(model, tokenizer, instances: Sequence[Instance], *, max_new_
     texts: dict[str, str] = {}
     bar = progress_bar(len(encoded), desc="generate", unit="inst", enabled=progress, leave=False)
     for batch in length_sorted_batches(encoded, batch_size):
-        new = greedy_batch(model, [e.prompt_ids for e in batch], pad_id, eos_ids, max_new_tokens)
+        new = greedy_batch(model, [e.prompt_ids for e in batch], pad_id, eos_ids, max_new_tokens,
+                           ids=[e.inst.id for e in batch], spans=[e.item_spans for e in batch])
         for e, toks in zip(batch, new):
             texts[e.inst.id] = tokenizer.decode(toks, skip_special_tokens=True)
         bar.update(len(batch))
@@ -122,7 +137,8 @@ def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: 
         return None
     answer = Continuation(inst.id, A, len(A), len(P), enc.item_spans)  # teacher-forced through a copy of the cache
     tf = score_continuations(model, repeat_cache(cache, 1), mask, next_pos, last, [answer], pad_id)[0]
-    generated = greedy_continue(model, cache, mask, next_pos, last, eos_ids_of(tokenizer), max_new_tokens)[0]
+    generated = greedy_continue(model, cache, mask, next_pos, last, eos_ids_of(tokenizer), max_new_tokens,
+                                rows=([inst.id], [0], [len(P)], [enc.item_spans]))[0]
     tf = accept_alternatives(model, tokenizer, [inst], [tf], batch_size=1, chat=chat)[0]
     return {**teacher_forced_fields({**tf, "n_tokens": len(A), "prompt_tokens": len(P)}),
             "prediction": tokenizer.decode(generated, skip_special_tokens=True)}

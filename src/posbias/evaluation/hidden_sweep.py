@@ -25,9 +25,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from posbias.architecture.layers import get_decoder_layers
+from posbias.architecture.layers import get_decoder_layers, repeat_cache
 from posbias.evaluation.batching import encode, model_max_positions, pad_id_of
-from posbias.evaluation.scoring import Continuation, prefill, repeat_cache, score_continuations
+from posbias.evaluation.scoring import Continuation, prefill, score_continuations
 from posbias.methods.positional_hidden import CACHE_KWARGS, HiddenScaleConfig, build_config, scale_hidden
 from posbias.methods.registry import apply_method
 

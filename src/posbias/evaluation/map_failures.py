@@ -19,11 +19,11 @@ from typing import Sequence
 
 import torch
 
-from posbias.architecture.layers import cache_of
+from posbias.architecture.layers import cache_of, repeat_cache
 from posbias.evaluation.batching import encode, eos_ids_of, model_max_positions, pad_id_of
 from posbias.evaluation.generation import generation_budget, greedy_continue, greedy_generate
 from posbias.evaluation.metrics import score
-from posbias.evaluation.scoring import prefill, prompt_dependent, repeat_cache
+from posbias.evaluation.scoring import prefill, prompt_dependent
 
 FAILURE_CLASSES = ("correct", "worded", "other_item", "not_in_context", "format", "wrong_answer")
 FAILURE_NAMES = {"correct": "correct", "worded": "right answer, worded differently",

@@ -28,13 +28,12 @@ tokens given in the prompt (same tokens, same positions): one pass scores both.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from posbias.architecture.layers import cache_of, model_device
+from posbias.architecture.layers import cache_of, model_device, repeat_cache
 from posbias.evaluation.batching import left_pad
 from posbias.methods.forward_rows import forward_rows
 from posbias.methods.registry import prompt_dependent
@@ -179,16 +178,3 @@ def score_shared_context(model, context_ids: Sequence[int], items: Sequence[Cont
         results += score_continuations(model, rep, mask.expand(k, -1), next_pos.expand(k, -1),
                                        last.expand(k, -1), chunk, pad_id)
     return results
-
-
-def repeat_cache(cache, k: int):
-    """A copy of a one-row cache (or an Attention-Buckets cache of one row per base) with each row
-    repeated ``k`` times (``batch_repeat_interleave`` order)."""
-    rep = copy.copy(cache)
-    rep.layers = [copy.copy(layer) for layer in cache.layers]
-    for layer in rep.layers:
-        for name in ("keys", "values"):
-            t = getattr(layer, name, None)
-            if isinstance(t, torch.Tensor):
-                setattr(layer, name, t.repeat_interleave(k, dim=0))
-    return rep

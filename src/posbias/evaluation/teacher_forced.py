@@ -24,7 +24,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Sequence
 
-from posbias.evaluation.attention_probe import gold_attention, probe_of
+from posbias.evaluation.attention_probe import gold_attention, probe_of, record_means
 from posbias.evaluation.batching import encode, item_token_spans, length_sorted_batches, model_max_positions, pad_id_of
 from posbias.evaluation.scoring import (  # noqa: F401
     Continuation,
@@ -153,7 +153,9 @@ def with_attention(model, tokenizer, instances: Sequence[Instance], records: lis
         if att is None:
             raise RuntimeError(f"the attention diagnostic captured nothing for instance {inst.id}")
         gold = inst.meta.get("gold_items", [inst.gold_index])
-        out.append({**r, **gold_attention(att, item_token_spans(tokenizer, inst, chat), gold)})
+        spans = item_token_spans(tokenizer, inst, chat)
+        extra = {"attn_record_means": record_means(att, spans)} if probe.record_means else {}
+        out.append({**r, **gold_attention(att, spans, gold), **extra})
     probe.clear()
     return out
 

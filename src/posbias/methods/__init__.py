@@ -3,10 +3,20 @@
 Methods: ``none``, ``pi`` (one global interpolation factor), ``lpes`` (per-layer factors file),
 ``ms-poe`` (per-head position interpolation), ``attention-buckets`` (parallel passes with several
 RoPE bases, logits mixed), ``moice`` (per-head/token router over RoPE bases), ``positional-hidden``
-(scale positional hidden dimensions for the last tokens), ``temperature`` (per-layer attention-logit scale).
+(scale positional hidden dimensions for the last tokens), ``temperature`` (per-layer attention-logit scale),
+``calibration`` (found-in-the-middle: the answer's attention re-weighted by position-calibrated relevance).
 """
 # The built-in methods register themselves when imported (the registry imports none of them).
-from posbias.methods import attention_buckets, lpes, moice, ms_poe, pi, positional_hidden, temperature  # noqa: F401,E402
+from posbias.methods import (  # noqa: F401,E402
+    attention_buckets,
+    calibration,
+    lpes,
+    moice,
+    ms_poe,
+    pi,
+    positional_hidden,
+    temperature,
+)
 from posbias.methods.registry import (
     METHODS,
     MethodHandle,

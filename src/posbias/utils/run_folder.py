@@ -45,7 +45,7 @@ from posbias.utils.io import append_jsonl, atomic_write_json, json_default, read
 CONFIG = "config.json"
 INVOCATIONS = "invocations.jsonl"
 KINDS = ("eval", "compare", "search", "analyze", "apply", "train", "study", "tune", "train-moice", "ability",
-         "positional-dims", "map")
+         "positional-dims", "map", "attention-bias")
 # Configs written before ``kind`` was recorded: the key that only that kind's settings have.
 _LEGACY_MARKERS = (("search", "ga"), ("compare", "methods"), ("study", "schemes"), ("train", "pe"),
                    ("analyze", "controls"), ("eval", "method"))
