@@ -114,31 +114,40 @@ def greedy_generate(model, tokenizer, instances: Sequence[Instance], *, max_new_
 
 
 def score_shared_prefill(model, tokenizer, inst, *, chat: bool, max_new_tokens: int) -> dict | None:
-    """Teacher-forced score *and* greedy completion of one instance from a single prompt prefill.
+    """:func:`score_and_generate` of one instance."""
+    both = score_and_generate(model, tokenizer, [inst], chat=chat, max_new_tokens=max_new_tokens)
+    return None if both is None else both[0]
 
-    At long lengths the prefill is nearly all the cost, so this halves the grid's run time
-    against ``score_teacher_forced`` + ``greedy_generate`` (two prefills). The prompt is
-    prefilled once with a KV cache (``logits_to_keep=1``); the gold answer tokens are then fed
-    through a copy of that cache (teacher forcing: the argmax at every answer position must equal the gold
-    token, as in :func:`posbias.evaluation.teacher_forced.score_batch`), and greedy decoding continues
-    from the prefill's own cache and logits (stopping at EOS, as :func:`greedy_batch`; a copy rather than
-    cropping the cache back: a sliding-window layer cannot be cropped once its window is full). Same
-    tokenisation (``encode``) as the lead scorers; an unmatched target is retried on the task's other accepted forms
-    (:func:`~posbias.evaluation.teacher_forced.accept_alternatives`, one more prefill each).
-    Returns ``None`` for a cache that cannot be copied layer by layer (the caller then falls back to the
-    two-pass scorers).
+
+def score_and_generate(model, tokenizer, instances: Sequence[Instance], *, chat: bool, max_new_tokens: int
+                       ) -> list[dict] | None:
+    """Teacher-forced score *and* greedy completion of each instance from one prefill of the batch.
+
+    At long lengths the prefill is nearly all the cost, so this halves the run time against
+    ``score_teacher_forced`` + ``greedy_generate`` (two prefills). The prompts are prefilled once, left-padded,
+    with a KV cache (``logits_to_keep=1``); the gold answer tokens are then fed through a copy of that cache
+    (teacher forcing: the argmax at every answer position must equal the gold token, as in
+    :func:`posbias.evaluation.teacher_forced.score_batch`), and greedy decoding continues from the prefill's own
+    cache and logits (stopping at EOS, as :func:`greedy_batch`; a copy rather than cropping the cache back: a
+    sliding-window layer cannot be cropped once its window is full). Same tokenisation (``encode``) as the
+    lead scorers; an unmatched target is retried on the task's other accepted forms
+    (:func:`~posbias.evaluation.teacher_forced.accept_alternatives`, one more prefill each). Returns one
+    record per instance (``tf_*`` fields and ``prediction``), or ``None`` for a cache that cannot be copied
+    layer by layer (the caller then falls back to the two-pass scorers).
     """
-
-    enc = encode(tokenizer, inst, chat, model_max_positions(model))
-    P, A = list(enc.prompt_ids), list(enc.answer_ids)
+    encoded = [encode(tokenizer, inst, chat, model_max_positions(model)) for inst in instances]
+    prompts, ids = [list(e.prompt_ids) for e in encoded], [e.inst.id for e in encoded]
+    spans = [e.item_spans for e in encoded]
     pad_id = pad_id_of(tokenizer)
-    last, cache, mask, next_pos = prefill_rows(model, [P], pad_id, [inst.id], [enc.item_spans])
+    last, cache, mask, next_pos = prefill_rows(model, prompts, pad_id, ids, spans)
     if cache is None or not hasattr(cache, "layers"):
         return None
-    answer = Continuation(inst.id, A, len(A), len(P), enc.item_spans)  # teacher-forced through a copy of the cache
-    tf = score_continuations(model, repeat_cache(cache, 1), mask, next_pos, last, [answer], pad_id)[0]
+    answers = [Continuation(e.inst.id, list(e.answer_ids), len(e.answer_ids), len(e.prompt_ids), e.item_spans)
+               for e in encoded]  # teacher-forced through a copy of the cache
+    tf = score_continuations(model, repeat_cache(cache, 1), mask, next_pos, last, answers, pad_id)
+    width = max(len(p) for p in prompts)
     generated = greedy_continue(model, cache, mask, next_pos, last, eos_ids_of(tokenizer), max_new_tokens,
-                                rows=([inst.id], [0], [len(P)], [enc.item_spans]))[0]
-    tf = accept_alternatives(model, tokenizer, [inst], [tf], batch_size=1, chat=chat)[0]
-    return {**teacher_forced_fields({**tf, "n_tokens": len(A), "prompt_tokens": len(P)}),
-            "prediction": tokenizer.decode(generated, skip_special_tokens=True)}
+                                rows=(ids, [width - len(p) for p in prompts], [len(p) for p in prompts], spans))
+    tf = accept_alternatives(model, tokenizer, instances, tf, batch_size=len(instances), chat=chat)
+    return [{**teacher_forced_fields({**r, "n_tokens": len(e.answer_ids), "prompt_tokens": len(e.prompt_ids)}),
+             "prediction": tokenizer.decode(g, skip_special_tokens=True)} for r, e, g in zip(tf, encoded, generated)]

@@ -22,7 +22,7 @@ from posbias.evaluation.attention_summary import (
     top1_by_layer,
 )
 from posbias.evaluation.batching import encode, model_max_positions
-from posbias.evaluation.generation import generation_budget, greedy_generate, score_shared_prefill
+from posbias.evaluation.generation import generation_budget, greedy_generate, score_and_generate
 from posbias.evaluation.metrics import score
 from posbias.evaluation.modes import EVAL_MODES, GENERATE, TEACHER_FORCED
 from posbias.evaluation.plots import plot_accuracy_by_depth
@@ -61,8 +61,8 @@ def score_chunk(model, tokenizer, chunk: Sequence[Instance], *, mode: str, batch
     records = [{"id": i.id, "depth": i.depth, "gold_index": i.gold_index, "num_items": i.num_items,
                 "answers": i.answers} for i in chunk]
     if mode == "both" and not any("context_id" in i.meta for i in chunk):
-        both = [score_shared_prefill(model, tokenizer, i, chat=chat, max_new_tokens=max_new_tokens) for i in chunk]
-        if all(b is not None for b in both):  # each prompt prefilled once for both scores
+        both = score_and_generate(model, tokenizer, chunk, chat=chat, max_new_tokens=max_new_tokens)
+        if both is not None:  # each prompt prefilled once for both scores
             return both_records(model, tokenizer, chunk, records, both, chat)
     if mode in (TEACHER_FORCED, "both"):
         for rec, r in zip(records, score_instances(model, tokenizer, chunk, batch_size=batch_size, chat=chat)):
