@@ -26,22 +26,20 @@ scores are unchanged) and, for the one query row a scorer asked for per batch ro
 """
 from __future__ import annotations
 
-import copy
 import weakref
 from typing import Sequence
 
 import torch
-from transformers import AttentionInterface
 
 from posbias.architecture.layers import get_decoder_layers
-from posbias.methods.attention_rows import KERNELS, eager_function, weights_at
+from posbias.methods.attention_rows import AttentionOverride, weights_at
 from posbias.methods.forward_rows import ForwardRows, rows_of
 
 PROBE_NAME = "posbias_attention_probe"
 NOT_PROBED = "the attention diagnostic needs a model whose attention modules call their model's own attention "
 
 _PROBES: weakref.WeakKeyDictionary[torch.nn.Module, "AttentionProbe"] = weakref.WeakKeyDictionary()
-_MODULE_PROBE: weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref] = weakref.WeakKeyDictionary()
+_MODULE_PROBE: weakref.WeakKeyDictionary[torch.nn.Module, "AttentionProbe"] = weakref.WeakKeyDictionary()
 
 
 class AttentionProbe:
@@ -51,33 +49,16 @@ class AttentionProbe:
     :meth:`pop` ``(id) -> (L, H, P)`` float32 on the CPU (P: the row's prompt tokens)."""
 
     def __init__(self, model, record_means: bool = False):
-        AttentionInterface.register(PROBE_NAME, _dispatch)
         self.model = model
         self.record_means = record_means  # also every record's per-token attention (attention-bias estimates)
         self._rows: dict[str, dict[int, torch.Tensor]] = {}
-        self._saved: list[tuple[torch.nn.Module, object]] = []
-        self._native: dict[int, object] = {}
         try:
-            layers = get_decoder_layers(model)
+            get_decoder_layers(model)
         except Exception as e:  # noqa: BLE001 (a wrapper model: Attention Buckets)
             raise ValueError(f"{NOT_PROBED}({e})") from None
-        for layer in layers:
-            attn = layer.self_attn
-            implementation = attn.config._attn_implementation
-            if implementation == PROBE_NAME or attn in _MODULE_PROBE:
-                self.remove()
-                raise ValueError("the attention diagnostic is already active on this model")
-            eager = eager_function(attn)
-            if eager is None or implementation not in KERNELS:
-                self.remove()
-                raise ValueError(f"{NOT_PROBED}(layer {attn.layer_idx} uses {implementation!r}: a method that "
-                                 "computes attention itself, such as ms-poe or moice)")
-            self._native[id(attn)] = AttentionInterface().get_interface(implementation, eager)
-            self._saved.append((attn, attn.config))
-            cfg = copy.copy(attn.config)
-            cfg.__dict__["_attn_implementation_internal"] = PROBE_NAME
-            attn.config = cfg
-            _MODULE_PROBE[attn] = weakref.ref(self)
+        self._override = AttentionOverride(model, PROBE_NAME, _dispatch, _MODULE_PROBE, self,
+                                           f"{NOT_PROBED}(a method that computes attention itself, such as ms-poe, "
+                                           "moice or calibration, or the diagnostic already active)")
         _PROBES[model] = self
 
     def __enter__(self) -> "AttentionProbe":
@@ -87,10 +68,7 @@ class AttentionProbe:
         self.remove()
 
     def remove(self) -> None:
-        for attn, cfg in reversed(self._saved):
-            attn.config = cfg
-            _MODULE_PROBE.pop(attn, None)
-        self._saved = []
+        self._override.remove()
         if _PROBES.get(self.model) is self:
             del _PROBES[self.model]
 
@@ -124,11 +102,8 @@ class AttentionProbe:
 
 
 def _dispatch(module, query, key, value, attention_mask, **kwargs):
-    ref = _MODULE_PROBE.get(module)
-    probe = None if ref is None else ref()
-    if probe is None:  # pragma: no cover - only reachable if a probe was half-removed
-        raise RuntimeError(f"{PROBE_NAME} called on a module without an attention probe")
-    out = probe._native[id(module)](module, query, key, value, attention_mask, **kwargs)
+    probe = _MODULE_PROBE.get(module)
+    out = probe._override.native(module)(module, query, key, value, attention_mask, **kwargs)
     fr = rows_of(probe.model)
     if fr is not None:
         probe.capture(module, query, key, value, attention_mask, kwargs, fr)

@@ -7,11 +7,15 @@ alone, with the same keys, values, mask rows and scaling: ``(B, H, rows, keys)``
 """
 from __future__ import annotations
 
+import copy
 import sys
+import weakref
 from typing import Callable
 
 import torch
+from transformers import AttentionInterface
 
+from posbias.architecture.layers import get_decoder_layers
 from posbias.methods.rope_attention import float_mask
 
 KERNELS = ("eager", "sdpa", "flash_attention_2", "flex_attention")  # the model's own kernels a wrapper keeps
@@ -43,3 +47,38 @@ def weights_at(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     extra = {k: v for k, v in kwargs.items() if k != "dropout"}
     _, weights = eager_function(module)(module, q, key, value, mask, dropout=0.0, **extra)
     return weights
+
+
+class AttentionOverride:
+    """Every decoder layer's attention module of ``model`` calls ``dispatch`` (registered with transformers'
+    ``AttentionInterface`` as ``name``) instead of its kernel, through a private copy of its config; the
+    module's own kernel stays at hand (:meth:`native`) and ``owners[module]`` is ``owner`` meanwhile.
+    :meth:`remove` restores every config. A module whose kernel is not the model's own (another method's
+    override) is refused with ``refused`` and the layer's kernel name."""
+
+    def __init__(self, model, name: str, dispatch: Callable, owners: weakref.WeakKeyDictionary, owner,
+                 refused: str):
+        AttentionInterface.register(name, dispatch)
+        self._owners, self._saved, self._native = owners, [], {}
+        for layer in get_decoder_layers(model):
+            attn = layer.self_attn
+            implementation = attn.config._attn_implementation
+            if implementation not in KERNELS or eager_function(attn) is None or attn in owners:
+                self.remove()
+                raise ValueError(f"{refused} (layer {attn.layer_idx} uses {implementation!r})")
+            self._native[id(attn)] = AttentionInterface().get_interface(implementation, eager_function(attn))
+            self._saved.append((attn, attn.config))
+            cfg = copy.copy(attn.config)
+            cfg.__dict__["_attn_implementation_internal"] = name
+            attn.config = cfg
+            owners[attn] = owner
+
+    def native(self, module) -> Callable:
+        """The kernel ``module`` calls without the override (SDPA, eager, ...)."""
+        return self._native[id(module)]
+
+    def remove(self) -> None:
+        for attn, cfg in reversed(self._saved):
+            attn.config = cfg
+            self._owners.pop(attn, None)
+        self._saved = []

@@ -29,16 +29,14 @@ leaves every weight as it is: the plumbing without the change, bit-identical to 
 """
 from __future__ import annotations
 
-import copy
 import math
 import weakref
 from pathlib import Path
 
 import torch
-from transformers import AttentionInterface
 
 from posbias.architecture.layers import get_decoder_layers, repeat_cache
-from posbias.methods.attention_rows import KERNELS, eager_function, weights_at
+from posbias.methods.attention_rows import AttentionOverride, weights_at
 from posbias.methods.forward_rows import ForwardRows, rows_of
 from posbias.methods.registry import MethodHandle, as_choice, as_layer_indices, register_method
 from posbias.methods.rope_attention import repeat_kv
@@ -125,33 +123,18 @@ class Calibration:
     """Attention calibration applied to a model (module docstring); ``model`` is what scorers call."""
 
     def __init__(self, model, bias: list[float], t: float, layers: list[int], mode: str):
-        AttentionInterface.register(NAME, _dispatch)
         self.base, self.bias, self.t, self.layers, self.mode = model, [float(v) for v in bias], t, set(layers), mode
         self.model = CalibratedModel(self)
         self.phase: str | None = None  # "read" (pass 1) or "apply" (pass 2) while a described forward runs
         self.rows: ForwardRows | None = None
         self.read: dict[int, torch.Tensor] = {}  # layer -> head-mean weights of the answer rows (B, R, kv)
         self.alpha: torch.Tensor | None = None
-        self._saved, self._native = [], {}
-        for layer in get_decoder_layers(model):
-            attn = layer.self_attn
-            implementation = attn.config._attn_implementation
-            if implementation not in KERNELS or eager_function(attn) is None:
-                self.remove()
-                raise ValueError(f"calibration re-weights the model's own attention; layer {attn.layer_idx} uses "
-                                 f"{implementation!r} (another method that computes attention itself?)")
-            self._native[id(attn)] = AttentionInterface().get_interface(implementation, eager_function(attn))
-            self._saved.append((attn, attn.config))
-            cfg = copy.copy(attn.config)
-            cfg.__dict__["_attn_implementation_internal"] = NAME
-            attn.config = cfg
-            _MODULES[attn] = self
+        self._override = AttentionOverride(model, NAME, _dispatch, _MODULES, self,
+                                           "calibration re-weights the model's own attention; another method "
+                                           "computes attention itself here")
 
     def remove(self) -> None:
-        for attn, cfg in reversed(self._saved):
-            attn.config = cfg
-            _MODULES.pop(attn, None)
-        self._saved = []
+        self._override.remove()
 
     def forward(self, **kwargs):
         """The model's forward; a forward described with answer rows over records runs twice (read, apply)."""
@@ -227,7 +210,7 @@ class CalibratedModel:
 
 def _dispatch(module, query, key, value, attention_mask, **kwargs):
     cal = _MODULES.get(module)
-    out, weights = cal._native[id(module)](module, query, key, value, attention_mask, **kwargs)
+    out, weights = cal._override.native(module)(module, query, key, value, attention_mask, **kwargs)
     if cal.phase is None:
         return out, weights
     return cal.attend(module, query, key, value, attention_mask, kwargs, out), None
