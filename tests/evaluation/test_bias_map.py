@@ -204,3 +204,11 @@ def test_a_larger_n_scores_only_the_new_contexts(loaded, tmp_path):
     cfg2 = _cfg(out, lengths=["160"], n=2)
     for inst in grid_instances(cfg2, loaded[1], Length("160", 160), 0):
         assert prompts[inst.id].prompt == inst.prompt and inst.id in first
+
+
+def test_a_resumed_map_says_how_far_it_was(loaded, tmp_path, capsys):
+    out = tmp_path / "resume"
+    run_map(_cfg(out, methods=["none"], lengths=["160"]), loaded, log=lambda _: None)
+    capsys.readouterr()
+    run_map(_cfg(out, methods=["none"], lengths=["160"], n=3), loaded, log=lambda _: None)
+    assert f"resuming 6 of 9 questions already in {out}" in capsys.readouterr().err

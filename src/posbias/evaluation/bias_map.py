@@ -48,7 +48,7 @@ from posbias.tasks.hotpotqa import is_hotpotqa
 from posbias.tasks.kv import WORDS, load_kv_file
 from posbias.tasks.registry import check_records
 from posbias.utils.io import append_jsonl, repair_jsonl
-from posbias.utils.run_folder import open_run
+from posbias.utils.run_folder import announce_resume, open_run
 
 MAP_TASKS = ("kv", "kv-uuid", "mdqa", "niah", "passkey")
 DEFAULT_DEPTHS = tuple(round(i / 10, 1) for i in range(11))
@@ -335,6 +335,10 @@ def score_grid(cfg: MapConfig, folder, model, tokenizer, lengths: list[Length],
     depths = {round(float(d), 6) for d in cfg.depths}
     counts = Counter((r["method"], r["repeat"], r["length"]) for r in existing
                      if r["index"] < cfg.n and round(float(r["depth"]), 6) in depths)
+    total = per_row * cfg.repeats * len(lengths) * len(cfg.methods)
+    already = sum(min(c, per_row) for (m, rep, _), c in counts.items() if m in cfg.methods and rep < cfg.repeats)
+    if already:
+        announce_resume(already, total, "questions", folder.path)
     for label in cfg.methods:
         with (applied_method(model, *variant_options(label, cfg.method_options)) as scored,
               AttentionProbe(scored) if cfg.attention else contextlib.nullcontext()):
