@@ -23,6 +23,8 @@ from posbias.utils.io import atomic_write_json, atomic_write_text, read_jsonl
 
 MIDDLE = (0.25, 0.5, 0.75)
 U_POINTS = 0.20  # the middle third at least this far below the better end
+OTHER_END = 0.10  # and, for a U rather than primacy (or recency) alone, the other end this far above the middle
+BEDS = ("kv340", "mdqa10-nq", "mdqa10-hotpot", "mdqa20-nq", "mdqa20-hotpot", "mdqa30-nq", "mdqa30-hotpot", "kvuuid75")
 MODELS = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma-3-270m", "smollm2-135m")
 
 
@@ -31,8 +33,7 @@ def bed_folders(runs: Path) -> list[tuple[str, str, Path]]:
     out = []
     for model in MODELS:
         for folder in sorted((runs / model).glob("*")):
-            if (folder / "summary.json").is_file() and not folder.name.startswith("map") \
-                    and not folder.name.endswith("-float32"):
+            if (folder / "summary.json").is_file() and folder.name in BEDS:
                 out.append((model, folder.name, folder))
     return out
 
@@ -59,11 +60,13 @@ def u_test(records: list[dict], metric: str) -> dict:
         return {}
     m = sum(middle) / len(middle)
     m_ci = wilson_interval(sum(middle), len(middle))
-    end = max((rows[0.0], rows[1.0]), key=lambda r: r["accuracy"])
+    end, other = sorted((rows[0.0], rows[1.0]), key=lambda r: -r["accuracy"])
     gap = end["accuracy"] - m
+    lost = bool(gap >= U_POINTS and m_ci[1] < end["ci"][0])
+    shape = "U" if other["accuracy"] - m >= OTHER_END else ("primacy" if end["depth"] == 0.0 else "recency")
     return {"middle": m, "middle_ci": list(m_ci), "middle_n": len(middle), "better_end": end["depth"],
-            "end": end["accuracy"], "end_ci": end["ci"], "gap": gap,
-            "real_u": bool(gap >= U_POINTS and m_ci[1] < end["ci"][0])}
+            "end": end["accuracy"], "end_ci": end["ci"], "other_end": other["accuracy"], "gap": gap,
+            "middle_lost": lost, "shape": shape if lost else "-", "real_u": lost and shape == "U"}
 
 
 def attention_row(records: list[dict]) -> list[dict]:
@@ -109,7 +112,7 @@ def pct(x: float) -> str:
 
 def bed_table(beds: list[dict]) -> str:
     lines = ["| model | test bed | tokens | accuracy by depth 0 / .25 / .5 / .75 / 1 (%) | middle third vs better end "
-             "| real U | gold most attended by depth (%) |", "|---|---|---:|---|---|:---:|---|"]
+             "| middle lost: shape | gold most attended by depth (%) |", "|---|---|---:|---|---|:---:|---|"]
     for b in beds:
         rows = b["generate"] if b["metric"] == "generate" else b["tf"]
         acc = " / ".join(pct(r["accuracy"]) for r in rows)
@@ -119,8 +122,9 @@ def bed_table(beds: list[dict]) -> str:
                if u else "-")
         att = " / ".join(pct(r["top1"]) for r in b["attention"]) or "-"
         metric = " (greedy, best_subspan_em)" if b["metric"] == "generate" else ""
+        verdict = ("**yes: a U**" if u.get("real_u") else f"yes: {u['shape']} only") if u.get("middle_lost") else "no"
         lines.append(f"| {b['model']} | {b['bed']}{metric} | {b['prompt_tokens']:.0f} | {acc} | {gap} | "
-                     f"{'**yes**' if u.get('real_u') else 'no'} | {att} |")
+                     f"{verdict} | {att} |")
     return "\n".join(lines)
 
 
@@ -232,15 +236,17 @@ def closing_table(runs: Path) -> str:
 
 
 def heldout_ids(beds: list[dict], runs: Path) -> dict:
-    """The instance ids of the beds with a real U: held out (the folder's) and the search split's recipe."""
+    """The instance ids of the beds where the middle is lost: held out (the folder's) and the search split's
+    recipe."""
     out = {}
     for b in beds:
-        if b["u"].get("real_u"):
+        if b["u"].get("middle_lost"):
             folder = runs / b["model"] / b["bed"]
             cfg = json.loads((folder / "config.json").read_text())["config"]
             ids = sorted(r["id"] for r in read_jsonl(folder / "results.jsonl"))
             heldout = {"split": "eval", "seed": cfg["seed"], "n": cfg["n"], "ids": ids}
-            out[f"{b['model']}/{b['bed']}"] = {"task": cfg["task"], "task_options": cfg["task_options"],
+            out[f"{b['model']}/{b['bed']}"] = {"shape": b["u"]["shape"], "task": cfg["task"],
+                                               "task_options": cfg["task_options"],
                                                "depths": cfg["depths"], "heldout": heldout,
                                                "search": {"split": "search", "seed": cfg["seed"]}}
     return out
