@@ -43,6 +43,13 @@ if [[ -z ${NO_MAPS:-} ]]; then
   done
 fi
 
+# Qwen2.5-Coder-1.5B's drop at depth 1: the same contexts and questions with a closing line after the records,
+# paired with the 2,048-token cells of its map (169 keys fill 2,048 tokens there)
+if [[ " $MODELS " == *" $QWEN15 "* && -z ${NO_MAPS:-} ]]; then
+  posbias eval --model "$QWEN15" --task kv --num-keys 169 --opt shared_context=true --opt "closing=That is the whole list." \
+    --depths 0.75,1 --n 30 --mode both --attention --dtype "$DTYPE" --out "$OUT/$QWEN15/kv169-closing"
+fi
+
 # The dtype check: Qwen2.5-Coder-0.5B's word-KV and 10-document NQ beds again in float32, paired with bfloat16.
 if [[ $DTYPE == bfloat16 && -z ${NO_DTYPE_CHECK:-} ]]; then
   DTYPE=float32 MODELS=$QWEN BEDS="kv340 mdqa10-nq" NO_MAPS=1 NO_DTYPE_CHECK=1 OUT=$OUT LIM=$LIM "$0"

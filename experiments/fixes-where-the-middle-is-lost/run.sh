@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Fixes judged where the middle is lost: Qwen2.5-Coder-0.5B's word-KV bed at ~4K tokens (340 keys, shared contexts;
+# docs/results/where-the-middle-is-lost), held out at n = 30 per depth on the bed's ids, tuned on the search split.
+# - found-in-the-middle attention calibration: the positional bias from 10 search contexts (posbias attention-bias),
+#   t chosen on 10 search contexts by accuracy (then per-token gold log-prob), then held out;
+# - the query-aware prompt (the key before the records too): a prompt-level control, not a model fix.
+# The bed's `none` row is runs/where-the-middle-is-lost/<model>/kv340 (experiments/where-the-middle-is-lost/run.sh).
+# Every step resumes.
+source "$(dirname "$0")/../common.sh"
+OUT=${OUT:-runs/fixes-where-the-middle-is-lost}/$QWEN
+KV=(--model "$QWEN" --task kv --num-keys 340 --opt shared_context=true --dtype "${DTYPE:-bfloat16}")
+HELDOUT=(--n 30 --depths 0,0.25,0.5,0.75,1)
+SEARCH=(--split search --n 10 --depths 0,0.25,0.5,0.75,1)
+BIAS=$OUT/attention-bias-kv340/attention_bias.json
+
+posbias attention-bias "${KV[@]}" --n 10 --out "$OUT/attention-bias-kv340"
+for t in 1e-5 5e-5 2e-4 1e-3; do
+  posbias eval "${KV[@]}" "${SEARCH[@]}" --method calibration --method-opt "bias=$BIAS" --method-opt "t=$t" \
+    --out "$OUT/tune-calibration-kv340/t$t"
+done
+posbias eval "${KV[@]}" "${SEARCH[@]}" --out "$OUT/tune-calibration-kv340/none"
+T=$(script experiments/fixes-where-the-middle-is-lost/choose_t.py "$OUT/tune-calibration-kv340")
+posbias eval "${KV[@]}" "${HELDOUT[@]}" --method calibration --method-opt "bias=$BIAS" --method-opt "t=$T" \
+  --out "$OUT/kv340-calibration"
+posbias eval "${KV[@]}" "${HELDOUT[@]}" --opt query_aware=true --attention --out "$OUT/kv340-query-aware"
