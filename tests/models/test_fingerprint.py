@@ -93,3 +93,25 @@ def test_an_adapter_whose_base_is_itself_is_one_line(tmp_path):
     assert res.exit_code == 2 and "Traceback" not in res.output and "recursion" not in res.output
     with pytest.raises(ValueError, match="adapter chain"):
         model_content(str(adapter))
+
+
+def test_an_adapter_on_an_adapter_is_refused_not_stacked(tmp_path):
+    """Two methods would run and only the outer one be recorded."""
+    import shutil
+
+    from posbias.models import load_model
+    from posbias.models.loader import ModelLoadError
+    from posbias.patching.rope_scaling import save_factors_file
+
+    model = save_tiny_folder(tmp_path / "m")
+    save_factors_file(tmp_path / "f.json", factors=[1.0, 1.5, 2.0], model="tiny", task="kv")
+    inner = tmp_path / "inner"
+    assert runner.invoke(app, ["apply", "--model", model, "--factors", str(tmp_path / "f.json"),
+                               "--out", str(inner)]).exit_code == 0
+    outer = tmp_path / "outer"
+    shutil.copytree(inner, outer)
+    doc = json.loads((outer / "posbias_adapter.json").read_text())
+    doc["base_model"] = {"spec": str(inner), "path": str(inner)}
+    (outer / "posbias_adapter.json").write_text(json.dumps(doc))
+    with pytest.raises(ModelLoadError, match="is itself an adapter"):
+        load_model(str(outer))

@@ -78,8 +78,13 @@ def load_model(spec: str, options: LoadOptions | None = None, *, dtype: torch.dt
     path = resolve_spec(spec, options.revision)
     adapter = read_adapter(path)  # a folder written by posbias apply: base model + method
     if adapter is not None and not adapter.merged:
-        return adapter.apply(*load_model(adapter.base_spec(), options, dtype=dtype, device=device,
-                                         require_rope=require_rope))
+        base = adapter.base_spec()
+        inner = read_adapter(resolve_spec(base, options.revision)) if not looks_like_hub_id(base) else None
+        if inner is not None and not inner.merged:  # two methods stacked, one of them unrecorded
+            raise ModelLoadError(f"{path}: its base model {base} is itself an adapter (method {inner.method}); an "
+                                 f"adapter applies one method to a plain model: point its base_model at "
+                                 f"{inner.base_spec()}")
+        return adapter.apply(*load_model(base, options, dtype=dtype, device=device, require_rope=require_rope))
     if path.is_file() and path.suffix == ".gguf":
         path = cached_from_gguf(path)
     if register_folder_model_type(path):  # a posbias train / study model: its own positional scheme
