@@ -339,3 +339,30 @@ def test_demo_search_refuses_an_adapter_before_loading_it(adapter, tmp_path, mon
     assert res.exit_code == 2, res.output
     assert "demo --search applies per-layer RoPE factors of its own" in _text(res)
     assert not out.exists()
+
+
+def test_a_killed_apply_leaves_no_staging_folder_behind(tiny, factors, tmp_path):
+    """A staging folder of an apply that was killed (its process gone) is removed by the next apply there."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".adapter.apply-{dead.stdout.strip()}"
+    (stale / "weights").mkdir(parents=True)
+    res = _apply("--model", tiny, "--factors", factors, "--out", tmp_path / "adapter")
+    assert not stale.exists() and "staging folder of a posbias apply that was killed" in res.output
+
+
+def test_a_full_disk_during_merge_is_one_line(tiny, factors, tmp_path, monkeypatch):
+    from safetensors import SafetensorError
+
+    from posbias.models import export
+
+    def full(*a, **k):
+        raise SafetensorError("No space left on device (os error 28)")
+
+    monkeypatch.setattr(export, "write_merged", full)
+    res = runner.invoke(app, ["apply", "--model", tiny, "--factors", factors, "--out", str(tmp_path / "m"),
+                              "--merge"])
+    assert res.exit_code == 2 and "is the disk full?" in res.output and "Traceback" not in res.output
+    assert not any(p.name.startswith(".m.apply-") for p in tmp_path.iterdir())

@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
+
+from safetensors import SafetensorError
 
 from posbias.architecture.layers import get_decoder_layers
 from posbias.evaluation.session import check_method
@@ -90,6 +93,7 @@ def write_applied(out: str | Path, *, spec: str, model, tokenizer, method: str, 
     handle = apply_method(model, method, **options)  # checks the options against this model
     handle.remove()
     out = Path(out)
+    remove_stale_staging(out)
     staging = out.parent / f".{out.name}.apply-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -102,9 +106,11 @@ def write_applied(out: str | Path, *, spec: str, model, tokenizer, method: str, 
             _copy_routers(options["routers"], staging / ROUTERS_DIR)
             stored = {**{k: stored[k] for k in MOICE_STORED}, "routers": ROUTERS_DIR}
         if merge:
-
             per_layer = factors if method == "lpes" else [float(stored["factor"])] * len(get_decoder_layers(model))
-            write_merged(staging, model, tokenizer, method, per_layer)
+            try:
+                write_merged(staging, model, tokenizer, method, per_layer)
+            except SafetensorError as e:  # a full disk, mostly: safetensors raises its own error type
+                raise OSError(f"writing the merged weights into {out.parent} failed ({e}); is the disk full?") from None
         doc = adapter_doc(spec, model, method, stored, merge)
         (staging / ADAPTER_FILE).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         (staging / "README.md").write_text(readme(doc, out.name), encoding="utf-8")
@@ -112,6 +118,27 @@ def write_applied(out: str | Path, *, spec: str, model, tokenizer, method: str, 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def remove_stale_staging(out: Path) -> None:
+    """Remove the staging folders that killed ``apply`` runs left beside ``out`` (``.<name>.apply-<pid>`` of a
+    process that no longer runs; with ``--merge`` a full copy of a model), saying so in one line each."""
+    for stale in out.parent.glob(f".{out.name}.apply-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        shutil.rmtree(stale, ignore_errors=True)
+        print(f"removed {stale}: the staging folder of a posbias apply that was killed", file=sys.stderr)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _write_lpes_factors(model, factors_path, folder: Path) -> list[float]:
