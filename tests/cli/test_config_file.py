@@ -327,3 +327,43 @@ def test_settings_files_that_never_end_are_one_line(tmp_path, make):
         return
     res = cli("train", "--config", path, "--out", tmp_path / "x")
     one_line_error(res, "--config" if make == "alias_bomb" else "not a regular file")
+
+
+# ----------------------------------------------------------------------------- packaged protocols
+
+def test_packaged_protocols_are_found_by_name_and_a_local_file_wins(tmp_path, monkeypatch):
+    from posbias.cli.config_file import settings_path
+    from posbias.protocols import protocol_names, protocol_path
+
+    assert "quick" in protocol_names("study") and protocol_names("no-such-command") == []
+    assert protocol_path("study", "quick").name == "quick.toml"
+    assert all(protocol_path("study", bad) is None for bad in ("", "../study/quick", ".quick", "nope"))
+    assert settings_path("quick", "study") == protocol_path("study", "quick")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quick").write_text("seed = 3\n")
+    assert settings_path("quick", "study").resolve() == tmp_path / "quick"  # a file of that name wins
+    with pytest.raises(ValueError, match=r"no such file, and posbias study ships no protocol of that name "
+                                         r"\(its protocols: quick"):
+        settings_path("quik", "study")
+
+
+def test_the_quick_study_protocol_builds_a_valid_study(tmp_path):
+    from posbias.study.config import StudyConfig
+    from posbias.study.training import check_training_options
+    from posbias.utils.options import field_types
+
+    flags = settings_with_file(None, "quick", "study", {"out": str(tmp_path / "q")}, field_types(StudyConfig),
+                               ignore=("ppl_eval_tokens", "resume"))
+    cfg = StudyConfig(**flags)
+    assert cfg.schemes == ["ggd", "rope"] and cfg.train_context == 128 and cfg.out == str(tmp_path / "q")
+    assert cfg.lengths == [128, 256, 512, 1024] and cfg.train_options["probe_target"] == 0.95
+    check_training_options(cfg)  # the trainer accepts every training option of the protocol
+
+
+def test_study_help_names_the_quick_protocol_and_a_wrong_name_is_one_line(tmp_path):
+    import re
+
+    help_text = re.sub(r"\s+", " ", re.sub(r"[│╭╮╰╯─]", " ", cli("study", "--help").output))
+    assert "a protocol that ships with posbias: quick" in help_text
+    one_line_error(cli("study", "--config", "quik", "--out", tmp_path / "s"), "--config quik: no such file",
+                   "its protocols: quick")

@@ -389,10 +389,14 @@ def test_attention_maps_bam_and_hf_and_plot(tmp_path):
 @pytest.fixture
 def fake_train(tmp_path, monkeypatch, tiny_tokenizer):
     """``posbias.training.train`` stand-in: saves an untrained tiny BAM model of the asked scheme."""
+    import posbias.study.runner as runner
     import posbias.study.training as training
+    from posbias.study.estimate import StudyEstimate
 
     monkeypatch.setattr(training, "_train_config_class", lambda: None)  # plain dict configs
     monkeypatch.setattr(training, "study_tokenizer", lambda spec: tiny_tokenizer)  # the one the models save
+    # the estimate times the trainer's own config, which plain dict configs are not (tests/study/test_estimate.py)
+    monkeypatch.setattr(runner, "estimate_study", lambda *a, **k: StudyEstimate(0.0, 0.0, 0, 0.0, 0))
     calls = []
 
     def train(config):
@@ -946,3 +950,20 @@ def test_prior_curves_of_every_learnable_prior():
     assert prior_curves(tiny_bam("rope", "softmax"), [1, 2]) == []
     with pytest.raises(ValueError, match="distances must lie in"):
         prior_curves(fire, [10], query_position=5)
+
+
+def test_serial_training_names_each_scheme_as_it_starts(tmp_path, fake_train):
+    from posbias.study.runner import StudyConfig, ensure_models
+
+    train, calls = fake_train
+    said = []
+
+    def logged_train(config):
+        said.append(f"trained {config['pe']}")
+        return train(config)
+
+    cfg = StudyConfig(out=str(tmp_path / "s"), schemes="rope,alibi", train_steps=2, train_context=160)
+    ensure_models(cfg, train_fn=logged_train, log=said.append)
+    starts = [line for line in said if line.startswith("[study] training") or line.startswith("trained ")]
+    assert starts[0].startswith("[study] training rope (1 of 2) -> ") and starts[1] == "trained rope"
+    assert starts[2].startswith("[study] training alibi (2 of 2) -> ") and starts[3] == "trained alibi"

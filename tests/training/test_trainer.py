@@ -680,3 +680,19 @@ def test_cli_train_takes_the_new_priors_by_name(tmp_path, tiny_tokenizer, corpus
     assert res.exit_code == 0, res.output
     saved = json.loads((tmp_path / "cli" / "final" / "config.json").read_text())
     assert saved["pe"] == pe and (tmp_path / "cli" / "final" / "model.safetensors").exists()
+
+
+def test_the_progress_line_shows_the_last_probe_beside_the_loss(tmp_path, tiny_tokenizer, corpus, monkeypatch,
+                                                               capsys):
+    import sys
+
+    import posbias.training.trainer as trainer
+    from posbias.training.probe import probe_postfix
+
+    assert probe_postfix({"passkey_em": 0.85, "passkey_logprob": -1.0, "niah_em": None}) == {"passkey": "85%"}
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    monkeypatch.setattr(trainer, "run_probes", lambda model, docs: {"passkey_em": 0.5, "passkey_logprob": -1.0})
+    train(_cfg(tmp_path, context=320, steps=10, probe_every=5, probe_n=2, log_every=5, progress=True),
+          tokenizer=tiny_tokenizer)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("train ")]
+    assert lines and "loss=" in lines[-1] and "passkey=50%" in lines[-1], lines

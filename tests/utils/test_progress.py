@@ -26,3 +26,16 @@ def test_disabled_progress_prints_nothing(capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
     assert list(progress_iter(range(30), desc="quiet", enabled=False)) == list(range(30))
     assert capsys.readouterr().err == ""
+
+
+def test_worker_processes_report_in_lines_even_on_a_terminal(capsys, monkeypatch):
+    from posbias.utils.progress import LINES_ENV, use_progress_lines
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.delenv(LINES_ENV, raising=False)
+    assert not isinstance(progress_bar(10, desc="bar"), LineProgress)
+    use_progress_lines()  # what a spawned training worker runs first
+    try:
+        assert isinstance(progress_bar(10, desc="train rope"), LineProgress)
+    finally:
+        monkeypatch.delenv(LINES_ENV, raising=False)

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping
 
 import typer
 
+from posbias.protocols import protocol_names, protocol_path
 from posbias.utils.io import read_text
 from posbias.utils.options import check_shape, refuse_unknown
 
@@ -31,22 +32,42 @@ CONFIG_HELP = ("settings file (JSON, TOML or YAML; a run folder's config.json to
 RECORDED_KEYS = ("git", "model_path", "load", "dtype", "adapter", "model_content")
 
 
-def ConfigFileOption():
-    """The ``--config`` option of the commands that take a settings file."""
-    return typer.Option(None, "--config", help=CONFIG_HELP)
+def ConfigFileOption(kind: str | None = None):
+    """The ``--config`` option of the commands that take a settings file; its help names the protocols
+    that ship for the command ``kind`` (:mod:`posbias.protocols`)."""
+    names = protocol_names(kind) if kind else []
+    shipped = f"; or a protocol that ships with posbias: {', '.join(names)}" if names else ""
+    return typer.Option(None, "--config", help=CONFIG_HELP + shipped)
 
 
 def read_settings_file(path: str | Path, kind: str | None) -> dict[str, Any]:
     """The settings in ``path`` (by suffix: ``.toml``, ``.yaml`` / ``.yml``, else JSON); a run
     folder's ``config.json`` gives its ``config`` after checking that it is a ``kind`` run (any kind
-    for None)."""
-    doc = read_settings_doc(path)
+    for None). A name that is no file but a packaged protocol of ``kind`` (:mod:`posbias.protocols`,
+    e.g. ``posbias study --config quick``) reads that protocol."""
+    doc = read_settings_doc(settings_path(path, kind))
     if is_run_config(doc):
         if kind is not None and doc["kind"] != kind:
             raise ValueError(f"--config {path} is the config of a {doc['kind']} run; posbias {kind} needs "
                              f"the settings of a {kind} run")
         doc = doc["config"]
     return doc
+
+
+def settings_path(path: str | Path, kind: str | None) -> Path:
+    """``path`` as given, or the packaged protocol of ``kind`` it names when no such file exists; a
+    name that is neither is a ``ValueError`` listing the packaged protocols."""
+    path = Path(path).expanduser()
+    if path.exists() or kind is None:
+        return path
+    packaged = protocol_path(kind, str(path))
+    if packaged is not None:
+        return packaged
+    names = protocol_names(kind)
+    if names and not path.suffix and path.name == str(path):
+        raise ValueError(f"--config {path}: no such file, and posbias {kind} ships no protocol of that name "
+                         f"(its protocols: {', '.join(names)})")
+    return path
 
 
 def is_run_config(doc: dict) -> bool:

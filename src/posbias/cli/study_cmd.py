@@ -27,7 +27,8 @@ def study_command(
     out: Optional[str] = typer.Option(None, help="study folder (models, jsonl results, summary.md, plots/); "
                                                  "re-running resumes (trained models reused, finished cells "
                                                  "skipped); required unless --config names it"),
-    preset: str = typer.Option("tiny", help="model size preset: tiny | small | 120m | 1b"),
+    preset: str = typer.Option("tiny", help="model size preset: tiny | small | 120m | 1b (a whole study in "
+                                            "minutes: --config quick)"),
     schemes: str = typer.Option("rope,sinusoidal,nope,alibi,ggd,ggd+ssmax,rope+ssmax",
                                 help="comma-separated <pe>[+ssmax], pe in rope|sinusoidal|nope|alibi|ggd|"
                                      "kerple-log|kerple-power|fire"),
@@ -81,7 +82,7 @@ def study_command(
                                                   help="extra training option key=value (same for all schemes)"),
     model_opt: Optional[list[str]] = typer.Option(None, "--model-opt", help="model setting key=value for every scheme "
                                                   "(a BamConfig field, e.g. rope_theta=10000)"),
-    config: Optional[str] = ConfigFileOption(),
+    config: Optional[str] = ConfigFileOption("study"),
 ):
     """Train each positional scheme on one budget and evaluate it from 1x to Kx its training length."""
     from posbias.bam import BamConfig

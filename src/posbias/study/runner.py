@@ -84,6 +84,7 @@ from posbias.study.config import (  # noqa: F401
     upgrade_settings,
 )
 from posbias.study.data import prepare_data, split_heldout  # noqa: F401
+from posbias.study.estimate import estimate_study
 from posbias.study.grid import (
     PPL_FILE,
     TRAIN_PPL_FILE,
@@ -109,6 +110,7 @@ from posbias.study.training import (  # noqa: F401
     load_trained,
     model_dir_name,
     prepare_tokenizer,
+    study_tokenizer,
     train_config,
     trained_models,
 )
@@ -139,6 +141,7 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
     Args:
         train_fn: replaces ``posbias.training.train`` (``config -> saved model folder``).
         make_instances: replaces ``posbias.tasks.make_instances`` (tests).
+        progress: progress bars, and the time estimate (:mod:`posbias.study.estimate`) before the work.
     Returns: ``{"models": {scheme: path}, "metrics": [...], "summary": path}``.
     """
     out = Path(cfg.out)
@@ -158,6 +161,9 @@ def run_study(cfg: StudyConfig, *, train_fn: Callable | None = None, make_instan
     folder.commit()
     tokenizer = prepare_tokenizer(cfg, train_corpus, log=log)
     check_before_training(cfg, tokenizer, passkey_heldout=heldout, make_instances=make_instances)
+    if progress:
+        todo = [scheme for scheme in cfg.schemes if scheme not in trained_models(cfg)]
+        log(estimate_study(cfg, study_tokenizer(tokenizer), todo, passkey_heldout=heldout).describe())
     models = ensure_models(cfg, train_fn=train_fn, corpus=train_corpus, log=log)
 
 

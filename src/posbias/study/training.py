@@ -21,6 +21,7 @@ from posbias.training.tokenizer import parse_bpe_spec, resolve_tokenizer_spec
 from posbias.utils.corpus import load_texts
 from posbias.utils.io import atomic_write_json
 from posbias.utils.options import refuse_unknown
+from posbias.utils.progress import use_progress_lines
 from posbias.utils.workers import spawn_pool
 
 
@@ -137,13 +138,15 @@ def ensure_models(cfg: StudyConfig, *, train_fn: Callable | None = None, corpus:
         log(f"[study] trained {scheme} in {seconds:.0f}s")
 
     jobs = [(scheme, out / "models" / model_dir_name(scheme)) for scheme in todo]
-    for scheme, target in jobs:
-        log(f"[study] training {scheme} -> {target}")
     if cfg.train_workers > 1 and len(jobs) > 1:
+        workers = min(cfg.train_workers, len(jobs))
+        log(f"[study] training {len(jobs)} schemes, {workers} at a time (one process each; progress in lines "
+            f"'train <scheme>: N%'): {', '.join(todo)} -> {out / 'models'}")
         _train_parallel(cfg, jobs, train_fn, corpus, record)
     else:
         fn = train_fn or default_train_fn()
-        for scheme, target in jobs:
+        for i, (scheme, target) in enumerate(jobs, 1):
+            log(f"[study] training {scheme} ({i} of {len(jobs)}) -> {target}")
             t0 = time.time()
             record(scheme, fn(train_config(cfg, scheme, target, corpus)), target, time.time() - t0)
     return models
@@ -166,11 +169,10 @@ def _record_model(path: Path, scheme: str, folder: str) -> None:
 
 
 def _train_parallel(cfg: StudyConfig, jobs, train_fn, corpus, record) -> None:
-    """Run the training jobs in ``cfg.train_workers`` spawned processes (``train_fn`` must be picklable)."""
-
-
+    """Run the training jobs in ``cfg.train_workers`` spawned processes (``train_fn`` must be picklable);
+    each reports its progress in lines (two bars on one terminal would overwrite each other)."""
     fn = train_fn or default_train_fn()
-    with spawn_pool(min(cfg.train_workers, len(jobs))) as pool:
+    with spawn_pool(min(cfg.train_workers, len(jobs)), initializer=use_progress_lines) as pool:
         futures = {pool.submit(_timed_call, fn, train_config(cfg, scheme, target, corpus)): (scheme, target)
                    for scheme, target in jobs}
         for fut in as_completed(futures):

@@ -79,6 +79,12 @@ def run_probes(model, docs_by_task: dict[str, list[ProbeDoc]]) -> dict:
     return out
 
 
+def probe_postfix(probe: dict) -> dict[str, str]:
+    """A progress bar's view of :func:`run_probes`' result: ``{"passkey": "85%"}`` per task scored."""
+    return {key.removesuffix("_em"): f"{100 * value:.0f}%" for key, value in probe.items()
+            if key.endswith("_em") and value is not None}
+
+
 def passkey_probe(model, docs: list[ProbeDoc]) -> dict:
     """``{"passkey_em": fraction exact, "passkey_logprob": mean summed log-prob of the key tokens}``."""
     em, logprob = _score_spans(model, docs)

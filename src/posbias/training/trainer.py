@@ -30,7 +30,7 @@ from .checkpoint import CHECKPOINT, load_checkpoint, resume_check_keys, save_che
 from .config import OPTIMIZERS, PRECISIONS, RESUME_KEYS, SCHEDULES, TrainConfig, build_bam_config, run_label
 from .data import PackedDataset, load_texts, load_tokenizer
 from .distributed import DistInfo, barrier, cleanup, init_distributed, mean_across
-from .probe import probe_docs, run_probes
+from .probe import probe_docs, probe_postfix, run_probes
 from .schedule import lr_lambda, make_optimizer, make_scheduler, param_groups
 from .step_log import StepLog, probe_reached, probe_streak
 from .tokenizer import resolve_tokenizer_spec
@@ -79,6 +79,7 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
     reached = bool(cfg.probe_target) and mean_across(float(streak >= cfg.probe_patience), info) > 0
     bar = progress_bar(cfg.steps, initial=start, desc=f"train {run_label(cfg)}",
                        enabled=cfg.progress and info.is_main, dynamic_ncols=True)
+    postfix: dict[str, str] = {}  # what the bar shows beside the step count: loss, tokens/s, the last probe
     for step in range(start, end):
         if reached:
             break
@@ -89,11 +90,14 @@ def _train(cfg: TrainConfig, info: DistInfo, tokenizer, callback) -> Path:
         log.add(loss)
         if done % cfg.log_every == 0 or done == end:
             rec = log.write(done, optimizer, gnorm, model, restart=done % cfg.log_every == 0)
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}")
+            postfix.update(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}")
+            bar.set_postfix(postfix)
         if cfg.probe_every and (done % cfg.probe_every == 0 or done == end):
             if probes:
                 probe = run_probes(model, probes)
                 append_jsonl(out / "metrics.jsonl", {"step": done, **probe})
+                postfix.update(probe_postfix(probe))
+                bar.set_postfix(postfix)
                 streak = streak + 1 if cfg.probe_target and probe_reached(probe, cfg.probe_target,
                                                                           cfg.probe_task_names) else 0
             reached = bool(cfg.probe_target) and mean_across(float(streak >= cfg.probe_patience), info) > 0

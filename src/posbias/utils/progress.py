@@ -2,16 +2,26 @@
 
 A bar redrawn into a log file floods it; a log with nothing in it for an hour says nothing either.
 :func:`progress_bar` gives the bar where a person watches it and, when stderr is not a terminal
-(``nohup``, CI, ``2> log``), a :class:`LineProgress` with the same ``update`` / ``set_postfix`` /
-``close`` methods that prints ``desc: 30% (300/1000 inst, 42 s)`` each time another tenth is done.
+(``nohup``, CI, ``2> log``) or :data:`LINES_ENV` is set (worker processes sharing one terminal, whose
+bars would overwrite each other's line), a :class:`LineProgress` with the same ``update`` /
+``set_postfix`` / ``close`` methods that prints ``desc: 30% (300/1000 inst, 42 s)`` each time another
+tenth is done.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Iterable, Iterator
 
 from tqdm.auto import tqdm
+
+LINES_ENV = "POSBIAS_PROGRESS_LINES"  # set (to anything but "") in a process: lines, never a bar
+
+
+def use_progress_lines() -> None:
+    """From now on this process reports progress in lines (:data:`LINES_ENV`); a worker initializer."""
+    os.environ[LINES_ENV] = "1"
 
 
 def progress_bar(total: int | None = None, *, desc: str = "", unit: str = "it", initial: int = 0,
@@ -20,7 +30,7 @@ def progress_bar(total: int | None = None, *, desc: str = "", unit: str = "it", 
     a silent one when not ``enabled``."""
     if not enabled:
         return tqdm(total=total, disable=True)
-    if sys.stderr.isatty():
+    if sys.stderr.isatty() and not os.environ.get(LINES_ENV):
         return tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=leave, **tqdm_kwargs)
     return LineProgress(total, desc=desc, unit=unit, initial=initial, every=every)
 
