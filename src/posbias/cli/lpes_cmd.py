@@ -29,7 +29,7 @@ from posbias.cli.common import (
     task_options,
 )
 from posbias.cli.config_file import ConfigFileOption, require, settings_with_file
-from posbias.utils.options import field_types
+from posbias.utils.options import field_types, parse_depths
 
 
 def search_command(
@@ -38,15 +38,19 @@ def search_command(
     task: Optional[str] = typer.Option(None, help="kv | kv-uuid | mdqa | passkey | niah (default: the model's "
                                                   "lost-in-the-middle target, e.g. kv with 100 keys on "
                                                   "qwen2.5-coder-0.5b; kv with 30 keys otherwise)"),
-    objective: str = typer.Option("logprob", help="logprob (depth-weighted mean per-token gold log-prob; the "
-                                                  "default: it ranks genomes more consistently) | accuracy "
-                                                  "(exact match, log-prob tie-break)"),
+    objective: Optional[str] = typer.Option(None, help="logprob (depth-weighted mean per-token gold log-prob; the "
+                                                       "default: it ranks genomes more consistently) | accuracy "
+                                                       "(exact match, log-prob tie-break) | greedy (the greedy "
+                                                       "answer's task score, log-prob tie-break; the authors "
+                                                       "preset's)"),
     shared_context: bool = typer.Option(True, "--shared-context/--no-shared-context",
                                         help="score each search context at every depth from one prefill "
                                              "(kv, multi-key niah); the held-out table is always per question"),
     preset: str = typer.Option("quick",
                                help="quick (~5 min for SmolLM2 on a 2-core x86 CPU) | standard (~10 min for "
-                                    "SmolLM2, ~90 min for Qwen2.5-0.5B on 1 CPU thread) | paper (GPU)"),
+                                    "SmolLM2, ~90 min for Qwen2.5-0.5B on 1 CPU thread) | paper (GPU) | authors "
+                                    "(the LPES authors' search: their GA, factors 1.0-2.5 from 1.5, greedy "
+                                    "accuracy with the gold last; use with --task mdqa; GPU)"),
     out: Optional[str] = typer.Option(None, help="run folder (re-running resumes a killed or shorter search); "
                                                  "required unless --config names it"),
     seed: int = Seed,
@@ -56,15 +60,18 @@ def search_command(
     target: str = typer.Option("rope", help="what the per-layer curve sets: rope (LPES factors) | temperature "
                                             "(attention temperatures, default grid 0.5..2) | rope+temperature "
                                             "(both, two curves in one genome; --grid sets the RoPE one)"),
-    curve: str = typer.Option("bezier", help="bezier | linear | step"),
+    curve: Optional[str] = typer.Option(None, help="bezier (default) | bezier-t (the LPES authors' mapping; the "
+                                                   "authors preset's) | linear | step"),
+    depths: Optional[str] = typer.Option(None, help="depths of the search split's gold item (default 0,0.5,1; the "
+                                                    "authors preset: 1)"),
     control_points: int = Count(4, minimum=2, help="number of control points (4 = cubic Bézier)"),
     population: Optional[int] = Count(None, minimum=2, help="override the preset's population"),
     generations: Optional[int] = Count(None, help="override the preset's generations"),
     n_per_depth: Optional[int] = Count(None, help="override the preset's search instances per depth"),
     batch_size: Optional[int] = Count(None, help="override the preset's batch size"),
-    weights: Optional[str] = typer.Option(None, help="fitness weights of depths 0,0.5,1 (default equal)"),
-    grid: Optional[str] = typer.Option(None,
-                                       help="factor grid, comma-separated (default: posbias.search.DEFAULT_GRID)"),
+    weights: Optional[str] = typer.Option(None, help="fitness weights of the search depths (default equal)"),
+    grid: Optional[str] = typer.Option(None, help="factor grid, comma-separated (default: posbias.search.DEFAULT_GRID;"
+                                                  " the authors preset: 1.0..2.5 by 0.05)"),
     round_to_grid: bool = typer.Option(False, "--round-to-grid", help="snap per-layer factors to the grid"),
     prune: bool = typer.Option(True, "--prune/--no-prune", help="stop scoring individuals that cannot reach the elite"),
     chat: bool = typer.Option(False, "--chat/--no-chat", help="wrap prompts in the tokenizer's chat template"),
@@ -94,6 +101,7 @@ def search_command(
                  control_points=control_points,
                  task_options=task_options(num_keys, num_docs, length, path, haystack, num_needles, opt),
                  weights=parse_numbers(weights, "weights") if weights else None, chat=chat,
+                 depths=parse_depths(depths) if depths else None,
                  grid=parse_numbers(grid, "grid") if grid else None, round_to_grid=round_to_grid,
                  overrides=overrides, prune=prune, backend=backend, ray_address=ray_address, objective=objective,
                  shared_context=shared_context, heldout_n=heldout_n, target=target)
@@ -113,7 +121,8 @@ def search_command(
         console.print(f"search target: {cfg.task} {cfg.task_options} (the model's default; --task to choose another)")
     res = run_search(cfg, resume=True, log=lambda m: console.print(generation_line(m)), load=load)
     base = f"{res.baseline_accuracy:.3f}" if res.baseline_accuracy is not None else "n/a"
-    chosen = "log-prob (accuracy breaks ties)" if res.objective == "logprob" else "accuracy (log-prob breaks ties)"
+    chosen = {"logprob": "log-prob (accuracy breaks ties)", "greedy": "greedy-answer accuracy (log-prob breaks ties)"
+              }.get(res.objective, "accuracy (log-prob breaks ties)")
     console.print(f"winner chosen by {chosen}; its search-split accuracy {res.accuracy:.3f} (unpatched {base}); "
                   f"factors: {res.factors_path}")
     if res.below_unpatched:

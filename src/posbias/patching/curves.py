@@ -10,6 +10,10 @@ Curve kinds:
   ``y(t)`` where ``x(t) = l / (L - 1)``; ``x(t)`` is monotone because the control ``x`` increase (its
   derivative is a Bézier curve of the positive differences), so ``t`` is found by bisection.
   The curve passes through the first and last control point only.
+* ``bezier-t``: the mapping of the LPES authors' code (``zhenghuawang6/middle_rope``,
+  ``evaluate_layerwise.py``): the Bézier curve's ``y`` at evenly spaced ``t = l / (L - 1)``, the control
+  ``x`` ignored, and the basis written as ``C(n, i) (1 - t)^i t^(n - i) P_i``, so layer 0 takes the *last*
+  control point's ``y`` and the last layer the first's (the ``bezier`` kind reversed, evaluated in ``t``).
 * ``linear``: piecewise linear through all control points.
 * ``step``: piecewise constant; each layer takes the ``y`` of the control point nearest in ``x``
   (a layer exactly halfway between two points takes the later one).
@@ -30,9 +34,11 @@ import numpy as np
 
 DEFAULT_GRID: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0,
                                    1.02, 1.05, 1.1, 1.15, 1.2, 1.3, 1.5)
-CURVE_KINDS = ("bezier", "linear", "step")
+CURVE_KINDS = ("bezier", "bezier-t", "linear", "step")
+X_FREE_CURVES = ("bezier-t",)  # curves whose factors do not depend on the control x
 
-__all__ = ["DEFAULT_GRID", "CURVE_KINDS", "check_control_points", "layer_depths", "bezier_factors",
+__all__ = ["DEFAULT_GRID", "CURVE_KINDS", "X_FREE_CURVES", "bezier_t_factors",
+           "check_control_points", "layer_depths", "bezier_factors",
            "curve_factors", "round_to_grid", "snap_to_grid", "check_grid"]
 
 
@@ -101,6 +107,14 @@ def bezier_factors(points, xs: np.ndarray, *, iters: int = 60) -> np.ndarray:
     return _bernstein(n, t) @ p[:, 1]
 
 
+def bezier_t_factors(points, num_layers: int) -> np.ndarray:
+    """``y`` of the ``bezier-t`` curve (module docstring) at ``t = linspace(0, 1, num_layers)``: shape
+    ``(num_layers,)``; layer 0 takes the last control point's ``y``."""
+    p = check_control_points(points)
+    t = np.linspace(0.0, 1.0, num_layers) if num_layers > 1 else np.zeros(1)
+    return _bernstein(len(p) - 1, t) @ p[::-1, 1]
+
+
 def snap_to_grid(values, grid: Sequence[float]) -> np.ndarray:
     """Snap each value to the nearest grid value (ties go to the smaller one)."""
     g = np.asarray(check_grid(grid))
@@ -117,7 +131,7 @@ def curve_factors(kind: str, control_points, num_layers: int,
     """Per-layer factors of a curve for a model with ``num_layers`` decoder layers.
 
     Args:
-        kind: ``"bezier"``, ``"linear"`` or ``"step"``.
+        kind: ``"bezier"``, ``"bezier-t"``, ``"linear"`` or ``"step"``.
         control_points: ``[[x, y], ...]`` with ``x_0 = 0``, ``x_{C-1} = 1``, strictly increasing.
         round_to_grid: snap the factors to the nearest of these values.
     """
@@ -125,6 +139,8 @@ def curve_factors(kind: str, control_points, num_layers: int,
     xs = layer_depths(num_layers)
     if kind == "bezier":
         out = bezier_factors(p, xs)
+    elif kind == "bezier-t":
+        out = bezier_t_factors(p, num_layers)
     elif kind == "linear":
         out = np.interp(xs, p[:, 0], p[:, 1])
     elif kind == "step":

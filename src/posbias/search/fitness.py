@@ -9,6 +9,9 @@ asked once per depth and scored from one prefill. Two objectives (``objective``)
   ``correct`` = teacher-forced exact match (argmax reproduces every gold token), and
   ``mean_logprob`` = mean per-token gold log-probability, which only breaks ties between equal
   accuracies (small samples make ties frequent);
+* ``"greedy"``: as ``"accuracy"``, with ``correct`` = the greedy answer's task score (best_subspan_em for
+  MDQA: the fitness of the LPES authors' search), teacher-forced and generated from one prefill
+  (:func:`posbias.evaluation.runner.score_chunk`), the per-token gold log-probability breaking ties;
 * ``"logprob"``: ranked by ``(sum_d w_d * lp_d / n_d, accuracy)`` with ``lp_d`` the sum over depth
   ``d``'s instances of the per-token gold log-probability (``logprob / n_tokens``): a continuous
   signal that sees every instance move, not only those that cross the argmax.
@@ -43,6 +46,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from posbias.architecture.layers import get_decoder_layers
+from posbias.evaluation.generation import generation_budget
+from posbias.evaluation.runner import score_chunk
 from posbias.evaluation.teacher_forced import score_instances
 from posbias.methods.temperature import JOINT_TARGET, TemperatureHooks, apply_scaling_and_temperature
 from posbias.patching.rope_scaling import apply_layer_scaling
@@ -51,7 +56,7 @@ __all__ = ["FitnessResult", "TeacherForcedFitness", "SyntheticFitness", "interle
            "DEFAULT_DEPTHS", "DEFAULT_OBJECTIVE", "OBJECTIVES"]
 
 DEFAULT_DEPTHS = (0.0, 0.5, 1.0)
-OBJECTIVES = ("accuracy", "logprob")
+OBJECTIVES = ("accuracy", "logprob", "greedy")
 # The search's default objective: the one that ranked genomes more consistently between two disjoint
 # search splits of equal cost (experiments/search-objective; docs/results/search-objective).
 DEFAULT_OBJECTIVE = "logprob"
@@ -200,7 +205,7 @@ class TeacherForcedFitness:
         weights: per-depth weights (sequence in ascending depth order, or ``{depth: w}``); default equal.
         chunk_size: instances scored between two pruning checks (default ``batch_size``, rounded up to
             whole shared contexts: a multiple of the number of depths).
-        objective: ``"accuracy"`` or ``"logprob"`` (see the module docstring).
+        objective: ``"accuracy"``, ``"logprob"`` or ``"greedy"`` (see the module docstring).
         shared: score the questions of one shared context from one prefill (instances made with
             ``shared_context=True``; equal scores, see :mod:`posbias.evaluation.scoring`).
         target: what the per-layer values are (:data:`SEARCH_TARGETS`): ``rope`` (LPES factors),
@@ -234,6 +239,8 @@ class TeacherForcedFitness:
             chunk_size = -(-batch_size // per) * per if contexts else batch_size
         self.chunk_size = chunk_size
         self.chat = chat
+        # greedy answers get the budget of the longest gold answer of all instances (the same for every chunk)
+        self.max_new_tokens = generation_budget(tokenizer, self.instances) if objective == "greedy" else 0
         self._forwards = 0
         self._hook = model.register_forward_hook(self._count)  # counts forward passes
 
@@ -261,13 +268,22 @@ class TeacherForcedFitness:
                     res.pruned = True
                     break
                 chunk = self.instances[res.n_scored: res.n_scored + self.chunk_size]
-                rows = score_instances(self.model, self.tokenizer, chunk, batch_size=self.batch_size,
-                                       chat=self.chat, shared=self.shared)
-                for inst, r in zip(chunk, rows):
+                for inst, r in zip(chunk, self._score(chunk)):
                     res.add(depth_key(inst.depth), r)
         res.forward_passes += self._forwards - f0
         res.seconds += time.perf_counter() - t0
         return res
+
+
+    def _score(self, chunk: Sequence[Any]) -> list[dict]:
+        """Scorer records (``em``, ``logprob``, ``n_tokens``) of ``chunk``; with the ``greedy`` objective
+        ``em`` is the greedy answer's full task score."""
+        if self.objective != "greedy":
+            return score_instances(self.model, self.tokenizer, chunk, batch_size=self.batch_size, chat=self.chat,
+                                   shared=self.shared)
+        rows = score_chunk(self.model, self.tokenizer, chunk, mode="both", batch_size=self.batch_size,
+                           chat=self.chat, max_new_tokens=self.max_new_tokens)
+        return [{"em": r["gen_score"] >= 1.0, "logprob": r["tf_logprob"], "n_tokens": r["n_tokens"]} for r in rows]
 
 
 SEARCH_TARGETS = ("rope", "temperature", JOINT_TARGET)

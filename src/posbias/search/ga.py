@@ -39,7 +39,7 @@ import numpy as np
 
 from posbias.patching.curves import CURVE_KINDS, DEFAULT_GRID, check_grid, curve_factors
 
-__all__ = ["Genome", "GAConfig", "GeneticAlgorithm", "genome_points", "genome_factors", "repair_x",
+__all__ = ["Genome", "GAConfig", "GeneticAlgorithm", "BREEDINGS", "genome_points", "genome_factors", "repair_x",
            "random_genome", "identity_genome", "mutate", "crossover", "split_genome", "join_genomes"]
 
 
@@ -54,6 +54,10 @@ class Genome:
     @classmethod
     def from_list(cls, v: Sequence[Sequence[int]]) -> "Genome":
         return cls(tuple(int(i) for i in v[0]), tuple(int(i) for i in v[1]))
+
+
+BREEDINGS = ("tournament", "truncation")
+BREEDING_DEFAULTS = {"breeding": "tournament", "mutations": 0, "crossovers": 0, "start_y": None, "crossover_tries": 20}
 
 
 @dataclass
@@ -75,6 +79,14 @@ class GAConfig:
     init_y_spread: int = 3
     include_identity: bool = True
     extra_grids: tuple[tuple[float, ...], ...] = ()  # a joint search: one more curve per grid
+    # breeding "truncation" (:mod:`posbias.search.truncation_ga`, the LPES authors' GA): each generation the
+    # ``elite`` best parents, ``mutations`` mutated and ``crossovers`` crossed children; every y starts at
+    # ``start_y``; a crossover gives up after ``crossover_tries`` rounds
+    breeding: str = "tournament"
+    mutations: int = 0
+    crossovers: int = 0
+    start_y: float | None = None
+    crossover_tries: int = 20
 
     def __post_init__(self) -> None:
         self.grid = check_grid(self.grid)
@@ -93,6 +105,22 @@ class GAConfig:
             raise ValueError("max_y_step and max_x_step must be >= 1")
         if not (0 <= self.crossover_rate <= 1 and 0 <= self.mutation_rate <= 1):
             raise ValueError("crossover_rate and mutation_rate must be in [0, 1]")
+        self._check_breeding()
+
+    def _check_breeding(self) -> None:
+        if self.breeding not in BREEDINGS:
+            raise ValueError(f"unknown breeding {self.breeding!r}; choose one of {', '.join(BREEDINGS)}")
+        if self.breeding == "tournament":
+            return
+        if self.extra_grids:
+            raise ValueError("breeding 'truncation' searches one curve (no joint target)")
+        if self.mutations < 0 or self.crossovers < 0 or self.mutations + self.crossovers < 1:
+            raise ValueError(f"breeding 'truncation' needs mutations + crossovers >= 1, got {self.mutations} "
+                             f"and {self.crossovers}")
+        if self.crossovers and self.elite < 2:
+            raise ValueError("crossovers need elite >= 2 parents")
+        if self.start_y is not None and not np.isclose(self.grid, self.start_y).any():
+            raise ValueError(f"start_y {self.start_y} is not on the factor grid {list(self.grid)}")
 
     @property
     def one_index(self) -> int:
@@ -115,6 +143,9 @@ class GAConfig:
             d["extra_grids"] = [list(g) for g in self.extra_grids]
         else:  # a one-curve search records what it always recorded (older run folders resume)
             del d["extra_grids"]
+        for key, default in BREEDING_DEFAULTS.items():  # likewise a tournament search
+            if d[key] == default:
+                del d[key]
         return d
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from posbias.search.fitness import FitnessResult
 from posbias.search.ga import GAConfig, GeneticAlgorithm, Genome, genome_factors, genome_points
+from posbias.search.truncation_ga import TruncationGA
 from posbias.utils.io import append_jsonl, atomic_write_json, atomic_write_text, read_json, read_jsonl
 from posbias.utils.run_folder import announce_resume
 
@@ -49,7 +50,8 @@ def _threshold(pop: Sequence[Genome], memo: dict[Genome, FitnessResult], elite: 
     return done[elite - 1] if len(done) >= elite else None
 
 
-def _save_checkpoint(path: Path, ga: GeneticAlgorithm, memo: dict, best: Genome | None, meta: dict) -> None:
+def _save_checkpoint(path: Path, ga: GeneticAlgorithm | TruncationGA, memo: dict, best: Genome | None,
+                     meta: dict) -> None:
     atomic_write_json(path, {
         "ga": ga.state_dict(),
         "memo": [[g.to_list(), r.to_dict()] for g, r in memo.items()],
@@ -85,7 +87,7 @@ def _start(cfg: GAConfig, seed: int, out: Path | None, resume: bool):
             diff = [k for k in saved_cfg if saved_cfg[k] != cfg.to_dict().get(k)]
             raise ValueError(f"{ckpt} was written with other GA settings ({', '.join(diff)}); use another out")
         try:
-            ga = GeneticAlgorithm.from_state(state["ga"], cfg)
+            ga = ga_class(cfg).from_state(state["ga"], cfg)
             memo = {Genome.from_list(g): FitnessResult.from_dict(r) for g, r in state["memo"]}
             best = Genome.from_list(state["best"]) if state.get("best") else None
         except (KeyError, TypeError, ValueError, IndexError) as e:
@@ -96,7 +98,12 @@ def _start(cfg: GAConfig, seed: int, out: Path | None, resume: bool):
 
     if out is not None and (out / METRICS).exists():
         (out / METRICS).unlink()
-    return GeneticAlgorithm(cfg, np.random.default_rng(seed)), {}, None, []
+    return ga_class(cfg)(cfg, np.random.default_rng(seed)), {}, None, []
+
+
+def ga_class(cfg: GAConfig) -> type:
+    """The GA that breeds as ``cfg.breeding`` says: posbias's tournament GA or the LPES authors' truncation GA."""
+    return TruncationGA if cfg.breeding == "truncation" else GeneticAlgorithm
 
 
 def _generation_record(ranked: list[Genome], memo: dict, todo: list[Genome], before: dict, cfg: GAConfig,

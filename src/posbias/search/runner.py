@@ -35,7 +35,7 @@ from posbias.models.adapter import refuse_adapter
 from posbias.models.options import LoadOptions, load_settings, options_for
 from posbias.patching.curves import DEFAULT_GRID
 from posbias.patching.rope_scaling import save_factors_file
-from posbias.search.config import SearchConfig
+from posbias.search.config import SearchConfig, resolved_search_settings
 from posbias.search.evaluators import PoolEvaluator, RayEvaluator, SerialEvaluator
 from posbias.search.fitness import (
     DEFAULT_DEPTHS,
@@ -68,6 +68,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"population": 6, "elite": 2, "generations": 3, "n_per_depth": 8, "batch_size": 4},
     "standard": {"population": 8, "elite": 2, "generations": 5, "n_per_depth": 12, "batch_size": 4},
     "paper": {"population": 24, "elite": 4, "generations": 12, "n_per_depth": 67, "batch_size": 16},
+    # the LPES authors' GA (posbias.search.truncation_ga; dim_mono.json of zhenghuawang6/middle_rope): 16
+    # parents, 16 mutants and 16 crossed children a generation, 20 generations, y from 1.5 by +-0.2;
+    # with the search settings of PRESET_SEARCH["authors"] (greedy MDQA accuracy, gold last). A GPU run.
+    "authors": {"population": 32, "elite": 16, "generations": 20, "n_per_depth": 100, "batch_size": 8,
+                "breeding": "truncation", "mutations": 16, "crossovers": 16, "mutation_rate": 0.3,
+                "crossover_rate": 0.3, "max_y_step": 4, "start_y": 1.5, "crossover_tries": 20},
 }
 BEST = "best_factors.json"
 # Settings that must match when a search folder is resumed (``generations`` may grow).
@@ -138,7 +144,7 @@ def run_search(cfg: SearchConfig, *, resume: bool = False, log: Callable[[dict],
     if not resume and (out / CHECKPOINT).exists():
         raise ValueError(already_searched(out))
     factory = functools.partial(build_fitness, cfg, n_per_depth=settings["n_per_depth"],
-                                batch_size=settings["batch_size"], load=load)
+                                batch_size=settings["batch_size"], depths=cfg.depths, load=load)
     evaluator, num_layers = _make_evaluator(factory, cfg.workers, cfg.backend, cfg.ray_address, loaded, load)
     meta = {"model": cfg.model, "task": cfg.task, "seed": cfg.seed, "preset": cfg.preset,
             "task_options": cfg.task_options, "n_per_depth": settings["n_per_depth"],
@@ -220,6 +226,7 @@ def _check_request(cfg: SearchConfig, loaded) -> tuple[dict, GAConfig, SearchCon
     settings = {**PRESETS[cfg.preset], **(cfg.overrides or {})}
     for key in RUN_KEYS:
         check_int(key, settings[key])
+    cfg = dataclasses.replace(cfg, **resolved_search_settings(cfg))
     default = TEMPERATURE_GRID if cfg.target == "temperature" else DEFAULT_GRID
     ga = GAConfig(n_control=cfg.control_points, curve=cfg.curve, grid=tuple(cfg.grid or default),
                   extra_grids=(TEMPERATURE_GRID,) if cfg.target == JOINT_TARGET else (),
@@ -228,10 +235,14 @@ def _check_request(cfg: SearchConfig, loaded) -> tuple[dict, GAConfig, SearchCon
     if cfg.objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {cfg.objective!r}; choose one of {', '.join(OBJECTIVES)}")
     shared_context = bool(cfg.shared_context) and not cfg.chat and supports_shared_context(cfg.task, task_options)
-    normalise_weights([depth_key(d) for d in DEFAULT_DEPTHS], cfg.weights)
-    precheck_instances(cfg.task, n=settings["n_per_depth"], depths=list(DEFAULT_DEPTHS), seed=cfg.seed,
+    depths = sorted({float(d) for d in cfg.depths})
+    if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
+        raise ValueError(f"search depths must be numbers from 0 to 1, got {cfg.depths}")
+    normalise_weights([depth_key(d) for d in depths], cfg.weights)
+    precheck_instances(cfg.task, n=settings["n_per_depth"], depths=depths, seed=cfg.seed,
                        split="search", **task_options)
-    return settings, ga, dataclasses.replace(cfg, task_options=task_options, shared_context=shared_context)
+    return settings, ga, dataclasses.replace(cfg, task_options=task_options, shared_context=shared_context,
+                                             depths=depths)
 
 
 def _make_evaluator(factory, workers: int, backend: str, ray_address, loaded, load=None):
