@@ -114,7 +114,8 @@ def check_attention(mode: str, attention: bool) -> None:
 
 def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *, mode: str = "teacher-forced",
              batch_size: int = 8, chat: bool = False, max_new_tokens: int | None = None, label: str = "",
-             progress: bool = True, before_write: Callable[[], Any] | None = None, attention: bool = False) -> dict:
+             progress: bool = True, before_write: Callable[[], Any] | None = None, attention: bool = False,
+             prepare: Callable | None = None) -> dict:
     """Evaluate ``instances`` into the run folder ``out`` (resuming), return the summary dict.
 
     ``before_write`` is called before the first file is written (and may be called again): a
@@ -124,6 +125,8 @@ def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *
     resumed run generates under the same limit; :func:`~posbias.evaluation.generation.generation_budget`).
     ``attention``: every teacher-forced record also says where the last prompt position's attention went
     (:mod:`posbias.evaluation.attention_probe`); the summary gets ``attention_by_depth`` and ``attention.png``.
+    ``prepare(model, tokenizer, chunk, chat=, batch_size=) -> chunk``: a method's step before each batch is
+    scored (attention sorting re-shows the prompts); the records keep the ids and depths they were asked at.
     """
     check_mode(mode)
     check_attention(mode, attention)
@@ -148,8 +151,12 @@ def evaluate(model, tokenizer, instances: Sequence[Instance], out: str | Path, *
     with AttentionProbe(model) if attention and todo else contextlib.nullcontext():
         for chunk in question_groups(todo, batch_size, shared=True):  # a shared context's questions together
             chunk_start = time.time()
-            records = score_chunk(model, tokenizer, chunk, mode=mode, batch_size=batch_size, chat=chat,
+            shown = prepare(model, tokenizer, chunk, chat=chat, batch_size=batch_size) if prepare else chunk
+            records = score_chunk(model, tokenizer, shown, mode=mode, batch_size=batch_size, chat=chat,
                                   max_new_tokens=max_new_tokens)
+            for rec, inst in zip(records, shown):
+                if "original_gold_index" in inst.meta:
+                    rec["original_gold_index"] = inst.meta["original_gold_index"]
             commit()
             for rec in records:  # seconds: the batch's wall time per instance (a resumed run keeps earlier ones)
                 append_jsonl(results_path, {**rec, "seconds": (time.time() - chunk_start) / len(chunk)})

@@ -168,10 +168,12 @@ def run_planned(plan: EvalPlan, loaded=None, progress: bool = True) -> dict:
         instances = build_instances(lm, tok, c["task"], c["depths"], c["n"], c["seed"], c["split"],
                                     c["task_options"])
     method, options = ("none", {}) if c.get("adapter") else (c["method"], c["method_options"])
-    with applied_method(lm, method, options) as scored_model:
+    applied = applied_method(lm, method, options)
+    with applied as scored_model:
         return evaluate(scored_model, tok, instances, plan.folder.path, mode=c["mode"], batch_size=c["batch_size"],
                         chat=c["chat"], max_new_tokens=c["max_new_tokens"], label=f"{c['method']} / {c['task']}",
-                        progress=progress, before_write=plan.folder.commit, attention=c.get("attention", False))
+                        progress=progress, before_write=plan.folder.commit, attention=c.get("attention", False),
+                        prepare=applied.prepare)
 
 
 def run_eval(cfg: EvalConfig, *, loaded=None, load: LoadOptions | None = None) -> dict:
@@ -201,3 +203,8 @@ class applied_method:
     def __exit__(self, *exc):
         if self.handle is not None:
             self.handle.remove()
+
+    @property
+    def prepare(self):
+        """The method's step before each batch is scored (attention sorting re-shows the prompts), or None."""
+        return self.handle.state.get("prepare") if self.handle is not None else None

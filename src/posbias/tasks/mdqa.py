@@ -16,6 +16,7 @@ Splits: even example indices (file order) are ``search``, odd ones ``eval``.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,17 @@ QA_PROMPT = (
 )
 
 
+LABEL = re.compile(r"^Document \[\d+\]")
+
+
 def doc_lines(docs: list[dict[str, str]]) -> list[str]:
     """``Document [i](Title: ...) text``, i = 1 .. N in the order shown."""
     return [f"Document [{i}](Title: {d['title']}) {d['text']}" for i, d in enumerate(docs, 1)]
+
+
+def relabel_document(text: str, position: int) -> str:
+    """A document line of :func:`doc_lines` numbered for ``position`` (0-based) in the order shown."""
+    return LABEL.sub(f"Document [{position + 1}]", text, count=1)
 
 
 def format_docs(docs: list[dict[str, str]]) -> str:

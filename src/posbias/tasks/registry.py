@@ -6,9 +6,10 @@ from typing import Any, Callable
 
 from posbias.tasks.base import MAX_PER_DEPTH, Instance, check_depth, check_int, check_split
 from posbias.tasks.kv import make_kv, make_kv_uuid
-from posbias.tasks.mdqa import make_mdqa
+from posbias.tasks.mdqa import make_mdqa, relabel_document
 from posbias.tasks.niah import make_niah
 from posbias.tasks.passkey import make_passkey
+from posbias.tasks.reorder import reordered
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class TaskSpec:
     metric: str = ""
     description: str = ""
     records: bool = False  # made of records / documents with character spans (meta["item_spans"])
+    relabel: Callable[[str, int], str] | None = None  # a record's text numbered for another position (reorder)
 
 
 TASKS: dict[str, TaskSpec] = {
@@ -33,7 +35,8 @@ TASKS: dict[str, TaskSpec] = {
     "mdqa": TaskSpec("mdqa", make_mdqa, {"path": None, "num_docs": 10, "query_aware": False}, False,
                      "best_subspan_em",
                      "multi-document QA, gold document moved (path: an NQ-Open file, or hotpotqa for HotpotQA's "
-                     "hard distractors; query_aware: the question before the documents too)", records=True),
+                     "hard distractors; query_aware: the question before the documents too)", records=True,
+                     relabel=relabel_document),
     "passkey": TaskSpec("passkey", make_passkey, {"length": 1024, "digits": 5, "haystack": "noise",
                                                   "protocol": "posbias", "given_digits": 0}, True, "passkey",
                         "Landmark passkey in the grass-is-green filler (haystack=essay: Paul Graham "
@@ -133,3 +136,9 @@ def supports_shared_context(task: str, task_options: dict) -> bool:
     if task == "niah":
         return int(task_options.get("num_needles", 1)) >= 2 and int(task_options.get("num_queries", 1)) == 1
     return False
+
+
+def reordered_instance(inst: Instance, order: list[int]) -> Instance:
+    """``inst`` with its records shown in ``order`` (:func:`posbias.tasks.reorder.reordered`), labels renumbered
+    where its task numbers them."""
+    return reordered(inst, order, TASKS[inst.task].relabel if inst.task in TASKS else None)
