@@ -3,6 +3,8 @@
 # docs/results/where-the-middle-is-lost), held out at n = 30 per depth on the bed's ids, tuned on the search split.
 # - found-in-the-middle attention calibration: the positional bias from 10 search contexts (posbias attention-bias),
 #   t chosen on 10 search contexts by accuracy (then per-token gold log-prob), then held out;
+# - LPES's existing Qwen factors (docs/results/lpes-qwen, kv100 seed 0) and a uniform PI 0.9, held out;
+# - attention sorting (most attended last / first) on the search split, as the tuning runs;
 # - the query-aware prompt (the key before the records too): a prompt-level control, not a model fix.
 # The bed's `none` row is runs/where-the-middle-is-lost/<model>/kv340 (experiments/where-the-middle-is-lost/run.sh).
 # Every step resumes.
@@ -22,4 +24,12 @@ posbias eval "${KV[@]}" "${SEARCH[@]}" --out "$OUT/tune-calibration-kv340/none"
 T=$(script experiments/fixes-where-the-middle-is-lost/choose_t.py "$OUT/tune-calibration-kv340")
 posbias eval "${KV[@]}" "${HELDOUT[@]}" --method calibration --method-opt "bias=$BIAS" --method-opt "t=$T" \
   --out "$OUT/kv340-calibration"
+posbias eval "${KV[@]}" "${HELDOUT[@]}" --method lpes --factors docs/results/lpes-qwen/qwen2.5-coder-0.5b_kv100_seed0_factors.json \
+  --attention --out "$OUT/kv340-lpes-kv100seed0"
+posbias eval "${KV[@]}" "${HELDOUT[@]}" --method pi --method-opt factor=0.9 --attention --out "$OUT/kv340-pi0.9"
+for order in last first; do
+  posbias eval "${KV[@]}" "${SEARCH[@]}" --method attention-sorting --method-opt most_attended=$order --attention \
+    --out "$OUT/tune-attention-sorting-kv340/$order"
+done
 posbias eval "${KV[@]}" "${HELDOUT[@]}" --opt query_aware=true --attention --out "$OUT/kv340-query-aware"
+script experiments/fixes-where-the-middle-is-lost/table.py --runs "${OUT%/*}" --out docs/results/fixes-where-the-middle-is-lost
