@@ -17,7 +17,8 @@ case ${1:-} in
     done
     (( ${#claims[@]} )) || { echo "nothing under runs/ to save" >&2; exit 2; }
     mkdir -p "$STATE"
-    (cd runs && find "${claims[@]}" -type f \( -name '*.jsonl' -o -name config.json -o -name attention_bias.json \) \
+    (cd runs && find "${claims[@]}" -type f \( -name '*.jsonl' -o -name config.json -o -name attention_bias.json \
+      -o -name checkpoint.json -o -name best_factors.json \) \
       -print0 | LC_ALL=C sort -z \
       | tar --null -T - --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - | gzip -9n) > "$ARCHIVE.tmp"
     mv "$ARCHIVE.tmp" "$ARCHIVE"
