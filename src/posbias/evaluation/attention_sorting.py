@@ -49,8 +49,8 @@ def record_attention(model, tokenizer, instances: Sequence[Instance], *, chat: b
     return [r["attn_record_means"] for r in rows]
 
 
-def attention_sorted(model, tokenizer, instances: Sequence[Instance], *, rounds: int = 1, most_attended: str = "last",
-                     chat: bool = False, batch_size: int = 8) -> list[Instance]:
+def attention_sorted(model, tokenizer, instances: Sequence[Instance], *, chat: bool = False, batch_size: int = 8,
+                     rounds: int = 1, most_attended: str = "last") -> list[Instance]:
     """``instances`` with their records re-shown in attention order, ``rounds`` times (module docstring)."""
     shown = list(instances)
     for _ in range(rounds):

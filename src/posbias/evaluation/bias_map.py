@@ -35,9 +35,9 @@ from posbias.evaluation.map_plots import plot_map
 from posbias.evaluation.map_summary import write_summary
 from posbias.evaluation.modes import MAP_MODES
 from posbias.evaluation.scoring import prompt_dependent
-from posbias.evaluation.session import applied_method, check_method
+from posbias.evaluation.session import applied_method
 from posbias.evaluation.teacher_forced import question_groups, score_instances
-from posbias.methods.registry import variant_options
+from posbias.methods.registry import check_method, variant_options
 from posbias.models import load_model
 from posbias.models.adapter import adapter_record, eval_settings
 from posbias.models.options import load_settings

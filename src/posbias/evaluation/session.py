@@ -10,23 +10,28 @@ point before that leaves the folder as it was. :func:`run_eval` does both steps.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posbias.evaluation.attention_sorting import attention_sorted
 from posbias.evaluation.batching import model_max_positions
 from posbias.evaluation.modes import TEACHER_FORCED, canonical_mode
 from posbias.evaluation.runner import check_attention, check_mode, evaluate
 from posbias.methods import apply_method
-from posbias.methods.registry import check_option_names
+from posbias.methods.registry import check_method
 from posbias.models import load_model, model_identity
 from posbias.models.adapter import eval_settings
 from posbias.models.options import LoadOptions, load_settings, options_for
-from posbias.patching.rope_scaling import load_factors_file
 from posbias.tasks import check_length, check_request, make_instances, precheck_instances
 from posbias.tasks.base import check_int
 from posbias.tasks.registry import check_records
 from posbias.utils.run_folder import RunFolder, open_run
+
+# methods that change the prompt before each batch is scored: method name -> step(model, tokenizer, instances,
+# chat=, batch_size=, **the handle's options) -> instances (the method itself leaves the model unchanged)
+PROMPT_STEPS = {"attention-sorting": attention_sorted}
 
 # Settings that must match when a run folder is reused (otherwise results would be mixed). The
 # depth list is one of them: passkey and niah fit their haystack over all requested depths, so
@@ -35,7 +40,6 @@ from posbias.utils.run_folder import RunFolder, open_run
 RESUME_KEYS = ("model", "model_path", "task", "depths", "seed", "split", "mode", "chat", "max_new_tokens", "method",
                "method_options", "task_options", "dtype", "attention")
 # Method options naming a file or folder that must exist.
-PATH_OPTIONS = {"lpes": "factors", "moice": "routers"}
 
 
 @dataclass
@@ -133,22 +137,6 @@ def upgrade_eval_settings(old: dict) -> dict:
     return {**old, "max_new_tokens": None} if old.get("mode") == TEACHER_FORCED else old
 
 
-def check_method(name: str, options: dict[str, Any]) -> None:
-    """What can be checked of a method without a model: its name, its option names, the files its
-    options name, and (lpes) that its factors file is valid."""
-    if name == "none" and not options:
-        return
-
-    spec = check_option_names(name, options)
-    key = PATH_OPTIONS.get(spec.name)
-    if spec.name == "lpes" and options.get(key) is None:
-        raise ValueError("method lpes needs its factors file (from posbias search): --factors PATH")
-    if key and options.get(key) is not None and not Path(str(options[key])).expanduser().exists():
-        raise ValueError(f"{spec.name}: {key} {options[key]} does not exist")
-    if spec.name == "lpes":
-        load_factors_file(Path(str(options[key])).expanduser())
-
-
 def build_instances(model, tokenizer, task: str, depths: list[float], n: int, seed: int, split: str,
                     task_options: dict[str, Any]):
     """The instances of a task for ``model``; a target length beyond the model is refused before
@@ -206,5 +194,6 @@ class applied_method:
 
     @property
     def prepare(self):
-        """The method's step before each batch is scored (attention sorting re-shows the prompts), or None."""
-        return self.handle.state.get("prepare") if self.handle is not None else None
+        """The method's step before each batch is scored (:data:`PROMPT_STEPS`), with its options; or None."""
+        step = PROMPT_STEPS.get(self.handle.name) if self.handle is not None else None
+        return None if step is None else functools.partial(step, **self.handle.options)

@@ -1,6 +1,7 @@
 """Attention sorting as a method: the model is unchanged; before each batch is scored its prompts are re-shown
-with the records sorted by the attention they received (:mod:`posbias.evaluation.attention_sorting`; the
-handle's ``state["prepare"]``, which ``posbias eval`` / ``compare`` call)."""
+with the records sorted by the attention they received. The step itself is
+:func:`posbias.evaluation.attention_sorting.attention_sorted` (it scores, so it lives with the scorers), which
+``posbias eval`` / ``compare`` run with this handle's options (:data:`posbias.evaluation.session.PROMPT_STEPS`)."""
 from __future__ import annotations
 
 from posbias.methods.registry import MethodHandle, register_method
@@ -17,11 +18,4 @@ def apply_attention_sorting(model, rounds: int = 1, most_attended: str = "last")
     if most_attended not in ORDERS:
         raise ValueError(f"attention-sorting: most_attended must be one of {', '.join(ORDERS)}, got {most_attended!r}")
 
-    def prepare(scored_model, tokenizer, instances, *, chat: bool, batch_size: int):
-        from posbias.evaluation.attention_sorting import attention_sorted  # noqa: PLC0415 (evaluation imports methods)
-
-        return attention_sorted(scored_model, tokenizer, instances, rounds=rounds, most_attended=most_attended,
-                                chat=chat, batch_size=batch_size)
-
-    return MethodHandle("attention-sorting", model, options={"rounds": rounds, "most_attended": most_attended},
-                        state={"prepare": prepare})
+    return MethodHandle("attention-sorting", model, options={"rounds": rounds, "most_attended": most_attended})

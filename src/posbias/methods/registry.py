@@ -10,8 +10,11 @@ from __future__ import annotations
 import inspect
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
+from posbias.bam.config import BamConfig
+from posbias.patching.rope_scaling import load_factors_file
 from posbias.utils.options import (
     as_list,  # noqa: F401 (methods parse list options with it)
     parse_key_values,
@@ -27,6 +30,7 @@ class MethodSpec:
 
 
 METHODS: dict[str, MethodSpec] = {}
+PATH_OPTIONS = {"lpes": "factors", "moice": "routers"}  # the option of a method that names a file
 _ALIASES: dict[str, str] = {}
 
 
@@ -113,10 +117,35 @@ def check_option_names(name: str, options: dict) -> MethodSpec:
     return spec
 
 
+def check_method_fits(model, method: str) -> None:
+    """:class:`ValueError` (one line) for a RoPE method on a posbias-trained (BAM) model, which has no rotary
+    embeddings to rescale: only ``none`` applies there."""
+    config = getattr(model, "config", None)
+    if method == "none" or getattr(config, "model_type", None) != BamConfig.model_type:
+        return
+    raise ValueError(f"method {method!r} rescales a RoPE model's rotary embeddings; this is a posbias-trained "
+                     f"BAM model (positional scheme {getattr(config, 'pe', '?')}) without them: evaluate it with "
+                     "method none")
+
+
+def check_method(name: str, options: dict[str, Any]) -> None:
+    """What can be checked of a method without a model: its name, its option names, the files its
+    options name, and (lpes) that its factors file is valid."""
+    if name == "none" and not options:
+        return
+
+    spec = check_option_names(name, options)
+    key = PATH_OPTIONS.get(spec.name)
+    if spec.name == "lpes" and options.get(key) is None:
+        raise ValueError("method lpes needs its factors file (from posbias search): --factors PATH")
+    if key and options.get(key) is not None and not Path(str(options[key])).expanduser().exists():
+        raise ValueError(f"{spec.name}: {key} {options[key]} does not exist")
+    if spec.name == "lpes":
+        load_factors_file(Path(str(options[key])).expanduser())
+
+
 def apply_method(model, name: str, **options) -> MethodHandle:
     """Apply method ``name`` to ``model``; unknown names / options raise :class:`ValueError`."""
-    from posbias.models.trained import check_method_fits  # noqa: PLC0415 (cycle: posbias.models.adapter imports posbias.methods)
-
     spec = check_option_names(name, options)
     check_method_fits(model, spec.name)  # a posbias-trained (BAM) model has no RoPE to rescale
     handle = spec.factory(model, **options)
@@ -197,5 +226,6 @@ def _none(model) -> MethodHandle:
     return MethodHandle("none", model)
 
 
-__all__ = ["METHODS", "MethodHandle", "MethodSpec", "apply_method", "check_option_names", "method_options",
+__all__ = ["METHODS", "MethodHandle", "MethodSpec", "apply_method", "check_method", "check_method_fits",
+           "check_option_names", "method_options",
            "register_method", "resolve_method", "split_variant", "variant_options", "as_list"]

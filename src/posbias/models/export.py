@@ -16,12 +16,11 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from posbias.architecture.layers import get_decoder_layers
-from posbias.evaluation.session import check_method
 from posbias.methods import apply_method
 from posbias.methods.moice import CONFIG_FILE as ROUTERS_CONFIG
 from posbias.methods.moice import WEIGHTS_FILE as ROUTERS_WEIGHTS
 from posbias.methods.moice import router_files
-from posbias.methods.registry import resolve_method
+from posbias.methods.registry import check_method, resolve_method
 from posbias.methods.temperature import JOINT_TARGET
 from posbias.models import modeling_posbias as remote
 from posbias.models.adapter import (

@@ -5,7 +5,7 @@ registered with transformers' Auto classes before the folder is read (:func:`reg
 and the run folder itself stands for the model it trained (:func:`trained_model_folder`).
 They carry their own positional scheme (GGD, ALiBi, NoPE, ... ; Chi et al. / Bai et al.'s BAM priors),
 not a transformers rotary module, so the training-free methods that rescale RoPE (everything but ``none``)
-are refused on them with one line (:func:`check_method_fits`).
+are refused on them with one line (:func:`posbias.methods.registry.check_method_fits`).
 """
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import posbias.bam  # noqa: F401  (registers model_type "posbias-bam" with AutoConfig / AutoModelForCausalLM)
 from posbias.architecture.layers import ModelLoadError
+from posbias.bam.config import BamConfig
 from posbias.utils.io import read_json
 
-BAM_MODEL_TYPE = "posbias-bam"
+BAM_MODEL_TYPE = BamConfig.model_type
 
 
 def config_doc(path: str | Path) -> dict:
@@ -79,12 +80,3 @@ def trained_model_folder(path: str | Path) -> Path:
 def is_trained_model(model) -> bool:
     """Whether ``model`` is a posbias-trained BAM decoder."""
     return getattr(getattr(model, "config", None), "model_type", None) == BAM_MODEL_TYPE
-
-
-def check_method_fits(model, method: str) -> None:
-    """:class:`ValueError` (one line) for a RoPE method on a posbias-trained model: only ``none`` applies."""
-    if method == "none" or not is_trained_model(model):
-        return
-    pe = getattr(model.config, "pe", "?")
-    raise ValueError(f"method {method!r} rescales a RoPE model's rotary embeddings; this is a posbias-trained "
-                     f"BAM model (positional scheme {pe}) without them: evaluate it with method none")

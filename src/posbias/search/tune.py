@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from posbias.evaluation.hidden_sweep import score_hidden_settings
-from posbias.evaluation.session import build_instances, check_method
+from posbias.evaluation.session import build_instances
 from posbias.evaluation.teacher_forced import score_instances
 from posbias.methods import apply_method
 from posbias.methods.positional_hidden import tune_grid
+from posbias.methods.registry import check_method
 from posbias.models import load_model, model_identity
 from posbias.models.adapter import refuse_adapter
 from posbias.models.options import load_settings, options_for
