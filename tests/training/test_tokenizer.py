@@ -52,3 +52,19 @@ def test_trainer_with_bpe_tokenizer(tmp_path):
     model_cfg = json.loads((final / "config.json").read_text())
     assert model_cfg["vocab_size"] == 320  # rounded up to a multiple of 64 from 320 tokens
     assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").exists() and (final / "tokenizer.json").exists()
+
+
+def test_a_truncated_training_tokenizer_is_one_line_naming_its_file(tmp_path, tiny_tokenizer):
+    from typer.testing import CliRunner
+
+    from posbias.cli.main import app
+
+    tiny_tokenizer.save_pretrained(tmp_path / "tok")
+    text = (tmp_path / "tok" / "tokenizer.json").read_text()
+    (tmp_path / "tok" / "tokenizer.json").write_text(text[: len(text) // 2])
+    r = CliRunner().invoke(app, ["train", "--tokenizer", str(tmp_path / "tok"), "--steps", "1", "--out",
+                                 str(tmp_path / "run")])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"{tmp_path / 'tok' / 'tokenizer.json'}: not valid JSON" in lines[-1]
+    assert not (tmp_path / "run").exists()

@@ -32,6 +32,7 @@ from posbias.tasks.kv import random_numbers
 from posbias.tasks.niah import niah_document, random_keys
 from posbias.tasks.passkey import passkey_document
 from posbias.utils.corpus import BUILTIN_CORPORA, essay_dir, load_texts  # noqa: F401  (the one corpus reader)
+from posbias.utils.io import read_json
 
 PASSKEY_HAYSTACKS = ("noise", "corpus", "mixed")  # the fillers of the synthetic training documents
 
@@ -53,13 +54,18 @@ def smollm2_tokenizer_dir() -> Path:
 
     return gguf_cache.cached_from_gguf(loader.resolve_spec("smollm2-135m"))
 
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
 
 def load_tokenizer(spec: str | None = None):
     """A Hugging Face tokenizer: ``None`` / ``"smollm2"`` for SmolLM2's, else a folder or hub name."""
 
     path = smollm2_tokenizer_dir() if spec in (None, "smollm2", "smollm2-135m") else spec
-    tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)  # never a folder's own code
-    return tok
+    folder = Path(str(path))
+    for name in TOKENIZER_JSON if folder.is_dir() else ():
+        if (folder / name).exists():
+            read_json(folder / name)  # a truncated file: one line naming it, not the JSON parser's position alone
+    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)  # never a folder's own code
 
 
 class PackedDataset:

@@ -33,7 +33,7 @@ from .distributed import DistInfo, barrier, cleanup, init_distributed, mean_acro
 from .probe import probe_docs, probe_postfix, run_probes
 from .schedule import lr_lambda, make_optimizer, make_scheduler, param_groups
 from .step_log import StepLog, probe_reached, probe_streak
-from .tokenizer import resolve_tokenizer_spec
+from .tokenizer import parse_bpe_spec, resolve_tokenizer_spec
 
 # names callers import from here (the loop's parts live in the modules above)
 __all__ = ["CHECKPOINT", "OPTIMIZERS", "PRECISIONS", "RESUME_KEYS", "SCHEDULES", "TrainConfig", "build_bam_config",
@@ -125,6 +125,8 @@ def _setup(cfg: TrainConfig, info: DistInfo, tokenizer):
     if (out / CHECKPOINT).exists() and not cfg.resume:
         raise ValueError(f"{out} already holds a checkpoint: pass resume=True to continue it, or use another --out")
     texts = load_texts(cfg.corpus)  # a bad corpus is refused before the run folder is written
+    if tokenizer is None and parse_bpe_spec(cfg.tokenizer) is None:
+        tokenizer = load_tokenizer(cfg.tokenizer)  # and so is a given tokenizer that cannot be read
     if info.is_main:  # before the first file (a bpe:<N> tokenizer) is written into out
         prepare_run_dir(out, cfg.to_json(), kind="train", check_keys=resume_check_keys(out))
     barrier(info)
