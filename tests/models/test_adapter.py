@@ -1,6 +1,7 @@
 """``posbias apply``: an adapter folder (base model + method) and a merged folder that plain transformers
 loads with the scaling active (``trust_remote_code=True``), and the folders of older versions."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -366,3 +367,15 @@ def test_a_full_disk_during_merge_is_one_line(tiny, factors, tmp_path, monkeypat
                               "--merge"])
     assert res.exit_code == 2 and "is the disk full?" in res.output and "Traceback" not in res.output
     assert not any(p.name.startswith(".m.apply-") for p in tmp_path.iterdir())
+
+
+def test_an_adapter_naming_a_file_outside_its_folder_is_refused(tiny, factors, tmp_path):
+    from posbias.models import load_model
+
+    out = tmp_path / "adapter"
+    _apply("--model", tiny, "--factors", factors, "--out", out)
+    doc = json.loads((out / "posbias_adapter.json").read_text())
+    for elsewhere in (str(factors), "../" + Path(factors).name):
+        (out / "posbias_adapter.json").write_text(json.dumps({**doc, "options": {"factors": elsewhere}}))
+        with pytest.raises(ValueError, match="lies outside its folder"):
+            load_model(str(out))

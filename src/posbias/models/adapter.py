@@ -125,6 +125,12 @@ def _parse(folder: Path, file: Path) -> Adapter:
     if method not in ADAPTER_METHODS or not isinstance(options, dict) or not isinstance(base, dict):
         raise AdapterError(f"{file}: needs 'method' (one of {', '.join(ADAPTER_METHODS)}), 'options' and "
                            "'base_model'")
+    inside = folder.resolve()
+    outside = [options.get(k) for k in ADAPTER_METHODS[method]
+               if not (folder / str(options.get(k))).resolve().is_relative_to(inside)]
+    if outside:
+        raise AdapterError(f"{file}: the adapter's file {outside[0]} lies outside its folder (an adapter names files "
+                           "of its own folder; posbias apply writes them there)")
     missing = [options.get(k) for k in ADAPTER_METHODS[method] if not (folder / str(options.get(k))).exists()]
     if missing:
         raise AdapterError(f"{folder}: the adapter's file {missing[0]} is missing")
