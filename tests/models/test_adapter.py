@@ -379,3 +379,21 @@ def test_an_adapter_naming_a_file_outside_its_folder_is_refused(tiny, factors, t
         (out / "posbias_adapter.json").write_text(json.dumps({**doc, "options": {"factors": elsewhere}}))
         with pytest.raises(ValueError, match="lies outside its folder"):
             load_model(str(out))
+
+
+def test_a_merged_folder_whose_two_factor_copies_disagree_or_hold_zero_is_refused(tiny, factors, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from posbias.models import load_model
+
+    out = tmp_path / "merged"
+    _apply("--model", tiny, "--factors", factors, "--out", out, "--merge")
+    config = json.loads((out / "config.json").read_text())
+    edited = [2.0] + config["posbias_scaling"]["factors"][1:]
+    (out / "config.json").write_text(json.dumps({**config, "posbias_scaling": {"method": "lpes", "factors": edited}}))
+    with pytest.raises(ValueError, match="disagree"):
+        load_model(str(out))
+    zero = [0.0] + config["posbias_scaling"]["factors"][1:]
+    (out / "config.json").write_text(json.dumps({**config, "posbias_scaling": {"method": "lpes", "factors": zero}}))
+    with pytest.raises(ValueError, match="finite numbers > 0"):
+        AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from posbias.methods import apply_method
-from posbias.models.modeling_posbias import base_config
+from posbias.models.modeling_posbias import SCALING_KEY, base_config
 from posbias.models.packaged import ALIASES
+from posbias.patching.rope_scaling import load_factors_file
 from posbias.utils.io import read_json
 
 ADAPTER_FILE = "posbias_adapter.json"
@@ -81,8 +82,23 @@ class Adapter:
         """The base architecture's config of a merged folder (None for a legacy folder's plain config)."""
         if not self.merged or self.legacy:
             return None
+        config = read_json(self.folder / "config.json")
+        self.check_merged_factors(config)
+        return base_config(config)
 
-        return base_config(read_json(self.folder / "config.json"))
+    def check_merged_factors(self, config: dict) -> None:
+        """A merged folder holds its factors twice, in ``config.json`` (what plain transformers applies through
+        ``modeling_posbias.py``) and in the adapter's own settings (what posbias applies): refuse a folder
+        whose two copies disagree, so the two never score different models under one name."""
+        seen = (config.get(SCALING_KEY) or {}).get("factors")
+        if self.method == "lpes":
+            own = load_factors_file(self.folder / str(self.options["factors"]))["factors"]
+        else:  # pi: one factor for every layer
+            own = [self.options.get("factor", 1.0)] * len(seen or [])
+        if not isinstance(seen, list) or [float(f) for f in seen] != [float(f) for f in own]:
+            raise AdapterError(f"{self.folder}: the factors in config.json ({SCALING_KEY}) and the adapter's own "
+                               f"({self.method}) disagree; the folder was edited by hand: write it again with "
+                               "posbias apply --merge")
 
     def apply(self, model, tokenizer=None):
         """Apply the method to ``model`` (kept active while the model lives); returns ``(model, tokenizer)``."""

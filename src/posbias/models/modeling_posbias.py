@@ -16,6 +16,7 @@ unscaled model.
 from __future__ import annotations
 
 import inspect
+import math
 
 import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
@@ -76,6 +77,8 @@ class LayerScaling:
         self.factors = [float(f) for f in factors]
         if len(self.factors) != len(self.layers):
             raise ValueError(f"{len(self.factors)} factors for a model with {len(self.layers)} decoder layers")
+        if not all(math.isfinite(f) and f > 0 for f in self.factors):  # 0 or NaN: NaN logits, silently
+            raise ValueError(f"{SCALING_KEY} factors must be finite numbers > 0, got {self.factors}")
         self.layer_types = getattr(model.config, "layer_types", None) or [None] * len(self.layers)
         self.takes_layer_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
         self._key, self._cache = None, {}
