@@ -261,3 +261,19 @@ def test_rotated_cache_option_must_be_a_bool():
     model = make_tiny_model("llama", layers=2, seed=4)
     with pytest.raises(ValueError, match="rotated_cache must be true or false"):
         apply_method(model, "ms-poe", rotated_cache="yes")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"threshold": float("nan")}, "threshold must be a finite number"),
+    ({"threshold": -1}, "threshold must be >= 0"),
+    ({"r_max": float("inf")}, "r_max must be a finite number"),
+    ({"r_min": "1" + "0" * 400}, "r_min must be a finite number"),
+    ({"r_min": 0}, "r_min must be > 0"),
+])
+def test_ms_poe_refuses_settings_outside_their_range(options, message):
+    from conftest import make_tiny_model
+
+    from posbias.methods import apply_method
+
+    with pytest.raises(ValueError, match=message):
+        apply_method(make_tiny_model("llama"), "ms-poe", **options)

@@ -46,7 +46,7 @@ from posbias.methods.registry import (
     mark_prompt_dependent,
     register_method,
 )
-from posbias.utils.options import check_int
+from posbias.utils.options import check_int, check_number
 
 
 def ratio_grid(num_heads: int, r_min: float, r_max: float) -> torch.Tensor:
@@ -178,12 +178,7 @@ class MsPoE:
 
 
 def _ratio_range(r_min, r_max) -> tuple[float, float]:
-    try:
-        r_min, r_max = float(r_min), float(r_max)
-    except (TypeError, ValueError):
-        raise ValueError(f"ms-poe: r_min / r_max must be numbers, got {r_min!r}, {r_max!r}") from None
-    if not (r_min > 0 and r_max > 0):
-        raise ValueError(f"ms-poe: ratios must be > 0 (got r_min={r_min}, r_max={r_max})")
+    r_min, r_max = check_number("ms-poe: r_min", r_min, above=0), check_number("ms-poe: r_max", r_max, above=0)
     if r_max < r_min:
         raise ValueError(f"ms-poe: r_max ({r_max}) must be >= r_min ({r_min})")
     return r_min, r_max
@@ -235,7 +230,8 @@ def apply_ms_poe(model, r_min: float = 1.2, r_max: float = 1.8, skip_layers: int
         layers = as_layer_indices(layers, n_layers, "ms-poe: layers")
     grid = ratio_grid(n_heads, r_min, r_max)
     rotated_cache = as_bool(rotated_cache, "ms-poe: rotated_cache")
-    state = MsPoE(model, layers, grid, order, fixed, float(threshold), mapping, score_rope, rotated_cache)
+    threshold = check_number("ms-poe: threshold", threshold, at_least=0)
+    state = MsPoE(model, layers, grid, order, fixed, threshold, mapping, score_rope, rotated_cache)
     patch = A.RopeAttentionPatch(model, layers, state.attention)
     per_prompt = fixed is None and order == "score"
     if per_prompt:  # scorers prefill each prompt alone (no answer in the head order; no shared contexts)

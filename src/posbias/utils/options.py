@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import json
+import math
 import numbers
 import sys
 import types
@@ -239,6 +240,22 @@ def check_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = 
         shown = str(value) if value < 10 ** 20 else f"a number of {len(str(value))} digits"
         raise ValueError(f"{name} must be <= {maximum}, got {shown}")
     return value
+
+
+def check_number(name: str, value: Any, *, above: float | None = None, at_least: float | None = None) -> float:
+    """A finite float (``> above`` / ``>= at_least`` when given); a ``ValueError`` naming ``name`` otherwise (NaN,
+    infinity, text, a number too large for a float)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if above is not None and not number > above:
+        raise ValueError(f"{name} must be > {above:g}, got {number:g}")
+    if at_least is not None and not number >= at_least:
+        raise ValueError(f"{name} must be >= {at_least:g}, got {number:g}")
+    return number
 
 
 def refuse_unknown(given, known, what: str) -> None:
