@@ -6,6 +6,9 @@
 Writes ``heldout.md`` (accuracy by depth per method, then questions gained / lost, accuracy difference
 [95% Newcombe interval] and per-token gold log-prob difference, by depth, for the middle third and all) and
 ``heldout.json``. A method folder is any ``<runs>/<model>/kv340-*`` with a ``results.jsonl`` of all 150 ids.
+Likewise ``search.md`` / ``search.json`` for the search-split runs (10 contexts x 5 depths) of the prompt-level
+methods tuned there (``tune-attention-sorting-kv340/<order>``), paired with the search split's ``none``
+(``tune-calibration-kv340/none``); a run still going is shown with the questions it has.
 """
 from __future__ import annotations
 
@@ -45,16 +48,31 @@ def method_rows(runs: Path, bed: Path) -> dict[str, dict[str, dict]]:
     return out
 
 
+def search_rows(runs: Path) -> dict[str, dict[str, dict]]:
+    """``{label: records}`` of the search split: ``none`` first, then each attention-sorting order (any number of
+    its questions; pairs are taken on the questions both have)."""
+    base = runs / MODEL
+    out = {"none": records(base / "tune-calibration-kv340" / "none")}
+    for folder in sorted((base / "tune-attention-sorting-kv340").glob("*")):
+        if (folder / "results.jsonl").exists():
+            out[f"attention sorting, most attended {folder.name}"] = records(folder)
+    return out
+
+
 def table(rows: dict[str, dict[str, dict]]) -> tuple[str, dict]:
     none = rows["none"]
+    rows = {label: {i: r for i, r in recs.items() if i in none} for label, recs in rows.items()}
     head = "| method | " + " | ".join(f"{d:g}" for d in DEPTHS) + " | middle third | all |"
-    lines = ["Accuracy % by depth (n = 30 each; middle third n = 90, all n = 150):", "", head,
+    lines = ["Accuracy % by depth (n per depth in brackets where a run is unfinished):", "", head,
              "|---|" + "---:|" * (len(DEPTHS) + 2)]
     data: dict[str, dict] = {}
     for label, recs in rows.items():
         cells = [accuracy(recs, ids_at(recs, (d,))) for d in DEPTHS]
         middle, every = accuracy(recs, ids_at(recs, MIDDLE)), accuracy(recs, list(recs))
-        lines.append(f"| {label} | " + " | ".join(f"{c:.0f}" for c in cells) + f" | {middle:.0f} | {every:.0f} |")
+        counts = [len(ids_at(recs, (d,))) for d in DEPTHS]
+        shown = [f"{c:.0f}" + ("" if k == max(counts) and len(recs) == len(none) else f" (n {k})")
+                 for c, k in zip(cells, counts)]
+        lines.append(f"| {label} | " + " | ".join(shown) + f" | {middle:.0f} | {every:.0f} |")
         data[label] = {"by_depth": dict(zip(map(str, DEPTHS), cells)), "middle": middle, "all": every}
     lines += ["", "Paired with `none` on the same questions: gained / lost, accuracy difference in points "
               "[95% Newcombe interval], per-token gold log-prob difference +- 95% half-width:", "",
@@ -64,7 +82,7 @@ def table(rows: dict[str, dict[str, dict]]) -> tuple[str, dict]:
         if label == "none":
             continue
         groups = [(d,) for d in DEPTHS] + [MIDDLE, DEPTHS]
-        cells = [paired_cell(none, recs, ids_at(none, g)) for g in groups]
+        cells = [paired_cell(none, recs, ids_at(recs, g)) for g in groups]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
         data[label]["paired"] = dict(zip([*map(str, DEPTHS), "middle", "all"], cells))
     return "\n".join(lines) + "\n", data
@@ -76,11 +94,13 @@ def main() -> None:
     ap.add_argument("--bed", type=Path, default=Path(f"runs/where-the-middle-is-lost/{MODEL}/kv340"))
     ap.add_argument("--out", type=Path, default=Path("docs/results/fixes-where-the-middle-is-lost"))
     args = ap.parse_args()
-    text, data = table(method_rows(args.runs, args.bed))
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "heldout.md", text)
-    atomic_write_json(args.out / "heldout.json", data)
-    print(text)
+    for name, rows in (("heldout", method_rows(args.runs, args.bed)), ("search", search_rows(args.runs))):
+        if len(rows) > 1:
+            text, data = table(rows)
+            atomic_write_text(args.out / f"{name}.md", text)
+            atomic_write_json(args.out / f"{name}.json", data)
+            print(f"{name}:\n{text}")
 
 
 if __name__ == "__main__":
