@@ -32,4 +32,15 @@ for order in last first; do
     --out "$OUT/tune-attention-sorting-kv340/$order"
 done
 posbias eval "${KV[@]}" "${HELDOUT[@]}" --opt query_aware=true --attention --out "$OUT/kv340-query-aware"
+# LPES as its authors ran it, shortened for a CPU, on NQ-Open with 10 documents (LIM=<lost-in-the-middle data>), then
+# the unpatched model and the winner on the same 20 gold-last search questions
+if [[ -n ${LIM:-} ]]; then
+  MD=(--model "$QWEN" --task mdqa --path "$LIM/nq-open-oracle.jsonl.gz" --num-docs 10 --dtype "${DTYPE:-bfloat16}")
+  posbias search "${MD[@]}" --config experiments/fixes-where-the-middle-is-lost/authors-search-cpu.toml --heldout-n 0 \
+    --out "$OUT/search-authors-mdqa10"
+  GOLD_LAST=(--mode both --batch-size 4 --split search --n 20 --depths 1 --seed 0)
+  posbias eval "${MD[@]}" "${GOLD_LAST[@]}" --out "$OUT/search-authors-mdqa10-none-gold-last"
+  posbias eval "${MD[@]}" "${GOLD_LAST[@]}" --method lpes --factors "$OUT/search-authors-mdqa10/best_factors.json" \
+    --out "$OUT/search-authors-mdqa10-best-gold-last"
+fi
 script experiments/fixes-where-the-middle-is-lost/table.py --runs "${OUT%/*}" --out docs/results/fixes-where-the-middle-is-lost
