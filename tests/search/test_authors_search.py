@@ -1,6 +1,7 @@
 """LPES as its authors ran it: their curve mapping, their GA (truncation breeding) and ``--preset authors``."""
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from math import comb
@@ -155,3 +156,5 @@ def test_an_authors_search_runs_on_mdqa_with_the_gold_last_and_greedy_answers(tm
     assert first["unique"] == 4 and first["scored"] == 4
     second = json.loads((tmp_path / "s" / "metrics.jsonl").read_text().splitlines()[1])
     assert second["unique"] == 6 and second["memo_hits"] == 2  # the two parents carried over, not rescored
+    with pytest.raises(ValueError, match="depths: \\[1.0\\] -> \\[0.0, 1.0\\]"):  # other depths: another fitness
+        run_search(dataclasses.replace(cfg, depths=[0.0, 1.0]), resume=True)

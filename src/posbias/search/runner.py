@@ -78,7 +78,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 BEST = "best_factors.json"
 # Settings that must match when a search folder is resumed (``generations`` may grow).
 RESUME_KEYS = ("model", "model_path", "task", "seed", "curve", "control_points", "task_options", "weights", "chat",
-               "ga", "n_per_depth", "prune", "objective", "shared_context", "dtype", "target")
+               "ga", "n_per_depth", "prune", "objective", "shared_context", "dtype", "target", "depths")
 
 
 # -- the real search -----------------------------------------------------------------------------
