@@ -31,7 +31,7 @@ for order in last first; do
   posbias eval "${KV[@]}" "${SEARCH[@]}" --method attention-sorting --method-opt most_attended=$order --attention \
     --out "$OUT/tune-attention-sorting-kv340/$order"
 done
-ORDER=${SORT_ORDER:-last}  # the order that did better on the search split (see the page)
+ORDER=${SORT_ORDER:-first}  # the order that did better on the search split (see the page)
 posbias eval "${KV[@]}" "${HELDOUT[@]}" --method attention-sorting --method-opt most_attended=$ORDER --attention \
   --out "$OUT/kv340-attention-sorting-$ORDER"
 posbias eval "${KV[@]}" "${HELDOUT[@]}" --opt query_aware=true --attention --out "$OUT/kv340-query-aware"
