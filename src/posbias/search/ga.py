@@ -292,10 +292,7 @@ class GeneticAlgorithm:
 
     def tell(self, fitness: Mapping[Genome, Any]) -> list[Genome]:
         """Rank the current population by ``fitness`` and breed the next one; returns it."""
-        missing = [g for g in self.population if g not in fitness]
-        if missing:
-            raise ValueError(f"tell() got no fitness for {len(missing)} genome(s) of the population, e.g. {missing[0]}")
-        unique = list(dict.fromkeys(self.population))
+        unique = distinct_scored(self.population, fitness)
         ranked = sorted(unique, key=lambda g: fitness[g], reverse=True)  # stable: ties keep population order
         nxt = ranked[: self.cfg.elite]
         fits = [fitness[g] for g in ranked]
@@ -320,7 +317,21 @@ class GeneticAlgorithm:
     @classmethod
     def from_state(cls, state: dict, cfg: GAConfig | None = None) -> "GeneticAlgorithm":
         cfg = cfg or GAConfig(**state["config"])
-        rng = np.random.default_rng()
-        rng.bit_generator.state = state["rng"]
         pop = [Genome.from_list(v) for v in state["population"]]
-        return cls(cfg, rng, pop, int(state["generation"]))
+        return cls(cfg, restored_rng(state), pop, int(state["generation"]))
+
+
+def distinct_scored(population: Sequence[Genome], fitness: Mapping[Genome, Any]) -> list[Genome]:
+    """The population's distinct genomes in order; a ``ValueError`` when ``fitness`` lacks one (either GA's
+    ``tell``)."""
+    missing = [g for g in population if g not in fitness]
+    if missing:
+        raise ValueError(f"tell() got no fitness for {len(missing)} genome(s) of the population, e.g. {missing[0]}")
+    return list(dict.fromkeys(population))
+
+
+def restored_rng(state: dict) -> np.random.Generator:
+    """The generator a GA's ``state_dict()`` recorded, continuing exactly where it was."""
+    rng = np.random.default_rng()
+    rng.bit_generator.state = state["rng"]
+    return rng

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from posbias.patching.curves import X_FREE_CURVES
-from posbias.search.ga import GAConfig, Genome, identity_genome
+from posbias.search.ga import GAConfig, Genome, distinct_scored, identity_genome, restored_rng
 
 __all__ = ["TruncationGA", "start_genome", "window_mutation", "point_crossover"]
 
@@ -125,10 +125,7 @@ class TruncationGA:
 
     def tell(self, fitness: Mapping[Genome, Any]) -> list[Genome]:
         """Keep the ``elite`` best as parents and breed the children; returns the next population."""
-        missing = [g for g in self.population if g not in fitness]
-        if missing:
-            raise ValueError(f"tell() got no fitness for {len(missing)} genome(s) of the population, e.g. {missing[0]}")
-        unique = list(dict.fromkeys(self.population))
+        unique = distinct_scored(self.population, fitness)
         parents = sorted(unique, key=lambda g: fitness[g], reverse=True)[: self.cfg.elite]
         children = [self._mutant(parents[int(self.rng.integers(len(parents)))]) for _ in range(self.cfg.mutations)]
         for _ in range(self.cfg.crossovers if len(parents) > 1 else 0):
@@ -150,7 +147,6 @@ class TruncationGA:
     @classmethod
     def from_state(cls, state: dict, cfg: GAConfig | None = None) -> "TruncationGA":
         cfg = cfg or GAConfig(**state["config"])
-        rng = np.random.default_rng()
-        rng.bit_generator.state = state["rng"]
-        return cls(cfg, rng, [Genome.from_list(v) for v in state["population"]], int(state["generation"]),
+        population = [Genome.from_list(v) for v in state["population"]]
+        return cls(cfg, restored_rng(state), population, int(state["generation"]),
                    {Genome.from_list(v) for v in state["seen"]})
