@@ -78,14 +78,20 @@ def test_a_folder_of_an_older_posbias_resumes_and_then_records_the_content(tmp_p
     assert "model_content" in json.loads(cfg_path.read_text())["config"]
 
 
-def test_an_adapter_whose_base_is_itself_is_one_line(tmp_path):
+def _lpes_adapter(tmp_path, name: str):
+    """An lpes adapter folder ``tmp_path / name`` over a tiny model (``posbias apply``)."""
     from posbias.patching.rope_scaling import save_factors_file
 
     model = save_tiny_folder(tmp_path / "m")
     save_factors_file(tmp_path / "f.json", factors=[1.0, 1.5, 2.0], model="tiny", task="kv")
-    adapter = tmp_path / "adapter"
+    adapter = tmp_path / name
     assert runner.invoke(app, ["apply", "--model", model, "--factors", str(tmp_path / "f.json"),
                                "--out", str(adapter)]).exit_code == 0
+    return adapter
+
+
+def test_an_adapter_whose_base_is_itself_is_one_line(tmp_path):
+    adapter = _lpes_adapter(tmp_path, "adapter")
     doc = json.loads((adapter / "posbias_adapter.json").read_text())
     doc["base_model"] = {"spec": str(adapter), "path": str(adapter)}
     (adapter / "posbias_adapter.json").write_text(json.dumps(doc))
@@ -101,13 +107,8 @@ def test_an_adapter_on_an_adapter_is_refused_not_stacked(tmp_path):
 
     from posbias.models import load_model
     from posbias.models.loader import ModelLoadError
-    from posbias.patching.rope_scaling import save_factors_file
 
-    model = save_tiny_folder(tmp_path / "m")
-    save_factors_file(tmp_path / "f.json", factors=[1.0, 1.5, 2.0], model="tiny", task="kv")
-    inner = tmp_path / "inner"
-    assert runner.invoke(app, ["apply", "--model", model, "--factors", str(tmp_path / "f.json"),
-                               "--out", str(inner)]).exit_code == 0
+    inner = _lpes_adapter(tmp_path, "inner")
     outer = tmp_path / "outer"
     shutil.copytree(inner, outer)
     doc = json.loads((outer / "posbias_adapter.json").read_text())
